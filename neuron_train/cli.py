@@ -1,0 +1,68 @@
+"""`neuron-train` console command: a thin dispatcher over one module per subcommand.
+
+Each subcommand module exposes `configure_parser(parser)` and `main(args) -> int`. Modules are
+imported only for the subcommand that runs, so `neuron-train --help` does not pay for torch_xla.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from neuron_train.errors import RunError, UsageError
+
+# name -> (module, one-line help). The order is the order a user meets them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("neuron_train.doctor", "check this machine: devices, Neuron SDK versions, cache, limits"),
+    "precompile": ("neuron_train.precompile", "precompile every graph of a run into the compile cache"),
+    "train": ("neuron_train.train", "train a model (the same as torchrun neuron_train/run.py)"),
+    "check-graphs": ("neuron_train.check_graphs", "find recompilations and host syncs in any XLA command"),
+    "cache": ("neuron_train.cache", "list / verify / prune / pack / unpack a compile cache"),
+    "bench": ("neuron_train.bench", "benchmark this machine and write one result file"),
+    "report": ("neuron_train.report", "merge benchmark results into a price-performance report"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="neuron-train",
+        description="Train vision models on AWS Trainium/Inferentia2 via PyTorch/XLA "
+        "(CPU XLA device when no Neuron device is present).",
+        epilog="Run 'neuron-train COMMAND --help' for a command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        parser = _top_parser()
+        if not argv:
+            parser.print_help()
+            return 2
+        parser.parse_args(argv)  # prints usage for -h, or an error naming the bad command
+        return 2
+    name, rest = argv[0], argv[1:]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(prog=f"neuron-train {name}", description=COMMANDS[name][1])
+    module.configure_parser(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.main(args) or 0)
+    except UsageError as exc:
+        print(f"neuron-train {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:
+        print(f"neuron-train {name}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"neuron-train {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

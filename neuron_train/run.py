@@ -1,0 +1,18 @@
+"""torchrun entry point: `torchrun --nproc_per_node=N neuron_train/run.py [train options]`.
+
+Thin on purpose: everything is `neuron-train train`. Run as a script, Python puts this file's own
+folder first on sys.path, where our module names (data, models, ...) would shadow real packages;
+replace it with the project root so `neuron_train` imports as a package.
+"""
+
+import os
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+sys.path.insert(0, os.path.dirname(_here))
+
+from neuron_train.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["train", *sys.argv[1:]]))
