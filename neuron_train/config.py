@@ -39,7 +39,7 @@ def _need(cond: bool, msg: str) -> None:
 @dataclass
 class ModelConfig:
     name: str = opt("vit-digits", "timm model name (e.g. vit_tiny_patch16_224) or a preset: "
-                    "vit-digits, vit-micro, vit-tiny-64", flag="--model", metavar="NAME")
+                    "vit-digits, vit-digits-teacher, vit-nano, vit-micro", flag="--model", metavar="NAME")
     img_size: int = opt(32, "input image size in pixels (square)")
     num_classes: int = opt(0, "number of classes; 0 takes it from the dataset")
     pretrained: str | None = opt(None, "local weights file to start from (never downloads)",

@@ -108,6 +108,13 @@ class Backend:
         dist.all_reduce(t, group=self.host_group)
         return t.tolist()
 
+    def all_gather_object(self, obj: object) -> list:
+        if self.world_size == 1:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.host_group)
+        return out
+
     def broadcast_object(self, obj: object) -> object:
         if self.world_size == 1:
             return obj
@@ -144,6 +151,18 @@ def _gloo_average(optimizer: torch.optim.Optimizer, world_size: int, device: tor
         offset += n
 
 
+def check_world(world: int, joined: int, xla_world: int, gloo_bridge: bool) -> None:
+    """torchrun's WORLD_SIZE must be the world we really train in, or ranks train alone.
+
+    On CPU each process owns one XLA device (XLA world 1) and gloo joins them; elsewhere the XLA
+    world itself must span all ranks.
+    """
+    if joined != world or xla_world != (1 if gloo_bridge else world):
+        raise RunError(f"torchrun started WORLD_SIZE={world} processes but the process group has "
+                       f"{joined} and the XLA world {xla_world}: refusing to train {world} "
+                       "independent replicas")
+
+
 def init_backend() -> Backend:
     """Join the torchrun world (if any) and pick the XLA device. Call after prepare_environment."""
     import torch_xla
@@ -167,12 +186,7 @@ def init_backend() -> Backend:
 
             dist.init_process_group("xla", init_method="xla://")
             host_group = dist.new_group(backend="gloo")
-        joined = dist.get_world_size()
-        xla_world = 1 if gloo_bridge else xr.world_size()
-        if joined != world or xla_world != world:
-            raise RunError(f"torchrun started WORLD_SIZE={world} processes but the process group has "
-                           f"{joined} and the XLA world {xla_world}: refusing to train {world} "
-                           "independent replicas")
+        check_world(world, dist.get_world_size(), xr.world_size(), gloo_bridge)
     elif kind != "CPU" and xr.world_size() != 1:
         raise RunError(f"one process but the XLA world has {xr.world_size()} ranks: launch with "
                        f"torchrun --nproc_per_node={xr.world_size()}")

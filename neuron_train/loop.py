@@ -25,6 +25,7 @@ import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
 
 from neuron_train import checkpoint as ckpt
+from neuron_train import zero1
 from neuron_train.config import RunConfig, save_config
 from neuron_train.data import build_datasets, eval_loader, to_device, train_batches_per_epoch, train_loader
 from neuron_train.device import Backend, extracting_graphs
@@ -33,7 +34,9 @@ from neuron_train.graphs import GraphWatch
 from neuron_train.metrics import MetricsWriter, Progress, median_and_spread, write_json_atomic
 from neuron_train.models import build_model, count_parameters
 from neuron_train.optim import build_optimizer, lr_at, set_lr
-from neuron_train.tasks import ClassificationTask
+from neuron_train.precompile import CompileCacheHook
+from neuron_train.step_profile import build_profiler
+from neuron_train.tasks import build_task
 
 
 @dataclass
@@ -85,12 +88,13 @@ class Trainer:
                             img_size=cfg.model.img_size, drop_path=cfg.model.drop_path,
                             pretrained=cfg.model.pretrained)
         self.params = count_parameters(model)
+        self.input_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
         if t.precision == "bf16":
             model = model.to(torch.bfloat16)  # pure bf16 weights; Neuron rounds stochastically
         self.model = model.to(backend.device)
         backend.broadcast_parameters(self.model)
-        self.task = ClassificationTask(self.model)
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.task = build_task(cfg, self.model, backend.device, step=lambda: self.pos.step)
+        self.optimizer = build_optimizer(self.model, cfg.optim, backend)
         batches = train_batches_per_epoch(len(self.data.train), backend.world_size, t.batch_size)
         self.steps_per_epoch = batches // t.grad_accum
         if self.steps_per_epoch == 0:
@@ -103,6 +107,9 @@ class Trainer:
         self.pos = Position()
         self.resumed_from: str | None = None
         self.watch = GraphWatch(cfg.compile.graph_warmup_steps, cfg.compile.check_graphs)
+        # --compile-cache: records the graph manifest (graph tour) or checks against it; before any compile
+        self.cache = CompileCacheHook(cfg, backend, num_classes=self.data.num_classes)
+        self.profiler = build_profiler(cfg, self.run_dir if self.writes else None)
         self.last: dict[str, float] = {}
         self.eval_result: dict[str, float] = {}
         self.nan_step: int | None = None
@@ -111,7 +118,8 @@ class Trainer:
     # ----- checkpoints -----------------------------------------------------------------------
     def _state(self) -> dict:
         return {"model": ckpt.to_cpu(self.model.state_dict()),
-                "optimizer": ckpt.to_cpu(self.optimizer.state_dict()),
+                "optimizer": (ckpt.sharded_marker(self.backend.world_size) if self.cfg.optim.zero1
+                              else ckpt.to_cpu(self.optimizer.state_dict())),
                 "position": asdict(self.pos), "rng": ckpt.rng_state(),
                 "global_batch": self._global_batch(), "config": self.cfg.to_dict()}
 
@@ -119,6 +127,10 @@ class Trainer:
         self.watch.phase("checkpoint")
         torch_xla.sync()  # closes the pending step: the same graph the loader would have cut
         path = None
+        if self.cfg.optim.zero1 and not self.extracting:  # each rank saves its own shard first
+            ckpt.save_shard(self.run_dir, self.pos.step, self.backend.rank,
+                            ckpt.to_cpu(self.optimizer.state_dict()))
+            self.backend.barrier()  # all shards on disk before rank 0 commits the checkpoint
         if self.writes:
             path = ckpt.save(self.run_dir, self.pos.step, self._state(), self.cfg.checkpoint.keep_last)
         self.backend.barrier()
@@ -132,7 +144,9 @@ class Trainer:
             raise UsageError(f"{path} was trained with a global batch of {state['global_batch']}, "
                              f"this run has {self._global_batch()}: the data position would not match")
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(ckpt.optimizer_state(
+            path, state, zero1=self.cfg.optim.zero1, world_size=self.backend.world_size,
+            rank=self.backend.rank))
         self.pos = Position(**state["position"])
         ckpt.set_rng_state(state["rng"])
         torch_xla.sync()  # materialise the loaded weights before the first step
@@ -145,26 +159,38 @@ class Trainer:
     # ----- one optimizer step ----------------------------------------------------------------
     def train_step(self, batches) -> None:
         accum = self.cfg.train.grad_accum
+        prof = self.profiler  # phase marks; a no-op object without --profile
         for _ in range(accum):
-            images, labels = next(batches)  # graph boundary: the previous step starts executing
+            images, labels = prof.next(batches)  # graph boundary: the previous step starts executing
+            images = images.to(self.input_dtype)
             with autocast(self.cfg.train.precision):
                 losses = self.task(images, labels)
+            prof.mark("forward")
             (losses["loss"] / accum).backward()
-        self.backend.reduce_gradients(self.optimizer)  # xm.optimizer_step, split to clip in between
-        params = self.model.parameters()
-        clip = self.cfg.optim.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip) if clip else torch.zeros(())
+            prof.mark("backward")
         set_lr(self.optimizer, lr_at(self.pos.step, self.cfg.optim, self.total_steps))
-        self.optimizer.step()
+        if self.cfg.optim.zero1:  # reduce-scatter, global-norm clip, shard update, all-gather
+            self.optimizer.step()
+            grad_norm = zero1.grad_norm(self.optimizer)
+            prof.mark("grad_sync")
+        else:
+            self.backend.reduce_gradients(self.optimizer)  # xm.optimizer_step, split to clip in between
+            prof.mark("grad_sync")
+            params = self.model.parameters()
+            clip = self.cfg.optim.grad_clip
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip) if clip else torch.zeros(())
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         step = self.pos.step
         # Keep the same tensors alive every step: live tensors are the graph's outputs, so logging
         # only on some steps would otherwise give those steps a different graph.
         self.live = (losses, grad_norm)
         xm.add_step_closure(self.watch.step_end, args=(step,))
+        xm.add_step_closure(self.cache.check, args=(self.watch,))  # --require-precompiled
         if step % self.cfg.log.log_every == 0 or step == self.total_steps - 1:
             lr = self.optimizer.param_groups[0]["lr"]
             xm.add_step_closure(self._log_step, args=(step, losses, grad_norm, lr), run_async=True)
+        prof.mark("optimizer")
 
     def _log_step(self, step: int, losses: dict, grad_norm: torch.Tensor, lr: float) -> None:
         """Runs after the step executed, off the main thread: the device values are ready."""
@@ -191,7 +217,7 @@ class Trainer:
         with torch.no_grad():
             for images, labels, valid in loader:
                 with autocast(t.precision):
-                    logits = self.model(images)
+                    logits = self.model(images.to(self.input_dtype))
                 loss = F.cross_entropy(logits.float(), labels, reduction="none")
                 hit = (logits.argmax(-1) == labels).float()
                 totals = totals + torch.stack([(hit * valid).sum(), valid.sum(), (loss * valid).sum()])
@@ -218,7 +244,7 @@ class Trainer:
         epoch_end = self.pos.batch == self.steps_per_epoch * t.grad_accum
         if (t.eval_every and step % t.eval_every == 0) or (not t.eval_every and epoch_end) or last:
             self.eval_result, acted = self.evaluate(), True
-            if self.eval_result:
+            if self.eval_result and self.backend.is_main:
                 progress.write(f"step {step}: eval accuracy {self.eval_result['eval_accuracy']:.4f}, "
                                f"loss {self.eval_result['eval_loss']:.4f}")
         if self.nan_step is not None:
@@ -272,13 +298,31 @@ class Trainer:
                     excluded += spent
                 t_prev = now
                 progress.advance({"loss": f"{self.last['loss']:.4f}"} if self.last else None)
+                self.profiler.end_step(self.pos.step - 1, excluded=spent > 0)
             if self.pos.batch >= self.steps_per_epoch * t.grad_accum:
                 self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         torch_xla.sync()
         xm.wait_device_ops()
         end = time.perf_counter()
         progress.close()
+        self.profile = self.profiler.finish()  # writes profile.json and prints its table (rank 0)
+        self.checksums = self._check_replicas()
         return self._summary(start, end, t0, measure_from, excluded, step_times)
+
+    def _optimizer_memory(self) -> dict:
+        """Optimizer bytes held by each rank (ZeRO-1 shards them); gathered from all ranks."""
+        per_rank = self.backend.all_gather_object(zero1.state_bytes(self.optimizer))
+        return {"zero1": self.cfg.optim.zero1,
+                **{f"{k}_per_rank": [r[k] for r in per_rank] for k in per_rank[0]}}
+
+    def _check_replicas(self) -> list[float]:
+        """Data-parallel replicas must hold the same weights; diverged ones mean a broken reduce."""
+        checksums = self.backend.all_gather_object(param_checksum(self.model))
+        if not self.extracting and any(abs(c - checksums[0]) > 1e-6 * (1 + abs(checksums[0]))
+                                       for c in checksums):
+            raise RunError(f"data-parallel replicas diverged (parameter checksums {checksums}): "
+                           "gradients were not averaged over all ranks")
+        return checksums
 
     def _summary(self, start: float, end: float, t0: float | None, measure_from: int,
                  excluded: float, step_times: list[float]) -> dict:
@@ -288,6 +332,7 @@ class Trainer:
         samples = measured_steps * self._global_batch()
         median, spread = median_and_spread(step_times)
         graphs = self.watch.summary()
+        coverage = self.cache.finish(graphs, self.run_dir if self.writes else None)
         exec_data = met.metric_data("ExecuteTime")
         summary = {
             "model": self.cfg.model.name, "params": self.params, "device": self.backend.kind,
@@ -299,15 +344,27 @@ class Trainer:
             "step_time_ms_spread": spread * 1e3 if step_times else None,
             "measured_steps": measured_steps, "warmup_steps_excluded": t.warmup_measure_steps,
             "compile_count": graphs["compile_count"], "compile_time_s": graphs["compile_time_s"],
+            "precompile_coverage": coverage,
             "xla_execute_ms_median": _median_ms(exec_data), "wall_time_s": end - start,
             "final_loss": self.last.get("loss"), **self.eval_result,
-            "resumed_from": self.resumed_from, "run_dir": str(self.run_dir),
+            "param_checksums": self.checksums, "resumed_from": self.resumed_from, "run_dir": str(self.run_dir),
+            **self.task.info(),  # e.g. teacher/student parameters, samples back-propagated
+            **self._optimizer_memory(),
+            **({"bottleneck": self.profile.get("bottleneck")} if self.profile else {}),
         }
         if self.writes:
             write_json_atomic(self.run_dir / "summary.json", summary)
             (self.run_dir / "graphs.json").write_text(json.dumps(graphs, indent=2, default=str))
             self.metrics.close()
         return summary
+
+
+def param_checksum(model: torch.nn.Module) -> float:
+    """A position-weighted sum of all weights (one host transfer per tensor, at the end of a run)."""
+    total = 0.0
+    for i, p in enumerate(model.parameters()):
+        total += (i + 1) * float(p.detach().cpu().double().sum())
+    return total
 
 
 def _finite(x: float) -> bool:

@@ -16,6 +16,8 @@ PRESETS: dict[str, dict] = {
     "vit-digits": dict(model="vit_tiny_patch16_224", patch_size=8, embed_dim=96, depth=4, num_heads=3),
     "vit-digits-teacher": dict(model="vit_tiny_patch16_224", patch_size=4, embed_dim=192, depth=6,
                                num_heads=3),
+    # One block: compiles in a few seconds, for smoke tests and trying out options, not for accuracy.
+    "vit-nano": dict(model="vit_tiny_patch16_224", patch_size=8, embed_dim=32, depth=1, num_heads=2),
     "vit-micro": dict(model="vit_tiny_patch16_224", patch_size=8, embed_dim=192, depth=4, num_heads=3),
 }
 

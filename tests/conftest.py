@@ -1,0 +1,54 @@
+"""Shared test helpers. Every test runs on the CPU XLA device; Neuron-only tests are skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_PY = ROOT / "neuron_train" / "run.py"
+# Quiet, fast defaults for test runs: no progress bar, no TensorBoard, no worker processes.
+FAST = ["--no-progress", "--no-tensorboard", "--num-workers", "0"]
+# A one-block ViT that compiles in seconds: for tests of mechanics, not of accuracy.
+NANO = ["--model", "vit-nano"]
+
+
+def cpu_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16",
+                                                            "NEURON_EXTRACT_GRAPHS_ONLY")}
+    env.update(PJRT_DEVICE="CPU", PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def run_train(out: Path, *args: str, nproc: int = 1, env: dict | None = None,
+              timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run `neuron_train/run.py` (under torchrun when nproc > 1) into run directory `out`."""
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--master_port", str(29500 + os.getpid() % 1000), str(RUN_PY)]
+    else:
+        cmd = [sys.executable, str(RUN_PY)]
+    cmd += ["--output-dir", str(out), *FAST, *args]
+    return subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def summary_of(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def neuron_present() -> bool:
+    return any(Path("/dev").glob("neuron[0-9]*"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if neuron_present():
+        return
+    skip = pytest.mark.skip(reason="needs a Neuron device (trn1/inf2/inf1)")
+    for item in items:
+        if "neuron" in item.keywords:
+            item.add_marker(skip)

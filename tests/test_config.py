@@ -1,0 +1,103 @@
+"""Configuration: file formats, precedence, validation at the edge, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, cpu_env
+
+from neuron_train.config import (
+    RunConfig,
+    add_config_arguments,
+    build_config,
+    config_from_args,
+    config_to_argv,
+    load_config_file,
+)
+from neuron_train.errors import UsageError
+
+
+def parse(*argv: str) -> RunConfig:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)))
+
+
+def test_defaults_are_the_digits_preset():
+    cfg = parse()
+    assert (cfg.model.name, cfg.data.dataset, cfg.model.img_size) == ("vit-digits", "digits", 32)
+
+
+def test_yaml_and_toml_files_and_flags_override_them(tmp_path):
+    y = tmp_path / "run.yaml"
+    y.write_text("train:\n  batch_size: 16\n  epochs: 2\noptim:\n  lr: 0.002\n")
+    t = tmp_path / "run.toml"
+    t.write_text("[train]\nbatch_size = 16\nepochs = 2\n[optim]\nlr = 2e-3\n")
+    for f in (y, t):
+        cfg = parse("--config", str(f), "--epochs", "5")
+        assert (cfg.train.batch_size, cfg.train.epochs, cfg.optim.lr) == (16, 5, 0.002)
+
+
+def test_argv_round_trip_reproduces_the_config():
+    cfg = parse("--batch-size", "8", "--lr", "0.01", "--no-tensorboard", "--precision", "bf16-autocast")
+    assert parse(*config_to_argv(cfg)) == cfg
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model:\n  nme: x\n", "unknown key 'model.nme'"),
+    ("modle:\n  name: x\n", "unknown section 'modle'"),
+    ("train:\n  batch_size: many\n", "train.batch_size: expected int"),
+    ("train:\n  precision: fp8\n", "train.precision must be one of"),
+    ("train: [1, 2\n", "is not valid YAML"),
+])
+def test_bad_config_files_are_one_clear_error(tmp_path, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        build_config(load_config_file(str(f)), source=str(f))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "-1"], "--lr must be > 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--dataset", "folder"], "--dataset folder needs --data-dir"),
+    (["--data-dir", "/tmp"], "--data-dir is only used with --dataset folder"),
+    (["--config", "/nonexistent.yaml"], "--config: no such file"),
+    (["--require-precompiled"], "--require-precompiled needs --compile-cache"),
+    (["--teacher-model", "vit-digits"], "--teacher-model needs --teacher-checkpoint"),
+    (["--sift", "topk", "--sift-keep", "0.01", "--batch-size", "8"], "keeps no sample"),
+])
+def test_bad_values_rejected_at_the_edge(argv, message):
+    with pytest.raises(UsageError, match=message):
+        parse(*argv)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "-1"], "--lr must be > 0"),
+    (["--img-size", "4"], "--img-size must be 8..4096"),
+    (["--model", "no_such_model"], "unknown model 'no_such_model'"),
+    (["--dataset", "folder", "--data-dir", "/nonexistent"], "no such directory"),
+])
+def test_cli_prints_one_line_and_exits_2(argv, message, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "neuron_train", "train", "--output-dir",
+                           str(tmp_path / "run"), *argv], env=cpu_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_documents_every_contract_flag():
+    proc = subprocess.run([sys.executable, str(ROOT / "neuron_train" / "run.py"), "--help"],
+                          env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    for flag in ("--config", "--model", "--img-size", "--num-classes", "--batch-size", "--dataset",
+                 "--data-dir", "--epochs", "--max-steps", "--lr", "--precision", "--num-workers",
+                 "--eval-every", "--checkpoint-every", "--resume", "--output-dir", "--seed",
+                 "--teacher-model", "--sift", "--zero1", "--profile", "--compile-cache",
+                 "--require-precompiled", "--check-graphs"):
+        assert flag in proc.stdout, flag
