@@ -69,7 +69,7 @@ def median_and_spread(values: list[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     if len(values) < 3:
         return statistics.median(values), (max(values) - min(values)) / 2
-    deciles = statistics.quantiles(values, n=10)
+    deciles = statistics.quantiles(values, n=10, method="inclusive")  # stays inside the data range
     return statistics.median(values), (deciles[-1] - deciles[0]) / 2
 
 
