@@ -106,6 +106,9 @@ def _parse_price(raw: Any, where: str, sources: dict[str, dict[str, str]]) -> Pr
 
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(InstanceType)} - {"name", "price", "train_note"}
+_SPEC_TYPES: dict[str, type | tuple] = {"accelerators": int, "cores": int, "vcpus": int,
+                                        "accelerator_memory_gib": (int, float),
+                                        "host_memory_gib": (int, float), "can_train": bool}
 
 
 def _parse_instance(name: str, raw: Any, where: str, sources: dict[str, dict[str, str]],
@@ -121,6 +124,11 @@ def _parse_instance(name: str, raw: Any, where: str, sources: dict[str, dict[str
     missing = sorted(_SPEC_FIELDS - set(values))
     if missing:
         raise UsageError(f"{where}: new instance '{name}' lacks {', '.join(missing)}")
+    for key, kind in _SPEC_TYPES.items():
+        value = values[key]
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            expected = "a number" if isinstance(kind, tuple) else kind.__name__
+            raise UsageError(f"{where}: instance '{name}': {key} must be {expected}, got {value!r}")
     values["name"] = name
     name_, url = _source(str(values["spec_source"]), sources)
     values["spec_source"] = f"{name_} <{url}>" if url else name_
@@ -245,7 +253,7 @@ def live_prices(instance_types: list[str], region: str, *, spot: bool = False, s
             quotes = [float(h["SpotPrice"]) for h in resp.get("SpotPriceHistory", [])]
             if quotes:
                 out[itype] = Price(min(quotes), region, today,
-                                   "EC2 spot price history, lowest availability zone (live)", "spot")
+                                   "EC2 spot price history, lowest availability zone (live)", kind="spot")
         return out
     pricing = session.client("pricing", region_name="us-east-1")  # the API's home region
     for itype in instance_types:

@@ -55,6 +55,14 @@ def autocast(precision: str):
     return torch.autocast("xla", enabled=False)
 
 
+def compile_forward(task, step_compiler: str):
+    """The task as the step calls it: traced lazily every step, or captured once by dynamo."""
+    if step_compiler == "dynamo":
+        # Dynamo replays the captured forward/backward graphs without re-tracing Python each step.
+        return torch.compile(task, backend="openxla", dynamic=False)
+    return task
+
+
 def prepare_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
     """The run directory; refuses to mix a new run into an old one (never overwrite results)."""
     if cfg.train.output_dir:
@@ -93,7 +101,9 @@ class Trainer:
             model = model.to(torch.bfloat16)  # pure bf16 weights; Neuron rounds stochastically
         self.model = model.to(backend.device)
         backend.broadcast_parameters(self.model)
-        self.task = build_task(cfg, self.model, backend.device, step=lambda: self.pos.step)
+        self.task = build_task(cfg, self.model, backend.device, step=lambda: self.pos.step,
+                               mark_phase=lambda name: self.watch.phase(name))
+        self.forward = compile_forward(self.task, t.step_compiler)
         self.optimizer = build_optimizer(self.model, cfg.optim, backend)
         batches = train_batches_per_epoch(len(self.data.train), backend.world_size, t.batch_size)
         self.steps_per_epoch = batches // t.grad_accum
@@ -164,7 +174,7 @@ class Trainer:
             images, labels = prof.next(batches)  # graph boundary: the previous step starts executing
             images = images.to(self.input_dtype)
             with autocast(self.cfg.train.precision):
-                losses = self.task(images, labels)
+                losses = self.forward(images, labels)
             prof.mark("forward")
             (losses["loss"] / accum).backward()
             prof.mark("backward")

@@ -45,12 +45,21 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend=None) -> torch.optim.Optimizer:
+    """The optimizer; with `cfg.zero1` a ZeRO-1 one sharded over `backend`'s ranks (zero1.py)."""
     # No weight decay on biases and norm scales (1-D parameters), as timm does.
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(groups, lr=cfg.lr)
+        cls, defaults = torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum}
+    else:
+        cls, defaults = torch.optim.AdamW, {"lr": cfg.lr}
+    if cfg.zero1:
+        if backend is None:
+            raise ValueError("a ZeRO-1 optimizer needs the backend: its shards follow the ranks")
+        from neuron_train.zero1 import build_zero1
+
+        return build_zero1(groups, cls, defaults, max_norm=cfg.grad_clip, backend=backend)
+    return cls(groups, **defaults)

@@ -35,6 +35,9 @@ def main(args: argparse.Namespace) -> int:
     from neuron_train.device import init_backend, prepare_environment
 
     cfg.train.precision = prepare_environment(cfg.train.precision)
+    from neuron_train.graphs import prepare_process
+
+    prepare_process(check=cfg.compile.check_graphs)  # torch_xla reads its debug settings only once
     backend = init_backend()  # imports torch_xla: after the environment is set
     from neuron_train.loop import train
 

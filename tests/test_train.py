@@ -195,3 +195,13 @@ def test_world_size_disagreement_fails_loudly(world, joined, xla_world, bridge, 
     else:
         with pytest.raises(RunError, match="refusing to train"):
             check_world(world, joined, xla_world, bridge)
+
+
+@pytest.mark.slow
+def test_dynamo_step_compiler_matches_the_lazy_step(tmp_path):
+    args = ["--max-steps", "5", "--eval-every", "100", "--warmup-steps", "2"]
+    lazy = run_train(tmp_path / "lazy", *NANO, *args)
+    dyn = run_train(tmp_path / "dynamo", *NANO, *args, "--step-compiler", "dynamo")
+    assert lazy.returncode == 0 and dyn.returncode == 0, dyn.stderr[-2000:]
+    assert summary_of(tmp_path / "dynamo")["steps"] == 5
+    assert_same_weights(final_weights(tmp_path / "dynamo"), final_weights(tmp_path / "lazy"), atol=1e-4)

@@ -1,0 +1,182 @@
+# A trn1/inf2 machine image for neuron-train: the pinned Neuron SDK, EFA, this project in a venv,
+# and optionally a pre-warmed compile cache. Provisioned by ami/provision.sh (which also works
+# alone as EC2 user-data). Usage: docs/ami.md.
+#
+#   packer init ami/ && packer build -var region=us-west-2 ami/
+#
+# Versions live in one place, neuron_train/data/neuron_versions.json: `neuron_sdk` picks a
+# release from it (its default is that file's pin; tests/test_ami.py keeps the two equal).
+
+packer {
+  required_plugins {
+    amazon = {
+      source  = "github.com/hashicorp/amazon"
+      version = ">= 1.3.0"
+    }
+  }
+}
+
+variable "neuron_sdk" {
+  type        = string
+  default     = "2.29.1"
+  description = "Neuron SDK release to install: a key of `releases` in neuron_train/data/neuron_versions.json."
+}
+
+variable "base" {
+  type        = string
+  default     = "dlami"
+  description = "dlami: Deep Learning Base Neuron AMI (Ubuntu 22.04); ubuntu: Canonical Ubuntu 22.04."
+  validation {
+    condition     = contains(["dlami", "ubuntu"], var.base)
+    error_message = "The base must be \"dlami\" or \"ubuntu\"."
+  }
+}
+
+variable "region" {
+  type    = string
+  default = "us-west-2"
+}
+
+variable "instance_type" {
+  type        = string
+  default     = "trn1.2xlarge"
+  description = "Build on the hardware you train on: doctor then checks the devices, and pre-warmed graphs match."
+}
+
+variable "subnet_id" {
+  type        = string
+  default     = ""
+  description = "Subnet for the build instance (empty: the default VPC)."
+}
+
+variable "volume_size_gb" {
+  type        = number
+  default     = 512
+  description = "Root volume; the Neuron setup guide asks for at least 512 GB on Trn1."
+}
+
+variable "encrypt_boot" {
+  type    = bool
+  default = true
+}
+
+variable "install_efa" {
+  type        = string
+  default     = "auto"
+  description = "auto (install when the base lacks it), yes, or no."
+}
+
+variable "prewarm_train_args" {
+  type        = string
+  default     = ""
+  description = "Train flags to precompile into /var/tmp/neuron-train/compile_cache (empty: no pre-warm)."
+}
+
+variable "ami_name_prefix" {
+  type    = string
+  default = "neuron-train"
+}
+
+locals {
+  project_dir = "${path.root}/.."
+  pins        = jsondecode(file("${local.project_dir}/neuron_train/data/neuron_versions.json"))
+  release     = local.pins.releases[var.neuron_sdk]
+  bases = {
+    dlami  = { name = "Deep Learning Base Neuron AMI (Ubuntu 22.04) *", owners = ["amazon"] }
+    ubuntu = { name = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*", owners = ["099720109477"] }
+  }
+  stamp   = formatdate("YYYYMMDDhhmm", timestamp())
+  tarball = "${path.root}/build/neuron-train-src.tar.gz"
+}
+
+source "amazon-ebs" "neuron" {
+  region          = var.region
+  instance_type   = var.instance_type
+  subnet_id       = var.subnet_id == "" ? null : var.subnet_id
+  ami_name        = "${var.ami_name_prefix}-sdk${var.neuron_sdk}-${var.base}-${local.stamp}"
+  ami_description = "neuron-train on Neuron SDK ${var.neuron_sdk} (torch-neuronx ${local.release["torch-neuronx"]}), Ubuntu 22.04"
+  ssh_username    = "ubuntu"
+
+  source_ami_filter {
+    filters = {
+      name                = local.bases[var.base].name
+      architecture        = "x86_64"
+      root-device-type    = "ebs"
+      virtualization-type = "hvm"
+    }
+    owners      = local.bases[var.base].owners
+    most_recent = true
+  }
+
+  # IMDSv2 only: on the build instance, and on every instance launched from the image.
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
+  }
+  imds_support = "v2.0"
+
+  # SSH to the build instance from this machine's address only; no build key left in the image.
+  temporary_security_group_source_public_ip = true
+  ssh_clear_authorized_keys                 = true
+
+  launch_block_device_mappings {
+    device_name           = "/dev/sda1"
+    volume_size           = var.volume_size_gb
+    volume_type           = "gp3"
+    delete_on_termination = true
+    encrypted             = var.encrypt_boot
+  }
+  encrypt_boot = var.encrypt_boot
+
+  tags = {
+    Name              = "${var.ami_name_prefix}-sdk${var.neuron_sdk}"
+    neuron_sdk        = var.neuron_sdk
+    torch_neuronx     = local.release["torch-neuronx"]
+    neuronx_cc        = local.release["neuronx-cc"]
+    aws_neuronx_dkms  = local.release["aws-neuronx-dkms"]
+    base              = var.base
+    prewarmed_for     = substr(var.prewarm_train_args, 0, 255) # tag values stop at 256 characters
+  }
+}
+
+build {
+  sources = ["source.amazon-ebs.neuron"]
+
+  # The project as source files (what `pip install` needs, plus scripts/ for pre-warming).
+  provisioner "shell-local" {
+    inline = [
+      "mkdir -p '${path.root}/build'",
+      "tar -C '${local.project_dir}' --exclude='__pycache__' --exclude='*.pyc' -czf '${local.tarball}' pyproject.toml README.md neuron_train scripts",
+    ]
+  }
+
+  provisioner "file" {
+    source      = local.tarball
+    destination = "/tmp/neuron-train-src.tar.gz"
+  }
+
+  provisioner "shell" {
+    script          = "${path.root}/provision.sh"
+    execute_command = "chmod +x '{{ .Path }}'; sudo env {{ .Vars }} '{{ .Path }}'"
+    environment_vars = [
+      "NT_SRC=/tmp/neuron-train-src.tar.gz",
+      "NT_NEURON_SDK=${var.neuron_sdk}",
+      "NT_EFA=${var.install_efa}",
+      "NT_PREWARM_ARGS=${var.prewarm_train_args}",
+    ]
+  }
+
+  provisioner "shell" {
+    inline = ["rm -f /tmp/neuron-train-src.tar.gz"]
+  }
+
+  post-processor "manifest" {
+    output     = "${path.root}/build/manifest.json"
+    strip_path = true
+    custom_data = {
+      neuron_sdk    = var.neuron_sdk
+      torch_neuronx = local.release["torch-neuronx"]
+    }
+  }
+}

