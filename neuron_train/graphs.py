@@ -72,8 +72,8 @@ HOST_READS = {"item": ".item()", "bool": "Python if/bool() on a tensor", "print"
               "tolist": ".tolist()", "cpu": ".cpu()", "numpy": ".numpy()", "float": "float()",
               "int": "int()", "value": "a tensor value read", "fallback": "a CPU fallback op"}
 _READ_CAUSES = {"bool": VALUE_BRANCH, "fallback": DATA_DEPENDENT}
-SCALAR_READ = "aten::_local_scalar_dense"
-LINES_AFTER_NEW_GRAPH = 3  # steps traced with Python lines after a graph compiled past the warm-up   # a host read of one value, counted like a fallback
+SCALAR_READ = "aten::_local_scalar_dense"  # a host read of one value, counted like a fallback op
+LINES_AFTER_NEW_GRAPH = 3  # steps traced with Python lines after a graph compiled past the warm-up
 
 
 # ----- process set-up -------------------------------------------------------------------------
@@ -420,6 +420,11 @@ class Recorder:
             out["compile_time_s"] = (self._compile_ns() - self._compile_ns0) / 1e9
             return out
 
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     # -- reading the sources --
     def _window(self, step: int | None, is_step: bool) -> Window:
         events = self._read_events()
@@ -427,7 +432,7 @@ class Recorder:
         new = compiles - self._compiles
         self._compiles = compiles
         logged = [i for i, (e, _) in enumerate(events) if e.kind == "compile"]
-        hlo = {i: s for i in logged if (s := self._hlo_for(events[i][0])) is not None}
+        hlo = {i: s for i in logged if (s := compiled_hlo(self.files.hlo_dir, events[i][0])) is not None}
         fallbacks, scalar_reads = self._fallback_delta()
         reads, self._reads = self._reads, []
         scalars, self._scalars = self._scalars, []
@@ -459,9 +464,6 @@ class Recorder:
             phase = self._marks.pop(0)[1]
         self._window_phase = phase
         return out
-
-    def _hlo_for(self, event: XlaEvent) -> hlo_diff.HloSummary | None:
-        return compiled_hlo(self.files.hlo_dir, event)
 
     def _counter(self, name: str) -> int:
         return self._xlac._xla_counter_value(name) or 0
@@ -624,6 +626,7 @@ def assert_graph_stable(step_fn: Callable[..., object], steps: int = 8, warmup: 
         finally:
             undo()
     report = recorder.summary(max_graphs)
+    recorder.close()
     if not report["stable"]:
         raise AssertionError("the step is not graph-stable:\n" + format_report(report))
     return report

@@ -134,8 +134,8 @@ class Trainer:
                 "global_batch": self._global_batch(), "config": self.cfg.to_dict()}
 
     def save_checkpoint(self) -> Path | None:
-        self.watch.phase("checkpoint")
         torch_xla.sync()  # closes the pending step: the same graph the loader would have cut
+        self.watch.phase("checkpoint")  # after the sync: that step's graph still counts as train
         path = None
         if self.cfg.optim.zero1 and not self.extracting:  # each rank saves its own shard first
             ckpt.save_shard(self.run_dir, self.pos.step, self.backend.rank,
@@ -216,8 +216,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         if self.data.val is None:
             return {}
+        torch_xla.sync()  # closes the pending train step (its graph is labelled train)
         self.watch.phase("eval")
-        torch_xla.sync()
         t = self.cfg.train
         loader = to_device(eval_loader(self.data.val, self.cfg.data, batch_size=t.batch_size,
                                        world=self.backend.world_size, rank=self.backend.rank),

@@ -146,15 +146,21 @@ class SiftingTask:
         pct = percentiles(scores, self.losses.history, self.losses.filled)
         return weighted_draw(keep_probabilities(pct, self.cfg.sift_beta), self.k)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    @torch.compiler.disable
+    def sifting_now(self) -> bool:
+        """Whether this step sifts; marks the switch. Host-side and kept out of torch.compile
+        (--step-compiler dynamo): traced, the step number would become a guard, one graph per step."""
         step = self.step()
-        if step < self.delay:
+        if step == self.delay > 0:
+            self.mark_phase(self.SWITCH_PHASE)
+        return step >= self.delay
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not self.sifting_now():
             per_sample = self.inner.per_sample(images, labels)
             if self.losses is not None:
                 self.losses.push(per_sample["loss"])  # warm the history up for free
             return batch_mean(per_sample)
-        if step == self.delay > 0:
-            self.mark_phase(self.SWITCH_PHASE)
         with torch.no_grad():  # the scoring pass: a forward only, no activations kept
             scores = self.inner.per_sample(images, labels)["loss"]
         idx = self.select(scores)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import run_train, summary_of
+from conftest import cpu_env, run_train, summary_of
 
 from neuron_train.config import SiftConfig, build_config
 from neuron_train.errors import UsageError
@@ -145,6 +145,18 @@ def test_topk_trains_on_the_selected_samples():
                        step=lambda: 0, mark_phase=print, device=torch.device("cpu"))
     task(torch.ones(4, 1, 1, 1), torch.tensor([3, 9, 1, 7]))  # the recorder's loss is the label
     assert trained_labels == [[7, 9]]
+
+
+@pytest.mark.slow
+def test_step_number_does_not_make_torch_compile_recompile_every_step(tmp_path):
+    """--step-compiler dynamo compiles the task: the step number it reads must not become a guard
+    (it did before `sifting_now` was kept out of the trace: one dynamo recompile per step)."""
+    proc = run_train(tmp_path / "dynamo", "--step-compiler", "dynamo", "--sift", "topk", "--sift-delay", "2",
+                     "--max-steps", "8", "--batch-size", "16", "--eval-every", "100",
+                     env=cpu_env(TORCH_LOGS="recompiles"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recompiles = proc.stderr.count("Recompiling function")
+    assert recompiles == 1, proc.stderr[-3000:]  # the switch from full to sifted batches, once
 
 
 def _graphs(out) -> dict:
