@@ -10,17 +10,17 @@ import argparse
 import importlib
 import sys
 
-from neuron_train.errors import RunError, UsageError
+from neuron_train.common.errors import RunError, UsageError
 
 # name -> (module, one-line help). The order is the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("neuron_train.doctor", "check this machine: devices, Neuron SDK versions, cache, limits"),
-    "precompile": ("neuron_train.precompile", "precompile every graph of a run into the compile cache"),
-    "train": ("neuron_train.train", "train a model (the same as torchrun neuron_train/run.py)"),
-    "check-graphs": ("neuron_train.check_graphs", "find recompilations and host syncs in any XLA command"),
-    "cache": ("neuron_train.cache", "list / verify / prune / pack / unpack a compile cache"),
-    "bench": ("neuron_train.bench", "benchmark this machine and write one result file"),
-    "report": ("neuron_train.report", "merge benchmark results into a price-performance report"),
+    "doctor": ("neuron_train.ops.doctor", "check this machine: devices, Neuron SDK versions, cache, limits"),
+    "precompile": ("neuron_train.precompile.command", "precompile every graph of a run into the compile cache"),
+    "train": ("neuron_train.training.command", "train a model (the same as torchrun neuron_train/run.py)"),
+    "check-graphs": ("neuron_train.graphs.command", "find recompilations and host syncs in any XLA command"),
+    "cache": ("neuron_train.precompile.cache", "list / verify / prune / pack / unpack a compile cache"),
+    "bench": ("neuron_train.cost.bench", "benchmark this machine and write one result file"),
+    "report": ("neuron_train.cost.report", "merge benchmark results into a price-performance report"),
 }
 
 

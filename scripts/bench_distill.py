@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench_runs import load_note, split_passthrough, train
 
-from neuron_train.checkpoint import list_checkpoints
+from neuron_train.training.checkpoint import list_checkpoints
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -35,8 +35,8 @@ def baseline(args: argparse.Namespace) -> dict:
     import torch_xla.debug.metrics as met
     import torch_xla.distributed.parallel_loader as pl
 
-    from neuron_train.data import SyntheticDataset
-    from neuron_train.models import create_model
+    from neuron_train.training.data import SyntheticDataset
+    from neuron_train.training.models import create_model
 
     torch.manual_seed(0)
     dev = torch_xla.device()
@@ -64,11 +64,11 @@ def baseline(args: argparse.Namespace) -> dict:
 
 
 def ours(args: argparse.Namespace, step_compiler: str) -> dict:
-    """Our loop (neuron_train.loop.Trainer) with its defaults: AdamW, clipping, LR schedule, logging."""
+    """Our loop (neuron_train.training.loop.Trainer) with its defaults: AdamW, clipping, LR schedule, logging."""
     import torch_xla.debug.metrics as met
 
-    from neuron_train.config import build_config
-    from neuron_train.device import init_backend, prepare_environment
+    from neuron_train.training.config import build_config
+    from neuron_train.training.device import init_backend, prepare_environment
 
     with tempfile.TemporaryDirectory() as out:
         cfg = build_config(overrides={
@@ -80,7 +80,7 @@ def ours(args: argparse.Namespace, step_compiler: str) -> dict:
             "log.progress": False, "log.tensorboard": False,
         })
         prepare_environment(cfg.train.precision)
-        from neuron_train.loop import Trainer
+        from neuron_train.training.loop import Trainer
 
         trainer = Trainer(cfg, init_backend())
         trainer.data.val = None  # time training only, like the baseline

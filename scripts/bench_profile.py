@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench_runs import load_note, train
 
-from neuron_train.step_profile import format_table
+from neuron_train.training.profiler import format_table
 
 
 def make_slow_images(root: Path, classes: int = 8, per_class: int = 20, size=(1024, 768)) -> Path:

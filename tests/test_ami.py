@@ -20,7 +20,7 @@ import hcl2
 import pytest
 import tomllib
 
-from neuron_train.doctor import load_pins
+from neuron_train.ops.doctor import load_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVISION = ROOT / "ami" / "provision.sh"

@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT, cpu_env
 
 from neuron_train import cli
-from neuron_train.bench import (
+from neuron_train.common.errors import UsageError
+from neuron_train.cost.bench import (
     MeasureFailed,
     Measurement,
     Plan,
@@ -23,7 +24,6 @@ from neuron_train.bench import (
     sweep,
     validate_result,
 )
-from neuron_train.errors import UsageError
 
 
 @pytest.fixture(autouse=True)

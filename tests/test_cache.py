@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, cpu_env
 
-from neuron_train import cache as cc
-from neuron_train.errors import RunError, UsageError
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.precompile import cache as cc
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
 VERSION_DIR = "neuronxcc-2.0.0.22266a0+a69f71e55"  # as in the Neuron docs' log lines

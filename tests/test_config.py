@@ -9,7 +9,8 @@ import sys
 import pytest
 from conftest import ROOT, cpu_env
 
-from neuron_train.config import (
+from neuron_train.common.errors import UsageError
+from neuron_train.training.config import (
     RunConfig,
     add_config_arguments,
     build_config,
@@ -17,7 +18,6 @@ from neuron_train.config import (
     config_to_argv,
     load_config_file,
 )
-from neuron_train.errors import UsageError
 
 
 def parse(*argv: str) -> RunConfig:

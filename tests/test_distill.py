@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from conftest import run_train, summary_of
 
-from neuron_train.config import build_config
-from neuron_train.distill import distillation_losses
-from neuron_train.errors import UsageError
-from neuron_train.models import build_model
-from neuron_train.optim import build_optimizer
-from neuron_train.tasks import build_task
+from neuron_train.common.errors import UsageError
+from neuron_train.training.config import build_config
+from neuron_train.training.models import build_model
+from neuron_train.training.optim import build_optimizer
+from neuron_train.training.tasks import build_task
+from neuron_train.training.tasks.distill import distillation_losses
 
 
 def _softmax(xs: list[float]) -> list[float]:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from neuron_train import doctor as d
+from neuron_train.common import neuron_env as ne
+from neuron_train.common.errors import UsageError
+from neuron_train.ops import doctor as d
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
 PINS = d.load_pins()
@@ -48,8 +50,8 @@ def healthy_facts(**changes) -> d.Facts:
         driver_loaded=PINNED["aws-neuronx-dkms"], dpkg=d.ToolRun(0, dpkg), pip=pip, env={},
         python="3.10", nofile=(65536, 65536), memlock=(resource.RLIM_INFINITY, resource.RLIM_INFINITY),
         fi_info=d.ToolRun(0, EIGHT_EFA),
-        caches=[d.CacheSpot("neuron", "Neuron default", d.DEFAULT_NEURON_CACHE,
-                            d.PathFacts(d.DEFAULT_NEURON_CACHE, True, True, 400 * d.GIB, "/", "ext4"))],
+        caches=[d.CacheSpot("neuron", "Neuron default", ne.DEFAULT_NEURON_CACHE,
+                            ne.PathFacts(ne.DEFAULT_NEURON_CACHE, True, True, 400 * d.GIB, "/", "ext4"))],
     )
     return replace(facts, **changes)
 
@@ -92,7 +94,7 @@ def test_normalize_version_drops_build_suffixes(raw, core):
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({}, (d.DEFAULT_NEURON_CACHE, "Neuron default")),
+    ({}, (ne.DEFAULT_NEURON_CACHE, "Neuron default")),
     ({"NEURON_COMPILE_CACHE_URL": "s3://bucket/cache"}, ("s3://bucket/cache", "NEURON_COMPILE_CACHE_URL")),
     ({"NEURON_COMPILE_CACHE_URL": "/a", "NEURON_CC_FLAGS": "--model-type transformer --cache_dir=/b"},
      ("/b", "NEURON_CC_FLAGS --cache_dir")),
@@ -100,7 +102,7 @@ def test_normalize_version_drops_build_suffixes(raw, core):
      ("/with space/c", "NEURON_CC_FLAGS --cache_dir")),
 ])
 def test_neuron_cache_location_follows_the_documented_precedence(env, expected):
-    assert d.neuron_cache_location(env) == expected
+    assert ne.neuron_cache_location(env) == expected
 
 
 @pytest.mark.parametrize("path, expected", [
@@ -112,7 +114,7 @@ def test_neuron_cache_location_follows_the_documented_precedence(env, expected):
     ("/var/tmp/neuron-compile-cache", ("/", "ext4")),
 ])
 def test_mount_of_finds_the_file_system_holding_a_path(path, expected):
-    assert d.mount_of(path, fixture("proc_mounts_parallelcluster.txt")) == expected
+    assert ne.mount_of(path, fixture("proc_mounts_parallelcluster.txt")) == expected
 
 
 # ----------------------------------------------------------------------------- devices, driver
@@ -253,9 +255,9 @@ def test_check_pjrt(env, has_neuron, plugin, status):
 
 
 def spot_on(path: str, *, free_gib: float = 200, writable: bool = True, exists: bool = True) -> d.CacheSpot:
-    point, fstype = d.mount_of(path, fixture("proc_mounts_parallelcluster.txt"))
+    point, fstype = ne.mount_of(path, fixture("proc_mounts_parallelcluster.txt"))
     return d.CacheSpot("neuron", "NEURON_COMPILE_CACHE_URL", path,
-                       d.PathFacts(path, exists, writable, int(free_gib * d.GIB), point, fstype))
+                       ne.PathFacts(path, exists, writable, int(free_gib * d.GIB), point, fstype))
 
 
 def test_check_cache_on_shared_storage_fails_for_multi_node_only():
@@ -344,7 +346,7 @@ def test_write_json_report_is_atomic_and_never_overwrites(tmp_path):
     d.write_json_report(str(target), report)
     assert json.loads(target.read_text())["checks"][0]["name"] == "devices"
     assert [p.name for p in tmp_path.iterdir()] == ["doctor.json"]
-    with pytest.raises(d.UsageError, match="already exists"):
+    with pytest.raises(UsageError, match="already exists"):
         d.write_json_report(str(target), report)
 
 

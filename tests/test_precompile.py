@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, run_train, summary_of
 
-from neuron_train import cache as cc
-from neuron_train import precompile as pc
-from neuron_train.config import build_config
-from neuron_train.errors import UsageError
+from neuron_train.common import neuron_env
+from neuron_train.common.errors import UsageError
+from neuron_train.precompile import cache as cc
+from neuron_train.precompile import command as pc
+from neuron_train.precompile import coverage, hook
+from neuron_train.training.config import build_config
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
 STANDIN_BIN = FIXTURES / "bin"
@@ -40,14 +42,14 @@ def precompile(*args: str, env: dict | None = None, wait: bool = True):
 
 def config(**sections) -> dict:
     cfg = build_config(sections)
-    return pc.graph_config(cfg, world_size=1, num_classes=10, device="CPU", env={},
+    return coverage.graph_config(cfg, world_size=1, num_classes=10, device="CPU", env={},
                            versions={"torch": "2.9.0", "torch-xla": "2.9.0"})
 
 
 def manifest_with(*configs_and_hashes: tuple[dict, list[str]]) -> dict:
     m = cc.empty_manifest()
     for conf, hashes in configs_and_hashes:
-        m["configs"][pc.fingerprint(conf)] = {"config": conf, "graphs": {h: {"phase": "train", "step": 0}
+        m["configs"][coverage.fingerprint(conf)] = {"config": conf, "graphs": {h: {"phase": "train", "step": 0}
                                                                         for h in hashes}}
     return m
 
@@ -58,17 +60,17 @@ def manifest_with(*configs_and_hashes: tuple[dict, list[str]]) -> dict:
 def test_differences_name_the_setting_that_changed():
     here = config(train={"batch_size": 64, "precision": "bf16-autocast"})
     there = config(train={"batch_size": 32})
-    assert pc.differences(here, there) == ["batch size 64 here, 32 in the manifest",
+    assert coverage.differences(here, there) == ["batch size 64 here, 32 in the manifest",
                                            "precision bf16-autocast here, fp32 in the manifest"]
     # Data-only settings do not make another configuration.
-    assert pc.fingerprint(config(optim={"lr": 0.01})) == pc.fingerprint(config(optim={"lr": 0.002}))
-    assert pc.fingerprint(config(data={"num_workers": 0})) == pc.fingerprint(config())
+    assert coverage.fingerprint(config(optim={"lr": 0.01})) == coverage.fingerprint(config(optim={"lr": 0.002}))
+    assert coverage.fingerprint(config(data={"num_workers": 0})) == coverage.fingerprint(config())
 
 
 def test_versions_and_compiler_flags_are_part_of_a_configuration():
     base = config()
     other = dict(base, versions={"torch": "2.9.0", "torch-xla": "2.8.0"}, neuron_cc_flags="--model-type=cnn-training")
-    assert pc.differences(other, base) == [
+    assert coverage.differences(other, base) == [
         "NEURON_CC_FLAGS --model-type=cnn-training here, (none) in the manifest",
         "torch-xla 2.8.0 here, 2.9.0 in the manifest"]
 
@@ -76,18 +78,18 @@ def test_versions_and_compiler_flags_are_part_of_a_configuration():
 def test_compiler_flags_drop_the_cache_wrappers_own_flags():
     env = {"NEURON_CC_FLAGS": "--model-type=transformer --cache_dir=/var/tmp/x --retry_failed_compilation "
                               "--log_level INFO -O1"}
-    assert pc.compiler_flags(env) == "--model-type=transformer -O1"
+    assert neuron_env.compiler_flags(env) == "--model-type=transformer -O1"
 
 
 def test_cache_flags_point_the_compiler_at_the_cache(tmp_path):
-    flags, note = pc.cache_flags({"NEURON_CC_FLAGS": "-O1"}, tmp_path)
+    flags, note = hook.cache_flags({"NEURON_CC_FLAGS": "-O1"}, tmp_path)
     assert flags == f"-O1 --cache_dir={tmp_path.resolve()}" and note is None
-    _, note = pc.cache_flags({"NEURON_COMPILE_CACHE_URL": "/var/tmp/other"}, tmp_path)
+    _, note = hook.cache_flags({"NEURON_COMPILE_CACHE_URL": "/var/tmp/other"}, tmp_path)
     assert "overridden" in note
-    same, _ = pc.cache_flags({"NEURON_CC_FLAGS": f"--cache_dir={tmp_path}"}, tmp_path)
+    same, _ = hook.cache_flags({"NEURON_CC_FLAGS": f"--cache_dir={tmp_path}"}, tmp_path)
     assert same == f"--cache_dir={tmp_path}"
     with pytest.raises(UsageError, match="another cache"):
-        pc.cache_flags({"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"}, tmp_path)
+        hook.cache_flags({"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"}, tmp_path)
 
 
 def test_coverage_full_partial_and_explained():
@@ -95,15 +97,15 @@ def test_coverage_full_partial_and_explained():
     m = manifest_with((a, ["h0", "h1", "heval"]))
     graphs = [{"hash": "h0", "phase": "train", "step": 0}, {"hash": "h1", "phase": "train", "step": 1},
               {"hash": "heval", "phase": "eval", "step": 3}]
-    full = pc.coverage_report(graphs, m, a, "cc")
+    full = coverage.coverage_report(graphs, m, a, "cc")
     assert full["coverage"] == 1.0 and full["missing"] == [] and full["precompiled"]
     b = config(train={"batch_size": 64})
-    part = pc.coverage_report([{"hash": "x0", "phase": "train", "step": 0}, *graphs[2:]], m, b, "cc")
+    part = coverage.coverage_report([{"hash": "x0", "phase": "train", "step": 0}, *graphs[2:]], m, b, "cc")
     assert part["coverage"] == 0.5 and [g["hash"] for g in part["missing"]] == ["x0"]
     assert part["explanation"].startswith("batch size 64 here, 32 in the manifest")
-    assert "50%" in pc.format_coverage(part) and "batch size 64 here" in pc.format_coverage(part)
+    assert "50%" in coverage.format_coverage(part) and "batch size 64 here" in coverage.format_coverage(part)
     # Same configuration, a graph the tour never reached: said so, not blamed on a setting.
-    late = pc.coverage_report([*graphs, {"hash": "h9", "phase": "train", "step": 40}], m, a, "cc")
+    late = coverage.coverage_report([*graphs, {"hash": "h9", "phase": "train", "step": 40}], m, a, "cc")
     assert "did not reach" in late["explanation"]
 
 
@@ -111,27 +113,27 @@ def test_a_graph_precompiled_for_other_compiler_flags_does_not_count():
     a = config()
     flagged = dict(a, neuron_cc_flags="-O2")
     m = manifest_with((flagged, ["h0"]))
-    report = pc.coverage_report([{"hash": "h0", "phase": "train", "step": 0}], m, a, "cc")
+    report = coverage.coverage_report([{"hash": "h0", "phase": "train", "step": 0}], m, a, "cc")
     assert report["coverage"] == 0.0 and "NEURON_CC_FLAGS (none) here, -O2 in the manifest" in report["explanation"]
 
 
 def test_a_pruned_configuration_no_longer_counts_as_precompiled():
     a = config()
     m = manifest_with((a, ["h0"]))
-    m["configs"][pc.fingerprint(a)].update(pruned_files=2, pruned_at="2026-11-21T06:00:00Z")
-    report = pc.coverage_report([{"hash": "h0", "phase": "train", "step": 0}], m, a, "cc")
+    m["configs"][coverage.fingerprint(a)].update(pruned_files=2, pruned_at="2026-11-21T06:00:00Z")
+    report = coverage.coverage_report([{"hash": "h0", "phase": "train", "step": 0}], m, a, "cc")
     assert report["coverage"] == 0.0 and "2 of its cache files were pruned" in report["explanation"]
 
 
 def test_coverage_without_fingerprints_is_unknown_not_perfect():
-    report = pc.coverage_report([{"hash": "", "phase": "train", "step": 0}], manifest_with(), config(), "cc")
-    assert report["coverage"] is None and "unknown" in pc.format_coverage(report)
+    report = coverage.coverage_report([{"hash": "", "phase": "train", "step": 0}], manifest_with(), config(), "cc")
+    assert report["coverage"] is None and "unknown" in coverage.format_coverage(report)
 
 
 def test_tour_steps_reach_every_step_dependent_variant():
-    assert pc.tour_steps(build_config({"train": {"precompile_steps": 2}})) == 3  # past the graph warm-up
+    assert hook.tour_steps(build_config({"train": {"precompile_steps": 2}})) == 3  # past the graph warm-up
     sifted = build_config({"sift": {"sift": "topk", "sift_delay": 10}})
-    assert pc.tour_steps(sifted) == 12  # full-batch steps before the delay, sifted ones after
+    assert hook.tour_steps(sifted) == 12  # full-batch steps before the delay, sifted ones after
 
 
 def test_parse_the_real_compilation_summary():
@@ -142,15 +144,15 @@ def test_parse_the_real_compilation_summary():
 
 def test_network_file_systems_are_flagged(tmp_path):
     nfs = f"fs-1.efs.us-east-1.amazonaws.com:/ {tmp_path} nfs4 rw,relatime 0 0\n"
-    assert "one cache directory per host" in pc.network_fs_warning(tmp_path / "cache", nfs)
+    assert "one cache directory per host" in hook.network_fs_warning(tmp_path / "cache", nfs)
     local = f"/dev/nvme0n1p1 {tmp_path} ext4 rw 0 0\n"
-    assert pc.network_fs_warning(tmp_path / "cache", local) is None
+    assert hook.network_fs_warning(tmp_path / "cache", local) is None
 
 
 def test_precompile_hint_keeps_the_graph_settings_only(tmp_path):
     cfg = build_config({"train": {"batch_size": 64, "output_dir": "/tmp/r"},
                         "compile": {"compile_cache": str(tmp_path), "require_precompiled": True}})
-    hint = shlex.split(pc.precompile_hint(cfg, tmp_path, 2))
+    hint = shlex.split(hook.precompile_hint(cfg, tmp_path, 2))
     assert hint[:5] == ["scripts/precompile.sh", "--cache-dir", str(tmp_path), "--nproc-per-node", "2"]
     assert hint[5:] == ["--", "--batch-size", "64"]
 

@@ -8,9 +8,9 @@ import statistics
 import pytest
 from conftest import run_train, summary_of
 
-from neuron_train.config import build_config
-from neuron_train.errors import UsageError
-from neuron_train.step_profile import (
+from neuron_train.common.errors import UsageError
+from neuron_train.training.config import build_config
+from neuron_train.training.profiler import (
     PHASES,
     Figures,
     NullProfiler,

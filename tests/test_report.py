@@ -13,10 +13,10 @@ import pytest
 from botocore.stub import Stubber
 
 from neuron_train import cli
-from neuron_train.bench import validate_result
-from neuron_train.catalog import apply_price_file, live_prices, load_catalog
-from neuron_train.errors import RunError, UsageError
-from neuron_train.references import read_reference_csv
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.cost.catalog import apply_price_file, live_prices, load_catalog
+from neuron_train.cost.references import read_reference_csv
+from neuron_train.cost.schema import validate_result
 
 FIX = Path(__file__).parent / "fixtures" / "report"
 INFER = json.loads((FIX / "cpu_infer_vit_digits.json").read_text())
@@ -333,7 +333,7 @@ def test_live_spot_prices_take_the_cheapest_zone(monkeypatch):
 
 
 def test_money_is_readable_at_every_scale():
-    from neuron_train.report import money
+    from neuron_train.cost.report import money
 
     assert [money(v) for v in (344.0, 1.34375, 0.9066, 0.0287, 8.538e-06, None)] == [
         "$344.00", "$1.34", "$0.9066", "$0.02870", "$0.000008538", "n/a"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import cpu_env, run_train, summary_of
 
-from neuron_train.config import SiftConfig, build_config
-from neuron_train.errors import UsageError
-from neuron_train.sift import (
+from neuron_train.common.errors import UsageError
+from neuron_train.training.config import SiftConfig, build_config
+from neuron_train.training.tasks.sift import (
     LossHistory,
     SiftingTask,
     keep_probabilities,

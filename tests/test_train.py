@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import NANO, RUN_PY, cpu_env, run_train, summary_of
 
-from neuron_train.checkpoint import list_checkpoints
+from neuron_train.training.checkpoint import list_checkpoints
 
 
 def final_weights(out):
@@ -187,8 +187,8 @@ def test_resume_with_another_global_batch_is_refused(tmp_path):
     (32, 32, 1, False, False),  # torchrun + 'xla' that did not join: 32 independent replicas
 ])
 def test_world_size_disagreement_fails_loudly(world, joined, xla_world, bridge, ok):
-    from neuron_train.device import check_world
-    from neuron_train.errors import RunError
+    from neuron_train.common.errors import RunError
+    from neuron_train.training.device import check_world
 
     if ok:
         check_world(world, joined, xla_world, bridge)

@@ -16,9 +16,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import ROOT, run_train, summary_of
 
-from neuron_train import checkpoint as ckpt
-from neuron_train.errors import UsageError
-from neuron_train.zero1 import FlatLayout, GlooZero1, rank_major, state_bytes, unflatten
+from neuron_train.common.errors import UsageError
+from neuron_train.training import checkpoint as ckpt
+from neuron_train.training.zero1 import FlatLayout, GlooZero1, rank_major, state_bytes, unflatten
 
 COMMON = ["--max-steps", "6", "--eval-every", "100", "--warmup-steps", "2"]
 

@@ -1,0 +1,77 @@
+"""File-system edges every command shares: atomic writes, outputs that never replace a file,
+paths confined to their root, and refusing S3 where only a local path makes sense.
+
+A result either appears whole under its final name or not at all: it is written to a temporary
+file in the same folder and renamed; on any failure the temporary file is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from neuron_train.common.errors import UsageError
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all (temp file in the same folder, fsync, rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def new_output(value: str | os.PathLike, flag: str) -> Path:
+    """An output file the command will create: refused before any work if it exists or cannot be
+    written (a previous result may be someone's record; a late failure would lose the measurement)."""
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"{flag}: {path} is a directory: give a file name")
+    if path.exists() or path.is_symlink():
+        raise UsageError(f"{flag}: {path} already exists: remove it or choose another file (nothing is overwritten)")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag}: folder {parent} does not exist: create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: folder {parent} is not writable: choose another location")
+    return path
+
+
+def is_s3(location: str) -> bool:
+    return str(location).startswith("s3://")
+
+
+def refuse_s3(location: str, flag: str, instead: str) -> None:
+    """For options that need a local path: one line naming the command that handles S3."""
+    if is_s3(location):
+        raise UsageError(f"{flag} must be a local path, not {location}: {instead}")
+
+
+def confined(root: Path, relative: str, what: str) -> Path:
+    """`root / relative`, refused unless it resolves inside `root` (a path read from a manifest,
+    an archive or a result file must never reach outside the folder it belongs to)."""
+    if not isinstance(relative, str) or not relative or "\x00" in relative:
+        raise UsageError(f"{what}: {relative!r} is not a relative path")
+    candidate = Path(relative)
+    base = Path(root).resolve()
+    target = (base / candidate).resolve()
+    if candidate.is_absolute() or (target != base and base not in target.parents):
+        raise UsageError(f"{what}: {relative!r} points outside {root}: refusing it")
+    return target

@@ -1,0 +1,501 @@
+"""`neuron-train bench`: measure this machine on one model and write one result file.
+
+`train` mode runs our training loop (`neuron_train/run.py`, under torchrun for several processes)
+and reads its summary.json; `infer` mode times a compiled forward pass (the CPU XLA device, or
+`torch_neuronx.trace` / `torch_neuron` tracing on Neuron hardware). Warm-up steps and compile time
+are kept out of the throughput figures and reported apart. The result file format is versioned and
+documented in docs/bench.md; `validate_result` is the one check of it that `report` also uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import write_json_atomic
+from neuron_train.common.neuron_env import library_versions
+from neuron_train.cost.schema import MODES, SCHEMA_NAME, SCHEMA_VERSION, validate_result
+from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args, config_to_argv
+from neuron_train.training.metrics import median_and_spread
+
+RUN_SCRIPT = Path(__file__).resolve().parent.parent / "run.py"
+DEFAULT_MEASURED_STEPS = 20          # when --max-steps is not given
+DEFAULT_SWEEP_BATCH_SIZES = (8, 16, 32, 64, 128, 256)
+IMDS_ENDPOINT = "http://169.254.169.254"
+_VERSIONED = ("neuron-train", "torch", "torch-xla", "torchvision", "timm", "torch-neuronx",
+              "neuronx-cc", "libneuronxla", "torch-neuron")
+
+# dotted path -> accepted types. Every field is required (null only where the type allows it).
+# --- where we are: instance type, host, versions ------------------------------------------------
+
+def detect_instance_type(timeout: float = 1.0) -> str | None:
+    """The EC2 instance type from the instance metadata service (IMDSv2), or None off EC2.
+
+    Honours the AWS SDKs' variables: AWS_EC2_METADATA_DISABLED=true skips the lookup,
+    AWS_EC2_METADATA_SERVICE_ENDPOINT points it elsewhere (tests use a local stub).
+    """
+    if os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() == "true":
+        return None
+    base = os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", IMDS_ENDPOINT).rstrip("/")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+    try:
+        token_req = urllib.request.Request(f"{base}/latest/api/token", method="PUT",
+                                           headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        token = opener.open(token_req, timeout=timeout).read().decode()
+        type_req = urllib.request.Request(f"{base}/latest/meta-data/instance-type",
+                                          headers={"X-aws-ec2-metadata-token": token})
+        itype = opener.open(type_req, timeout=timeout).read().decode().strip()
+    except (OSError, ValueError):  # URLError, timeouts, refused connections: not on EC2
+        return None
+    return itype or None
+
+
+def resolve_instance_type(flag: str | None) -> tuple[str, str]:
+    """(instance type, how it was found): the metadata service wins; a contradicting flag is an error."""
+    detected = detect_instance_type()
+    if detected and flag and flag != detected:
+        raise UsageError(f"--instance-type {flag} contradicts this machine, which the EC2 metadata "
+                         f"service reports as {detected}")
+    if detected:
+        return detected, "ec2-metadata"
+    return (flag, "flag") if flag else ("local", "default")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_metadata() -> dict:
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        mem = None
+    try:
+        load = round(os.getloadavg()[0], 2)  # a busy host spreads the repeats: say how busy it was
+    except OSError:
+        load = None
+    return {"hostname": socket.gethostname(), "os": platform.platform(), "cpu": _cpu_model(),
+            "cpu_count": os.cpu_count(), "memory_gib": round(mem, 1) if mem else None,
+            "load_average_1m": load, "python": platform.python_version()}
+
+
+# --- one measurement ----------------------------------------------------------------------------
+
+@dataclass
+class Measurement:
+    samples_per_sec: float
+    step_time_ms: float
+    compile_time_s: float
+    graph_count: int
+    measured_steps: int
+    world_size: int
+    global_batch_size: int
+    device_kind: str
+    device_info: dict = field(default_factory=dict)   # e.g. the tracer that compiled the forward
+    details: dict = field(default_factory=dict)       # e.g. the training run's final loss
+
+
+class MeasureFailed(Exception):
+    """A configuration that could not be measured: status 'oom' or 'failed', with the reason."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+_OOM_PATTERNS = (
+    re.compile(r"RESOURCE_EXHAUSTED"),                                 # XLA / PJRT
+    re.compile(r"Failed to allocate [\d.]+\s*[KMGT]?B"),                # Neuron runtime (TDRV)
+    re.compile(r"out of memory", re.IGNORECASE),                        # CUDA, generic
+    re.compile(r"can't allocate memory|MemoryError"),                   # torch CPU allocator, Python
+    re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9"),              # torchrun: child killed
+)
+
+
+def classify_failure(returncode: int, output: str) -> MeasureFailed:
+    """Out-of-memory or another failure, with the line that says why (from a run's output)."""
+    if returncode in (-9, 137):
+        return MeasureFailed("oom", "killed by SIGKILL (most likely the host's out-of-memory killer)")
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    for pattern in _OOM_PATTERNS:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return MeasureFailed("oom", line[:300])
+    errors = [ln for ln in lines if "error" in ln.lower() or ln.startswith("neuron-train")]
+    reason = (errors or lines or [f"exit code {returncode}"])[-1]
+    return MeasureFailed("failed", reason[:300])
+
+
+def _run_command(cfg: RunConfig, nproc: int, out_dir: Path) -> list[str]:
+    argv = [*config_to_argv(cfg), "--output-dir", str(out_dir), "--no-progress", "--no-tensorboard"]
+    if nproc == 1:
+        return [sys.executable, str(RUN_SCRIPT), *argv]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            str(RUN_SCRIPT), *argv]
+
+
+def measure_train(cfg: RunConfig, nproc: int, workdir: Path) -> Measurement:
+    """One run of our training loop in a fresh process group; reads its summary.json."""
+    out_dir = Path(tempfile.mkdtemp(prefix=f"train-b{cfg.train.batch_size}-n{nproc}-", dir=workdir))
+    cmd = _run_command(cfg, nproc, out_dir / "run")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (out_dir / "output.log").write_text(proc.stdout)
+    summary_path = out_dir / "run" / "summary.json"
+    if proc.returncode != 0:
+        raise classify_failure(proc.returncode, proc.stdout)
+    if not summary_path.is_file():
+        raise MeasureFailed("failed", f"the run exited 0 but wrote no summary.json ({shlex.join(cmd)})")
+    s = json.loads(summary_path.read_text())
+    if not s.get("samples_per_sec") or not s.get("step_time_ms_median"):
+        raise MeasureFailed("failed", f"no steady-state steps measured ({s.get('measured_steps', 0)} "
+                                      "after warm-up): raise --max-steps")
+    return Measurement(s["samples_per_sec"], s["step_time_ms_median"], s["compile_time_s"],
+                       s["compile_count"], s["measured_steps"], s["world_size"], s["global_batch_size"],
+                       s["device"], details={k: s.get(k) for k in ("final_loss", "eval_accuracy",
+                                                                   "xla_execute_ms_median")})
+
+
+# Neuron compiler casting per precision (explicit: the compiler's default changed across releases).
+_NEURONX_CAST = {"fp32": ["--auto-cast", "none"],
+                 "bf16-autocast": ["--auto-cast", "matmult", "--auto-cast-type", "bf16"],
+                 "bf16": ["--auto-cast", "none"],
+                 "xla-use-bf16": ["--auto-cast", "all", "--auto-cast-type", "bf16"],
+                 "xla-downcast-bf16": ["--auto-cast", "all", "--auto-cast-type", "bf16"]}
+
+
+def _neuron_tracer(instance_type: str) -> str:
+    """inf1 (NeuronCore-v1) traces with torch-neuron; trn1/inf2 with torch-neuronx."""
+    if instance_type.startswith("inf1.") or importlib.util.find_spec("torch_neuronx") is None:
+        return "torch-neuron"
+    return "torch-neuronx"
+
+
+class InferBench:
+    """A forward pass compiled once per batch size and timed in a fixed-shape loop (no gradients)."""
+
+    def __init__(self, cfg: RunConfig, num_classes: int, instance_type: str):
+        import torch
+
+        from neuron_train.common.neuron_env import neuron_device_present
+        from neuron_train.training.models import build_model
+
+        self.cfg, self.torch = cfg, torch
+        model = build_model(cfg.model.name, num_classes=num_classes, img_size=cfg.model.img_size,
+                            pretrained=cfg.model.pretrained).eval()
+        self.dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
+        self.model = model.to(self.dtype)
+        self.on_neuron = neuron_device_present()
+        self.tracer = _neuron_tracer(instance_type) if self.on_neuron else "torch-xla"
+        self.traced: dict[int, object] = {}   # Neuron: one compiled module per batch size
+        self.warmed: set[int] = set()          # batch sizes whose graphs are compiled already
+
+    def _input(self, batch: int):
+        img = self.cfg.model.img_size
+        # Random images, as in the reference study: the data pipeline is not what is measured.
+        return self.torch.randn(batch, 3, img, img, generator=self.torch.Generator().manual_seed(0)
+                                ).to(self.dtype)
+
+    def measure(self, batch: int, steps: int, warmup: int) -> Measurement:
+        try:
+            if self.on_neuron:
+                return self._measure_neuron(batch, steps, warmup)  # pragma: no cover (Neuron only)
+            return self._measure_xla(batch, steps, warmup)
+        except (RuntimeError, MemoryError) as exc:
+            raise classify_failure(1, f"{type(exc).__name__}: {exc}") from None
+
+    def _timed(self, run_once, batch: int, steps: int, warmup: int) -> tuple[float, float]:
+        for _ in range(warmup):
+            run_once()
+        times = []
+        start = time.perf_counter()
+        for _ in range(steps):
+            t = time.perf_counter()
+            run_once()
+            times.append(time.perf_counter() - t)
+        total = time.perf_counter() - start
+        return batch * steps / total, median_and_spread(times)[0] * 1e3
+
+    def _measure_xla(self, batch: int, steps: int, warmup: int) -> Measurement:
+        import torch_xla
+        import torch_xla.debug.metrics as met
+        import torch_xla.runtime as xr
+
+        from neuron_train.training.loop import autocast
+
+        device = torch_xla.device()
+        model = self.model.to(device)
+        x = self._input(batch)
+        compiles0 = met.counter_value("UncachedCompile") or 0
+        ctime0 = (met.metric_data("CompileTime") or (0, 0, []))[1]
+
+        def run_once():
+            # What a server does, and what the Neuron SDK's harness times when it calls a traced
+            # model with host tensors: batch in from the host, logits back to the host.
+            with self.torch.no_grad(), autocast(self.cfg.train.precision):
+                out = model(x.to(device))
+            torch_xla.sync()
+            return out.cpu()  # a host read: waits until the device has run the step
+
+        sps, step_ms = self._timed(run_once, batch, steps, 0 if batch in self.warmed else max(warmup, 1))
+        self.warmed.add(batch)
+        graphs = (met.counter_value("UncachedCompile") or 0) - compiles0
+        ctime = ((met.metric_data("CompileTime") or (0, 0, []))[1] - ctime0) / 1e9
+        return Measurement(sps, step_ms, ctime, graphs, steps, 1, batch, xr.device_type(),
+                           {"tracer": self.tracer})
+
+    def _measure_neuron(self, batch: int, steps: int, warmup: int) -> Measurement:  # pragma: no cover
+        """Neuron hardware only: trace for the NeuronCores, then call the traced module."""
+        x = self._input(batch)
+        start = time.perf_counter()
+        if batch not in self.traced:
+            if self.tracer == "torch-neuron":
+                import torch_neuron  # noqa: F401  inf1 (NeuronCore-v1): registers torch.neuron
+                self.traced[batch] = self.torch.neuron.trace(self.model, example_inputs=[x])
+            else:
+                import torch_neuronx
+                self.traced[batch] = torch_neuronx.trace(
+                    self.model, x, compiler_args=_NEURONX_CAST[self.cfg.train.precision])
+            compile_s, graphs = time.perf_counter() - start, 1
+        else:
+            compile_s, graphs = 0.0, 0
+        traced = self.traced[batch]
+        with self.torch.no_grad():  # the first calls load the model onto the NeuronCores
+            sps, step_ms = self._timed(lambda: traced(x), batch, steps,
+                                       0 if batch in self.warmed else max(warmup, 1))
+        self.warmed.add(batch)
+        return Measurement(sps, step_ms, compile_s, graphs, steps, 1, batch, "NEURON",
+                           {"tracer": self.tracer, "compiler_args": " ".join(
+                               _NEURONX_CAST[self.cfg.train.precision])
+                            if self.tracer == "torch-neuronx" else ""})
+
+
+# --- sweep and repeats ---------------------------------------------------------------------------
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return sorted(set(values))
+
+
+@dataclass
+class Plan:
+    mode: str
+    batch_sizes: list[int]
+    nprocs: list[int]
+    repeats: int
+
+
+def sweep(plan: Plan, measure, log) -> tuple[list[dict], dict[tuple[int, int], Measurement]]:
+    """Measure every (processes, batch size) once; after an OOM, larger batches are not tried.
+
+    Returns the sweep rows (ok / oom / failed, with the reason) and the successful measurements.
+    """
+    rows: list[dict] = []
+    ok: dict[tuple[int, int], Measurement] = {}
+    for nproc in plan.nprocs:
+        for bs in plan.batch_sizes:
+            try:
+                m = measure(bs, nproc)
+            except MeasureFailed as exc:
+                rows.append({"batch_size_per_device": bs, "world_size": nproc, "status": exc.status,
+                             "reason": exc.reason})
+                log(f"  batch {bs} x {nproc} process(es): {exc.status}: {exc.reason}")
+                if exc.status == "oom":
+                    rows[-1]["reason"] += " (larger batch sizes not tried)"
+                    break
+                continue
+            ok[(nproc, bs)] = m
+            rows.append({"batch_size_per_device": bs, "world_size": m.world_size, "status": "ok",
+                         "reason": "", "samples_per_sec": m.samples_per_sec,
+                         "step_time_ms": m.step_time_ms, "compile_time_s": m.compile_time_s,
+                         "graph_count": m.graph_count})
+            log(f"  batch {bs} x {nproc} process(es): {m.samples_per_sec:.1f} samples/s")
+    return rows, ok
+
+
+def _stat(values: list[float]) -> dict:
+    median, spread = median_and_spread(values)
+    return {"median": median, "spread": spread, "values": values}
+
+
+def build_result(*, cfg: RunConfig, mode: str, instance: tuple[str, str], runs: list[Measurement],
+                 sweep_rows: list[dict] | None, parameters: int, num_classes: int, train_samples: int,
+                 warmup: int, command: str) -> dict:
+    first = runs[0]
+    compiled = [r for r in runs if r.graph_count > 0] or runs
+    return {
+        "schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "mode": mode, "instance_type": instance[0], "instance_type_source": instance[1],
+        "device": {"kind": first.device_kind, "count": first.world_size, **first.device_info},
+        "world_size": first.world_size,
+        "model": {"name": cfg.model.name, "parameters": parameters, "img_size": cfg.model.img_size,
+                  "num_classes": num_classes},
+        "dataset": {"name": cfg.data.dataset, "train_samples": train_samples},
+        "batch_size_per_device": cfg.train.batch_size, "global_batch_size": first.global_batch_size,
+        "precision": cfg.train.precision, "warmup_steps": warmup,
+        "measured_steps": first.measured_steps, "repeats": len(runs),
+        "samples_per_sec": _stat([r.samples_per_sec for r in runs]),
+        "step_time_ms": _stat([r.step_time_ms for r in runs]),
+        "compile": {"time_s": median_and_spread([r.compile_time_s for r in compiled])[0],
+                    "graph_count": max(r.graph_count for r in compiled)},
+        "details": first.details,
+        "sweep": sweep_rows, "host": host_metadata(), "versions": library_versions(_VERSIONED),
+        "command": command, "config": cfg.to_dict(),
+    }
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Benchmark the configured model on this machine (train: our training loop; "
+                          "infer: a compiled forward pass) and write one result file for "
+                          "'neuron-train report'. Takes every train option.")
+    g = parser.add_argument_group("bench options")
+    g.add_argument("--mode", choices=MODES, required=True, help="what to measure")
+    g.add_argument("--output", required=True, metavar="FILE.json", help="result file to write")
+    g.add_argument("--instance-type", metavar="TYPE",
+                   help="instance type to record when the EC2 metadata service is unreachable "
+                        "(default: detected on EC2, else 'local')")
+    g.add_argument("--repeats", type=int, default=3, help="measurements of the chosen configuration; "
+                   "the result gives their median and spread (default: 3)")
+    g.add_argument("--nproc", type=int, default=1,
+                   help="train: data-parallel processes, one per NeuronCore (default: 1)")
+    g.add_argument("--sweep", action="store_true",
+                   help="try batch sizes x process counts, keep the fastest; failures and "
+                        "out-of-memory are recorded, not fatal")
+    g.add_argument("--sweep-batch-sizes", type=_int_list, metavar="B1,B2,..",
+                   help="per-device batch sizes for --sweep (default: 8,16,32,64,128,256)")
+    g.add_argument("--sweep-nprocs", type=_int_list, default=None, metavar="N1,N2,..",
+                   help="process counts for --sweep in train mode (default: --nproc)")
+    g.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    add_config_arguments(parser)
+
+
+def _plan(args: argparse.Namespace, cfg: RunConfig) -> Plan:
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if not args.sweep and (args.sweep_batch_sizes or args.sweep_nprocs):
+        raise UsageError("--sweep-batch-sizes / --sweep-nprocs need --sweep")
+    nprocs = args.sweep_nprocs or [args.nproc]
+    if args.mode == "infer" and nprocs != [1]:
+        raise UsageError("infer mode runs in one process: drop --nproc / --sweep-nprocs")
+    batch_sizes = ((args.sweep_batch_sizes or list(DEFAULT_SWEEP_BATCH_SIZES)) if args.sweep
+                   else [cfg.train.batch_size])
+    return Plan(args.mode, batch_sizes, nprocs, args.repeats)
+
+
+def _check_mode_fits(mode: str, instance_type: str) -> None:
+    from neuron_train.cost.catalog import load_catalog
+
+    spec = load_catalog().get(instance_type)
+    if mode == "train" and spec is not None and not spec.can_train:
+        raise UsageError(f"{instance_type} cannot train: {spec.train_note}; use --mode infer")
+
+
+def _workload_facts(cfg: RunConfig) -> tuple[int, int, int]:
+    """(parameters, classes, training samples) of the configured model and dataset."""
+    from neuron_train.training.data import build_datasets
+    from neuron_train.training.models import build_model, count_parameters
+
+    data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, cfg.train.seed)
+    model = build_model(cfg.model.name, num_classes=data.num_classes, img_size=cfg.model.img_size)
+    return count_parameters(model), data.num_classes, len(data.train)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    output = Path(args.output)
+    if output.exists() and not args.force:
+        raise UsageError(f"{output} exists: choose another --output or pass --force to replace it")
+    if cfg.train.output_dir:
+        raise UsageError("bench keeps its runs in a temporary folder: drop --output-dir")
+    plan = _plan(args, cfg)
+    instance = resolve_instance_type(args.instance_type)
+    _check_mode_fits(plan.mode, instance[0])
+    if not cfg.train.max_steps:
+        cfg.train.max_steps = cfg.train.warmup_measure_steps + DEFAULT_MEASURED_STEPS
+    measured = cfg.train.max_steps - cfg.train.warmup_measure_steps
+    if measured < 1:
+        raise UsageError(f"--max-steps {cfg.train.max_steps} leaves no step after the "
+                         f"{cfg.train.warmup_measure_steps} warm-up steps (--warmup-measure-steps)")
+
+    from neuron_train.training.device import prepare_environment
+
+    cfg.train.precision = prepare_environment(cfg.train.precision)
+    parameters, num_classes, train_samples = _workload_facts(cfg)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    log(f"bench: {plan.mode} {cfg.model.name} on {instance[0]} ({instance[1]}), "
+        f"batch sizes {plan.batch_sizes}, processes {plan.nprocs}, {plan.repeats} repeat(s)")
+
+    with tempfile.TemporaryDirectory(prefix="neuron-train-bench-") as tmp:
+        if plan.mode == "train":
+            def measure(bs: int, nproc: int) -> Measurement:
+                cfg.train.batch_size = bs
+                return measure_train(cfg, nproc, Path(tmp))
+        else:
+            bench = InferBench(cfg, num_classes, instance[0])
+
+            def measure(bs: int, nproc: int) -> Measurement:
+                return bench.measure(bs, measured, cfg.train.warmup_measure_steps)
+
+        rows, ok = sweep(plan, measure, log)
+        if not ok:
+            reasons = "; ".join(f"batch {r['batch_size_per_device']}: {r['reason']}" for r in rows)
+            raise RunError(f"no configuration could be measured ({reasons})")
+        (nproc, bs), best = max(ok.items(), key=lambda kv: kv[1].samples_per_sec)
+        if args.sweep:
+            log(f"bench: fastest is batch {bs} x {nproc} process(es); measuring it "
+                f"{plan.repeats - 1} more time(s)")
+        runs = [best]
+        for i in range(plan.repeats - 1):
+            try:
+                runs.append(measure(bs, nproc))
+            except MeasureFailed as exc:
+                raise RunError(f"repeat {i + 2} of batch {bs} x {nproc} failed: {exc.reason}") from None
+            log(f"  repeat {i + 2}: {runs[-1].samples_per_sec:.1f} samples/s")
+    cfg.train.batch_size = bs
+    command = shlex.join(["neuron-train", "bench", "--mode", plan.mode, "--nproc", str(nproc),
+                          "--repeats", str(plan.repeats), *config_to_argv(cfg)])
+    result = build_result(cfg=cfg, mode=plan.mode, instance=instance, runs=runs,
+                          sweep_rows=rows if args.sweep else None, parameters=parameters,
+                          num_classes=num_classes, train_samples=train_samples,
+                          warmup=cfg.train.warmup_measure_steps, command=command)
+    validate_result(result, "bench")  # a file report would refuse is never written
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output, result)
+    sps = result["samples_per_sec"]
+    log(f"bench: {sps['median']:.1f} samples/s (± {sps['spread']:.1f}) on {result['device']['kind']} "
+        f"x {result['world_size']}, compile {result['compile']['time_s']:.1f} s in "
+        f"{result['compile']['graph_count']} graph(s) (not counted) -> {output}")
+    if result["device"]["kind"] == "CPU":
+        log("bench: measured on the CPU XLA device of this machine; the report labels it as such")
+    return 0

@@ -1,0 +1,91 @@
+"""The report's typed rows: one instance type's figure (measured, imported or unsupported), and a
+group of rows for one workload. Shared by the report's tables and its charts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from neuron_train.cost.catalog import Price
+
+MODE_TITLES = {"train": "Training", "infer": "Inference"}
+
+
+@dataclass
+class Row:
+    instance_type: str
+    mode: str
+    model: str
+    img_size: int | None
+    origin: str                  # measured | imported | unsupported
+    device: str                  # what ran it, e.g. "CPU (XLA device, not Neuron)"
+    provenance: str              # where the figure comes from, readable by a person
+    precision: str = ""
+    framework: str = ""          # imported rows: the framework the table names
+    batch_size: int | None = None
+    world_size: int | None = None
+    nodes: int = 1
+    samples_per_sec: float | None = None
+    spread: float | None = None
+    unit: str = "samples"
+    compile_time_s: float | None = None
+    graph_count: int | None = None
+    epoch_samples: int | None = None
+    note: str = ""
+    # derived by `price_rows`
+    price: Price | None = None
+    usd_per_hour: float | None = None
+    samples_per_dollar: float | None = None
+    usd_per_million: float | None = None
+    usd_per_epoch: float | None = None
+    relative: float | None = None
+    is_baseline: bool = False
+
+    @property
+    def workload(self) -> tuple[str, str]:
+        return self.mode, re.sub(r"[^a-z0-9]", "", self.model.lower())
+
+    @property
+    def config_text(self) -> str:
+        if self.origin == "unsupported":
+            return ""
+        parts = [f"{self.img_size} px"] if self.img_size else []
+        if self.batch_size:
+            parts.append(f"batch {self.batch_size}" + (f" x {self.world_size}" if self.world_size else ""))
+        if self.nodes > 1:
+            parts.append(f"{self.nodes} instances")
+        parts += [p for p in (self.precision, self.framework) if p]
+        return ", ".join(parts)
+
+
+@dataclass
+class Group:
+    mode: str
+    model: str                   # as the first row names it
+    rows: list[Row] = field(default_factory=list)
+    baseline: Row | None = None
+    baseline_note: str = ""
+    epoch_samples: int | None = None
+
+    @property
+    def title(self) -> str:
+        sizes = {r.img_size for r in self.rows if r.origin != "unsupported"}
+        size = f" · {sizes.pop()} px" if len(sizes) == 1 and None not in sizes else ""
+        return f"{MODE_TITLES[self.mode]} · {self.model}{size}"
+
+    @property
+    def unit(self) -> str:
+        units = {r.unit for r in self.rows if r.samples_per_sec}
+        return units.pop() if len(units) == 1 else "samples"
+
+
+def money(value: float | None, digits: int = 4) -> str:
+    """Dollars for people: cents above $1, else `digits` significant digits, never 1e-05."""
+    if value is None:
+        return "n/a"
+    if value >= 1 or value <= 0:
+        return f"${value:,.2f}"
+    return f"${value:.{digits - 1 - math.floor(math.log10(value))}f}"
+

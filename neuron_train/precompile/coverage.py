@@ -1,0 +1,169 @@
+"""What determines a run's graphs, and whether a compile cache covers them (pure functions).
+
+A *configuration* is the set of settings that determine which graphs a run compiles (plain JSON
+values) and its fingerprint; the manifest (cache.py) records the graph hashes each precompiled
+configuration produced. Coverage compares the graphs a run compiled with those records and names
+what differs ("batch size 64 here, 32 in the manifest").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+
+from neuron_train.common.neuron_env import compiler_flags, library_versions
+from neuron_train.precompile import cache as cc
+from neuron_train.training.config import RunConfig
+
+GRAPH_LIBRARIES = ("torch", "torch-xla", "timm", "torch-neuronx", "neuronx-cc", "libneuronxla")
+
+
+LABELS = {
+    "model": "model", "img_size": "image size", "num_classes": "number of classes",
+    "drop_path": "drop path", "batch_size": "batch size", "grad_accum": "gradient accumulation",
+    "batches_per_execution": "batches per execution", "precision": "precision",
+    "world_size": "world size", "step_compiler": "step compiler", "optimizer": "optimizer", "zero1": "ZeRO-1",
+    "grad_clip": "gradient clipping", "sift": "sifting", "sift_keep": "sift keep fraction",
+    "sift_beta": "sift beta", "sift_history": "sift history", "teacher_model": "teacher model",
+    "teacher_bf16": "teacher bf16", "device": "device", "neuron_cc_flags": "NEURON_CC_FLAGS",
+}
+
+
+COMPILE_ENV_KEYS = ("device", "neuron_cc_flags", "versions")
+
+
+def graph_library_versions() -> dict[str, str]:
+    return library_versions(GRAPH_LIBRARIES)
+
+
+def graph_config(cfg: RunConfig, *, world_size: int, num_classes: int, device: str,
+                 env: Mapping[str, str], versions: dict[str, str]) -> dict:
+    """The settings that determine which graphs a run compiles (plain JSON values).
+
+    Learning rate, momentum, weight decay and the distillation weights are left out: they reach
+    the graph as data (the schedule avoids the constants 0 and 1, see optim.py).
+    """
+    sift = cfg.sift.sift != "off"
+    teacher = cfg.distill.teacher_model
+    return {
+        "model": cfg.model.name, "img_size": cfg.model.img_size, "num_classes": num_classes,
+        "drop_path": cfg.model.drop_path, "batch_size": cfg.train.batch_size,
+        "grad_accum": cfg.train.grad_accum, "batches_per_execution": cfg.data.batches_per_execution,
+        "precision": cfg.train.precision, "world_size": world_size, "step_compiler": cfg.train.step_compiler,
+        "optimizer": cfg.optim.optimizer, "zero1": cfg.optim.zero1,
+        "grad_clip": "on" if cfg.optim.grad_clip > 0 else "off",
+        "sift": cfg.sift.sift,
+        "sift_keep": cfg.sift.sift_keep if cfg.sift.sift == "topk" else None,
+        "sift_beta": cfg.sift.sift_beta if cfg.sift.sift == "relative" else None,
+        "sift_history": cfg.sift.sift_history if sift else None,
+        "teacher_model": teacher, "teacher_bf16": cfg.distill.teacher_bf16 if teacher else None,
+        "device": device, "neuron_cc_flags": compiler_flags(env), "versions": dict(sorted(versions.items())),
+    }
+
+
+def fingerprint(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _shown(value) -> str:
+    if value is None or value == "":
+        return "(none)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def differences(here: dict, there: dict) -> list[str]:
+    """Human-readable differences: 'batch size 64 here, 32 in the manifest'."""
+    diffs = []
+    for key, label in LABELS.items():
+        if here.get(key) != there.get(key):
+            diffs.append(f"{label} {_shown(here.get(key))} here, {_shown(there.get(key))} in the manifest")
+    mine, theirs = here.get("versions", {}), there.get("versions", {})
+    for lib in sorted(set(mine) | set(theirs)):
+        if mine.get(lib) != theirs.get(lib):
+            diffs.append(f"{lib} {_shown(mine.get(lib))} here, {_shown(theirs.get(lib))} in the manifest")
+    return diffs
+
+
+def same_compile_env(a: dict, b: dict) -> bool:
+    return all(a.get(k) == b.get(k) for k in COMPILE_ENV_KEYS)
+
+
+def nearest_config(manifest: dict, config: dict) -> tuple[str | None, list[str]]:
+    """The precompiled configuration closest to `config` (fewest differences) and the differences."""
+    best: tuple[str | None, list[str]] = (None, [])
+    for fp, record in manifest["configs"].items():
+        diffs = differences(config, record["config"])
+        if best[0] is None or len(diffs) < len(best[1]):
+            best = (fp, diffs)
+    return best
+
+
+def covering_hashes(manifest: dict, config: dict) -> set[str]:
+    """Graph hashes precompiled for this compile environment (any configuration may share them).
+
+    A configuration that lost cache files (prune, quarantine) covers nothing until precompiled
+    again: which of its graphs lost their entry is not known.
+    """
+    return {h for record in manifest["configs"].values()
+            if same_compile_env(record["config"], config) and not record.get("pruned_files")
+            for h in record.get("graphs", {})}
+
+
+def explain(manifest: dict, config: dict, cache_dir: str) -> str:
+    """Why graphs of this configuration are missing from the manifest, in one sentence."""
+    fp = fingerprint(config)
+    if not manifest["configs"]:
+        return f"nothing was precompiled into {cache_dir}"
+    if fp in manifest["configs"]:
+        record = manifest["configs"][fp]
+        pruned = record.get("pruned_files", 0)
+        if pruned:
+            return (f"this configuration was precompiled, but {pruned} of its cache files were pruned "
+                    f"on {record.get('pruned_at')}: precompile it again")
+        return ("this configuration was precompiled, but the precompile run did not reach these graphs "
+                "(a code path its graph tour missed): raise --precompile-steps and precompile again")
+    nearest, diffs = nearest_config(manifest, config)
+    return "; ".join(diffs) + f" (compared with precompiled configuration {nearest})"
+
+
+def coverage_report(graphs: list[dict], manifest: dict, config: dict, cache_dir: str) -> dict:
+    """Compare the graphs a run compiled with the manifest (pure)."""
+    fp = fingerprint(config)
+    known = covering_hashes(manifest, config)
+    seen: dict[str, dict] = {}
+    for g in graphs:
+        if g.get("hash"):
+            seen.setdefault(g["hash"], g)
+    unidentified = sum(1 for g in graphs if not g.get("hash"))
+    missing = [{k: g.get(k) for k in ("hash", "phase", "step", "cause", "where")}
+               for h, g in seen.items() if h not in known]
+    precompiled = set(manifest["configs"].get(fp, {}).get("graphs", {}))
+    covered = len(seen) - len(missing)
+    if unidentified and not seen:
+        ratio = None  # GraphWatch gave no hashes: nothing can be compared
+    else:
+        ratio = covered / len(seen) if seen else 1.0
+    report = {
+        "cache_dir": cache_dir, "fingerprint": fp, "precompiled": fp in manifest["configs"],
+        "graphs": len(seen), "covered": covered, "coverage": ratio, "unidentified": unidentified,
+        "missing": missing, "unused": sorted(precompiled - set(seen)), "config": config,
+        "explanation": explain(manifest, config, cache_dir) if missing else "",
+    }
+    return report
+
+
+def format_coverage(report: dict) -> str:
+    if report["coverage"] is None:
+        return (f"precompile coverage unknown: {report['unidentified']} graph(s) compiled without a "
+                "fingerprint (graph hashes unavailable)")
+    line = (f"precompile coverage {report['coverage']:.0%} ({report['covered']}/{report['graphs']} "
+            f"graphs in {report['cache_dir']}/{cc.MANIFEST})")
+    if report["missing"]:
+        first = report["missing"][0]
+        line += (f": {len(report['missing'])} graph(s) not precompiled, first {first['hash'][:12]} "
+                 f"({first['phase']}, step {first['step']}): {report['explanation']}")
+    return line
+

@@ -1,0 +1,379 @@
+"""Typed run configuration: one dataclass per component, loadable from YAML/TOML, every field a flag.
+
+Precedence: dataclass defaults < `--config FILE` < command-line flags. Each field carries its own
+flag name and help text, so the parser, the config file keys and `--help` cannot drift apart.
+Validation happens here, at the edge: a bad value raises UsageError (one line, exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+import yaml
+
+from neuron_train.common.errors import UsageError
+
+PRECISIONS = ("fp32", "bf16-autocast", "bf16", "xla-use-bf16", "xla-downcast-bf16")
+DATASETS = ("digits", "synthetic", "folder")
+
+
+def opt(default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None,
+        metavar: str | None = None) -> Any:
+    """A config field that is also a command-line flag (`--field-name` unless `flag` is given)."""
+    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar}
+    return field(default=default, metadata=meta)
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise UsageError(msg)
+
+
+@dataclass
+class ModelConfig:
+    name: str = opt("vit-digits", "timm model name (e.g. vit_tiny_patch16_224) or a preset: "
+                    "vit-digits, vit-digits-teacher, vit-nano, vit-micro", flag="--model", metavar="NAME")
+    img_size: int = opt(32, "input image size in pixels (square)")
+    num_classes: int = opt(0, "number of classes; 0 takes it from the dataset")
+    pretrained: str | None = opt(None, "local weights file to start from (never downloads)",
+                                 metavar="FILE")
+    drop_path: float = opt(0.0, "stochastic depth rate (timm drop_path_rate)")
+
+    def validate(self) -> None:
+        _need(bool(self.name), "--model must not be empty")
+        _need(8 <= self.img_size <= 4096, f"--img-size must be 8..4096, got {self.img_size}")
+        _need(self.num_classes >= 0, f"--num-classes must be >= 0, got {self.num_classes}")
+        _need(0.0 <= self.drop_path < 1.0, f"--drop-path must be in [0, 1), got {self.drop_path}")
+        if self.pretrained:
+            _need(Path(self.pretrained).is_file(), f"--pretrained: no such file: {self.pretrained}")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = opt("digits", "digits: scikit-learn's 8x8 handwritten digits, upscaled (real, "
+                       "offline); synthetic: random images (benchmarks); folder: ImageFolder "
+                       "layout under --data-dir (train/ and val/)", choices=DATASETS)
+    data_dir: str | None = opt(None, "image folder for --dataset folder", metavar="DIR")
+    num_workers: int = opt(2, "DataLoader worker processes per rank")
+    synthetic_size: int = opt(2048, "number of samples in the synthetic training set")
+    batches_per_execution: int = opt(1, "batches traced into one XLA execution (MpDeviceLoader)")
+
+    def validate(self) -> None:
+        _need(self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}")
+        _need(self.synthetic_size >= 1, "--synthetic-size must be >= 1")
+        _need(self.batches_per_execution >= 1, "--batches-per-execution must be >= 1")
+        if self.dataset == "folder":
+            _need(bool(self.data_dir), "--dataset folder needs --data-dir DIR")
+            _need(Path(self.data_dir).is_dir(), f"--data-dir: no such directory: {self.data_dir}")
+        else:
+            _need(self.data_dir is None, f"--data-dir is only used with --dataset folder, "
+                                         f"not --dataset {self.dataset}")
+
+
+@dataclass
+class OptimConfig:
+    optimizer: str = opt("adamw", "optimizer", choices=("adamw", "sgd"))
+    lr: float = opt(1e-3, "peak learning rate")
+    weight_decay: float = opt(0.05, "weight decay")
+    momentum: float = opt(0.9, "SGD momentum")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0 disables")
+    schedule: str = opt("cosine", "LR schedule after warm-up", choices=("cosine", "linear", "constant"))
+    warmup_steps: int = opt(20, "linear LR warm-up steps")
+    min_lr: float = opt(1e-5, "LR at the end of the cosine/linear decay")
+    zero1: bool = opt(False, "shard optimizer state across data-parallel ranks (ZeRO-1)")
+
+    def validate(self) -> None:
+        _need(self.lr > 0, f"--lr must be > 0, got {self.lr}")
+        _need(self.weight_decay >= 0, "--weight-decay must be >= 0")
+        _need(0 <= self.momentum < 1, "--momentum must be in [0, 1)")
+        _need(self.grad_clip >= 0, "--grad-clip must be >= 0 (0 disables)")
+        _need(self.warmup_steps >= 0, "--warmup-steps must be >= 0")
+        _need(0 <= self.min_lr <= self.lr, f"--min-lr must be in [0, --lr], got {self.min_lr}")
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = opt(32, "batch size per device (per process)")
+    epochs: int = opt(10, "epochs to train (ignored when --max-steps is set)")
+    max_steps: int = opt(0, "stop after this many optimizer steps; 0 trains --epochs epochs")
+    grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
+    eval_every: int = opt(0, "evaluate every N optimizer steps; 0 evaluates at each epoch's end")
+    seed: int = opt(0, "random seed (model init, data order)")
+    precision: str = opt("fp32", "fp32; bf16-autocast (matmuls in bf16, f32 weights); bf16 (weights "
+                         "in bf16, stochastic rounding on Neuron); xla-use-bf16 / xla-downcast-bf16 "
+                         "(the legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 environment modes)",
+                         choices=PRECISIONS)
+    output_dir: str | None = opt(None, "run directory (default: runs/<model>-<time>)", metavar="DIR")
+    step_compiler: str = opt("lazy", "lazy: trace the step with lazy tensors every step (the torch_xla "
+                             "way, used on Neuron); dynamo: torch.compile(backend='openxla') the forward "
+                             "and backward once, which takes Python tracing off the critical path "
+                             "(measured faster on the CPU XLA device; not validated on Neuron)",
+                             choices=("lazy", "dynamo"))
+    warmup_measure_steps: int = opt(3, "steps left out of the steady-state throughput figures")
+    precompile_steps: int = opt(4, "train steps run under NEURON_EXTRACT_GRAPHS_ONLY "
+                                "(graph extraction by neuron_parallel_compile)")
+
+    def validate(self) -> None:
+        _need(self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}")
+        _need(self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}")
+        _need(self.max_steps >= 0, f"--max-steps must be >= 0, got {self.max_steps}")
+        _need(self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}")
+        _need(self.eval_every >= 0, "--eval-every must be >= 0")
+        _need(self.warmup_measure_steps >= 0, "--warmup-measure-steps must be >= 0")
+        _need(self.precompile_steps >= 2, "--precompile-steps must be >= 2 (first step and steady step)")
+
+
+@dataclass
+class CheckpointConfig:
+    checkpoint_every: int = opt(0, "save a checkpoint every N optimizer steps (and always at the "
+                                "end); 0 saves only at the end")
+    keep_last: int = opt(3, "checkpoints kept on disk (oldest deleted first)")
+    resume: str | None = opt(None, "resume from the latest checkpoint in --output-dir, or from FILE",
+                             metavar="FILE")
+
+    def validate(self) -> None:
+        _need(self.checkpoint_every >= 0, "--checkpoint-every must be >= 0")
+        _need(self.keep_last >= 1, f"--keep-last must be >= 1, got {self.keep_last}")
+
+
+@dataclass
+class LogConfig:
+    log_every: int = opt(10, "write metrics every N optimizer steps (no host sync: step closures)")
+    tensorboard: bool = opt(True, "write TensorBoard event files under the run directory")
+    progress: bool = opt(True, "show a progress bar on rank 0")
+
+    def validate(self) -> None:
+        _need(self.log_every >= 1, f"--log-every must be >= 1, got {self.log_every}")
+
+
+@dataclass
+class CompileConfig:
+    check_graphs: bool = opt(False, "fail the run at the first recompilation after warm-up, naming "
+                             "its cause and source line")
+    graph_warmup_steps: int = opt(2, "optimizer steps allowed to compile new train graphs")
+    compile_cache: str | None = opt(None, "persistent compile cache directory (holds the graph "
+                                    "manifest written by precompile)", metavar="DIR")
+    require_precompiled: bool = opt(False, "fail when the run compiles a graph the cache's "
+                                    "manifest lacks, naming the configuration difference")
+
+    def validate(self) -> None:
+        _need(self.graph_warmup_steps >= 0, "--graph-warmup-steps must be >= 0")
+        _need(not self.require_precompiled or bool(self.compile_cache),
+              "--require-precompiled needs --compile-cache DIR")
+
+
+@dataclass
+class DistillConfig:
+    teacher_model: str | None = opt(None, "teacher: timm model name or preset (enables distillation)",
+                                    metavar="NAME")
+    teacher_checkpoint: str | None = opt(None, "teacher weights: a checkpoint of ours or a state "
+                                         "dict file", metavar="FILE")
+    distill_alpha: float = opt(0.5, "weight of the KL term (1 - alpha weighs cross-entropy)")
+    distill_temperature: float = opt(4.0, "softmax temperature T (the KL term is scaled by T^2)")
+    teacher_bf16: bool = opt(False, "compute teacher logits in bf16")
+
+    def validate(self) -> None:
+        _need(0.0 <= self.distill_alpha <= 1.0, f"--distill-alpha must be in [0, 1], got {self.distill_alpha}")
+        _need(self.distill_temperature > 0, "--distill-temperature must be > 0")
+        if self.teacher_model:
+            _need(bool(self.teacher_checkpoint), "--teacher-model needs --teacher-checkpoint FILE "
+                                                 "(a random teacher teaches nothing)")
+            _need(Path(self.teacher_checkpoint).is_file(),
+                  f"--teacher-checkpoint: no such file: {self.teacher_checkpoint}")
+        else:
+            _need(self.teacher_checkpoint is None, "--teacher-checkpoint needs --teacher-model NAME")
+
+
+@dataclass
+class SiftConfig:
+    sift: str = opt("off", "loss-based data sifting: keep the highest-loss samples of each batch",
+                    choices=("off", "topk", "relative"))
+    sift_keep: float = opt(0.5, "topk: fraction of each batch kept for the backward pass")
+    sift_beta: float = opt(1.0, "relative: keep probability = rank-percentile ** beta")
+    sift_history: int = opt(500, "relative: number of recent losses the percentile is taken over")
+    sift_delay: int = opt(0, "optimizer steps trained on full batches before sifting starts")
+
+    def validate(self) -> None:
+        _need(0.0 < self.sift_keep <= 1.0, f"--sift-keep must be in (0, 1], got {self.sift_keep}")
+        _need(self.sift_beta > 0, "--sift-beta must be > 0")
+        _need(self.sift_history >= 1, "--sift-history must be >= 1")
+        _need(self.sift_delay >= 0, "--sift-delay must be >= 0")
+
+
+@dataclass
+class ProfileConfig:
+    profile: bool = opt(False, "record per-step phase times and name the bottleneck")
+    profile_trace_steps: int = opt(0, "also capture a torch_xla profiler trace of N steps")
+
+    def validate(self) -> None:
+        _need(self.profile_trace_steps >= 0, "--profile-trace-steps must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    sift: SiftConfig = field(default_factory=SiftConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+
+    def validate(self) -> RunConfig:
+        for section in sections(self):
+            getattr(self, section).validate()
+        if self.sift.sift == "topk":
+            kept = round(self.train.batch_size * self.sift.sift_keep)
+            _need(kept >= 1, f"--sift-keep {self.sift.sift_keep} keeps no sample of a batch of "
+                             f"{self.train.batch_size}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def sections(cfg: RunConfig | type[RunConfig] = RunConfig) -> list[str]:
+    return [f.name for f in dataclasses.fields(cfg)]
+
+
+def _section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(RunConfig)
+    return {name: hints[name] for name in sections()}
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _base_type(f: dataclasses.Field, owner: type) -> type:
+    hint = typing.get_type_hints(owner)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config` and one flag per config field. Unset flags stay absent (SUPPRESS)."""
+    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file with sections: "
+                        + ", ".join(sections()) + " (flags override it)")
+    seen: set[str] = set()
+    for section, cls in _section_types().items():
+        group = parser.add_argument_group(f"{section} options")
+        for f in dataclasses.fields(cls):
+            flag = _flag(f)
+            assert flag not in seen, f"duplicate flag {flag}"  # a programming error, not user input
+            seen.add(flag)
+            kind = _base_type(f, cls)
+            help_text = f"{f.metadata['help']} (default: {f.default})"
+            dest = f"{section}.{f.name}"
+            if flag == "--resume":
+                group.add_argument(flag, dest=dest, nargs="?", const="latest", metavar="FILE",
+                                   default=argparse.SUPPRESS, help=help_text)
+            elif kind is bool:
+                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                   default=argparse.SUPPRESS, help=help_text)
+            else:
+                group.add_argument(flag, dest=dest, type=kind, choices=f.metadata["choices"],
+                                   metavar=f.metadata["metavar"], default=argparse.SUPPRESS,
+                                   help=help_text)
+
+
+def _coerce(value: Any, kind: type, where: str) -> Any:
+    if value is None:
+        return None
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise UsageError(f"{where}: expected true/false, got {value!r}")
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise UsageError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def load_config_file(path: str) -> dict[str, dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--config: no such file: {path}")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise UsageError(f"--config: {path}: use a .yaml, .yml or .toml file")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(f"--config: {path} is not valid {p.suffix[1:].upper()}: {first}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config: {path}: expected sections ({', '.join(sections())})")
+    return data
+
+
+def build_config(file_values: dict[str, dict[str, Any]] | None = None,
+                 overrides: dict[str, Any] | None = None, source: str = "config") -> RunConfig:
+    """Defaults, then file sections ({section: {field: value}}), then flat `section.field` overrides."""
+    types = _section_types()
+    values: dict[str, dict[str, Any]] = {s: {} for s in types}
+    for section, body in (file_values or {}).items():
+        if section not in types:
+            raise UsageError(f"{source}: unknown section '{section}' (known: {', '.join(types)})")
+        if not isinstance(body, dict):
+            raise UsageError(f"{source}: section '{section}' must be a mapping")
+        names = {f.name: f for f in dataclasses.fields(types[section])}
+        for key, value in body.items():
+            key = key.replace("-", "_")
+            if key not in names:
+                raise UsageError(f"{source}: unknown key '{section}.{key}' "
+                                 f"(known: {', '.join(names)})")
+            kind = _base_type(names[key], types[section])
+            values[section][key] = _coerce(value, kind, f"{source}: {section}.{key}")
+            choices = names[key].metadata["choices"]
+            if choices and values[section][key] not in choices:
+                raise UsageError(f"{source}: {section}.{key} must be one of {', '.join(choices)}, "
+                                 f"got {value!r}")
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".", 1)
+        values[section][key] = value
+    cfg = RunConfig(**{s: types[s](**values[s]) for s in types})
+    return cfg.validate()
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    overrides = {k: v for k, v in vars(args).items() if "." in k}
+    file_values = load_config_file(args.config) if getattr(args, "config", None) else None
+    return build_config(file_values, overrides, source=args.config or "config")
+
+
+def config_to_argv(cfg: RunConfig) -> list[str]:
+    """The command-line flags that reproduce `cfg` (used to launch the same run elsewhere)."""
+    argv: list[str] = []
+    defaults = RunConfig()
+    for section, cls in _section_types().items():
+        for f in dataclasses.fields(cls):
+            value = getattr(getattr(cfg, section), f.name)
+            if value == getattr(getattr(defaults, section), f.name):
+                continue
+            flag = _flag(f)
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + flag[2:])
+            else:
+                argv += [flag, str(value)]
+    return argv
+
+
+def save_config(cfg: RunConfig, path: os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
