@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "precompile": ("neuron_train.precompile.command", "precompile every graph of a run into the compile cache"),
     "train": ("neuron_train.training.command", "train a model (the same as torchrun neuron_train/run.py)"),
     "check-graphs": ("neuron_train.graphs.command", "find recompilations and host syncs in any XLA command"),
-    "cache": ("neuron_train.precompile.cache", "list / verify / prune / pack / unpack a compile cache"),
+    "cache": ("neuron_train.precompile.cache_command", "list / verify / prune / pack / unpack a compile cache"),
     "bench": ("neuron_train.cost.bench", "benchmark this machine and write one result file"),
     "report": ("neuron_train.cost.report", "merge benchmark results into a price-performance report"),
 }

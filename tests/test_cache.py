@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT, cpu_env
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.precompile import cache as cc
+from neuron_train.precompile import archive, maintenance, store
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
 VERSION_DIR = "neuronxcc-2.0.0.22266a0+a69f71e55"  # as in the Neuron docs' log lines
@@ -44,8 +44,8 @@ def neuron_entry(cache: Path, name: str, state: str) -> Path:
 
 
 def xla_entry(cache: Path, name: str, size: int = 1500) -> Path:
-    (cache / cc.XLA_DIR).mkdir(parents=True, exist_ok=True)
-    f = cache / cc.XLA_DIR / name
+    (cache / store.XLA_DIR).mkdir(parents=True, exist_ok=True)
+    f = cache / store.XLA_DIR / name
     f.write_bytes(os.urandom(size))
     return f
 
@@ -53,8 +53,8 @@ def xla_entry(cache: Path, name: str, size: int = 1500) -> Path:
 def add_config(cache: Path, fp: str, config: dict, graphs: dict) -> None:
     def add(m):
         m["configs"][fp] = {"config": config, "graphs": graphs, "precompile_ids": ["t"],
-                            "updated": cc.utc_now(), "host": "test"}
-    cc.update_manifest(cache, add)
+                            "updated": store.utc_now(), "host": "test"}
+    store.update_manifest(cache, add)
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def cache(tmp_path) -> Path:
     xla_entry(c, "67939951107342009493273238831484768838")
     xla_entry(c, "123116424461872025944304137096563822046", size=4000)
     add_config(c, "aaaaaaaaaaaaaaaa", CONFIG, {"h1": {"phase": "train", "step": 0}})
-    assert len(cc.record_entries(c, "aaaaaaaaaaaaaaaa")) == 4
+    assert len(store.record_entries(c, "aaaaaaaaaaaaaaaa")) == 4
     return c
 
 
@@ -82,47 +82,47 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def test_scan_classifies_the_neuron_layout_and_xla_files(cache):
-    states = {e.path: e.state for e in cc.scan(cache)}
-    assert states[f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765"] == cc.COMPILED
-    assert states[f"{VERSION_DIR}/MODULE_02e0833b58066ea94f2c+2c2d707e"] == cc.FAILED
-    assert states[f"{VERSION_DIR}/MODULE_17109392703413819652+abb26765"] == cc.LOCKED
-    assert states[f"{VERSION_DIR}/MODULE_3000743782456078279+abb26765"] == cc.INCOMPLETE
-    assert states["xla/67939951107342009493273238831484768838"] == cc.FILE
+    states = {e.path: e.state for e in store.scan(cache)}
+    assert states[f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765"] == store.COMPILED
+    assert states[f"{VERSION_DIR}/MODULE_02e0833b58066ea94f2c+2c2d707e"] == store.FAILED
+    assert states[f"{VERSION_DIR}/MODULE_17109392703413819652+abb26765"] == store.LOCKED
+    assert states[f"{VERSION_DIR}/MODULE_3000743782456078279+abb26765"] == store.INCOMPLETE
+    assert states["xla/67939951107342009493273238831484768838"] == store.FILE
     assert len(states) == 7
-    locked = next(e for e in cc.scan(cache) if e.state == cc.LOCKED)
+    locked = next(e for e in store.scan(cache) if e.state == store.LOCKED)
     assert not any(f.endswith(".lock") for f in locked.files)  # lock files are never checksummed
 
 
 def test_only_finished_entries_are_recorded(cache):
-    files = cc.load_manifest(cache)["files"]
-    entries = {cc.entry_of(f) for f in files}
+    files = store.load_manifest(cache)["files"]
+    entries = {store.entry_of(f) for f in files}
     assert entries == {f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765",
                        f"{VERSION_DIR}/MODULE_8068656800389078395+abb26765",
                        "xla/67939951107342009493273238831484768838",
                        "xla/123116424461872025944304137096563822046"}
     rec = files[f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765/model.neff"]
     assert rec["recorded_by"] == "aaaaaaaaaaaaaaaa" and len(rec["sha256"]) == 64
-    assert cc.record_entries(cache, "bbbb") == []  # nothing new: records are not overwritten
+    assert store.record_entries(cache, "bbbb") == []  # nothing new: records are not overwritten
 
 
 def test_commit_staged_moves_new_files_and_keeps_the_first_copy(tmp_path):
-    c, staging = tmp_path / "cache", tmp_path / "cache" / cc.STAGING_DIR / "p1"
+    c, staging = tmp_path / "cache", tmp_path / "cache" / store.STAGING_DIR / "p1"
     staging.mkdir(parents=True)
     (staging / "111").write_bytes(b"first")
-    assert cc.commit_staged(c, staging, "fp1") == 1 and not staging.exists()
+    assert store.commit_staged(c, staging, "fp1") == 1 and not staging.exists()
     staging.mkdir(parents=True)
     (staging / "111").write_bytes(b"second copy, other bytes")  # same graph, other serialisation
     (staging / "222").write_bytes(b"new")
-    assert cc.commit_staged(c, staging, "fp2") == 1
+    assert store.commit_staged(c, staging, "fp2") == 1
     assert (c / "xla" / "111").read_bytes() == b"first"
-    assert [f for f in cc.verify(c) if f.problem in cc.BAD_FINDINGS] == []
+    assert [f for f in maintenance.verify(c) if f.problem in maintenance.BAD_FINDINGS] == []
 
 
 # ----------------------------------------------------------------------------- verify
 
 
 def test_verify_passes_a_sound_cache_but_reports_failed_compiles(cache):
-    findings = cc.verify(cache)
+    findings = maintenance.verify(cache)
     problems = {f.problem for f in findings}
     assert problems == {"failed", "locked", "incomplete"}
     failed = next(f for f in findings if f.problem == "failed")
@@ -136,7 +136,7 @@ def test_truncated_and_modified_entries_are_caught(cache):
     data = bytearray(xla.read_bytes())
     data[10] ^= 0xFF  # same size, one byte flipped
     xla.write_bytes(bytes(data))
-    corrupt = {f.entry: f.detail for f in cc.verify(cache) if f.problem == "corrupt"}
+    corrupt = {f.entry: f.detail for f in maintenance.verify(cache) if f.problem == "corrupt"}
     assert set(corrupt) == {f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765",
                             "xla/67939951107342009493273238831484768838"}
     assert corrupt[f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765"].startswith("model.neff: 100 bytes")
@@ -156,21 +156,21 @@ def test_cli_verify_exit_codes_and_quarantine(cache):
     assert bad.returncode == 1 and "corrupt" in bad.stdout and "MODULE_8068656800389078395" in bad.stdout
     fixed = cli("verify", "--cache-dir", str(cache), "--quarantine")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    moved = list((cache / cc.QUARANTINE_DIR).glob(f"*/{VERSION_DIR}/MODULE_8068656800389078395+abb26765/model.neff"))
+    moved = list((cache / maintenance.QUARANTINE_DIR).glob(f"*/{VERSION_DIR}/MODULE_8068656800389078395+abb26765/model.neff"))
     assert len(moved) == 1 and moved[0].read_bytes() == b"tampered"  # moved aside, not deleted
-    assert cc.load_manifest(cache)["configs"]["aaaaaaaaaaaaaaaa"]["pruned_files"] == 4  # no longer warm
+    assert store.load_manifest(cache)["configs"]["aaaaaaaaaaaaaaaa"]["pruned_files"] == 4  # no longer warm
     assert cli("verify", "--cache-dir", str(cache)).returncode == 0
 
 
 def test_a_damaged_manifest_is_a_clear_error(tmp_path):
     c = tmp_path / "c"
     c.mkdir()
-    (c / cc.MANIFEST).write_text('{"format": "neuron-train-graph-manifest", "vers')
+    (c / store.MANIFEST).write_text('{"format": "neuron-train-graph-manifest", "vers')
     with pytest.raises(RunError, match="damaged"):
-        cc.load_manifest(c)
-    (c / cc.MANIFEST).write_text('{"something": "else"}')
+        store.load_manifest(c)
+    (c / store.MANIFEST).write_text('{"something": "else"}')
     with pytest.raises(RunError, match="not a neuron-train graph manifest"):
-        cc.load_manifest(c)
+        store.load_manifest(c)
     proc = cli("list", "--cache-dir", str(c))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
 
@@ -178,34 +178,34 @@ def test_a_damaged_manifest_is_a_clear_error(tmp_path):
 # ----------------------------------------------------------------------------- prune
 
 
-def entry(path: str, size: int, age: float, state: str = cc.COMPILED) -> cc.Entry:
-    return cc.Entry(path=path, state=state, files=(), size=size, mtime=1_000_000 - age)
+def entry(path: str, size: int, age: float, state: str = store.COMPILED) -> store.Entry:
+    return store.Entry(path=path, state=state, files=(), size=size, mtime=1_000_000 - age)
 
 
 def test_select_prune_by_age_size_and_failure_never_locked():
     es = [entry("old", 100, 90 * 86400), entry("mid", 100, 10 * 86400), entry("new", 100, 60),
-          entry("oldlocked", 500, 99 * 86400, cc.LOCKED), entry("failed", 10, 60, cc.FAILED)]
+          entry("oldlocked", 500, 99 * 86400, store.LOCKED), entry("failed", 10, 60, store.FAILED)]
     now = 1_000_000
-    assert [e.path for e in cc.select_prune(es, now=now, older_than=30 * 86400)] == ["old"]
-    assert [e.path for e in cc.select_prune(es, now=now, failed=True)] == ["failed"]
+    assert [e.path for e in maintenance.select_prune(es, now=now, older_than=30 * 86400)] == ["old"]
+    assert [e.path for e in maintenance.select_prune(es, now=now, failed=True)] == ["failed"]
     # 810 bytes, at most 650: oldest unlocked first until it fits (the locked 500 stay).
-    assert [e.path for e in cc.select_prune(es, now=now, max_size=650)] == ["old", "mid"]
-    assert cc.select_prune(es, now=now, max_size=10_000) == []
+    assert [e.path for e in maintenance.select_prune(es, now=now, max_size=650)] == ["old", "mid"]
+    assert maintenance.select_prune(es, now=now, max_size=10_000) == []
 
 
 @pytest.mark.parametrize("text,value", [("500M", 500 * 1024**2), ("20G", 20 * 1024**3), ("1.5T", int(1.5 * 1024**4)),
                                         ("2GiB", 2 * 1024**3), ("123", 123)])
 def test_parse_size(text, value):
-    assert cc.parse_size(text) == value
+    assert maintenance.parse_size(text) == value
 
 
 def test_parse_age_and_bad_input():
-    assert cc.parse_age("30d") == 30 * 86400 and cc.parse_age("12h") == 43200 and cc.parse_age("2w") == 14 * 86400
+    assert maintenance.parse_age("30d") == 30 * 86400 and maintenance.parse_age("12h") == 43200 and maintenance.parse_age("2w") == 14 * 86400
     for bad in ("30", "d", "-3d", "3y"):
         with pytest.raises(UsageError):
-            cc.parse_age(bad)
+            maintenance.parse_age(bad)
     with pytest.raises(UsageError):
-        cc.parse_size("lots")
+        maintenance.parse_size("lots")
 
 
 def test_prune_deletes_oldest_and_marks_the_configuration(cache):
@@ -214,22 +214,22 @@ def test_prune_deletes_oldest_and_marks_the_configuration(cache):
     proc = cli("prune", "--cache-dir", str(cache), "--older-than", "30d")
     assert proc.returncode == 0, proc.stderr
     assert not old.exists()
-    m = cc.load_manifest(cache)
+    m = store.load_manifest(cache)
     assert "xla/67939951107342009493273238831484768838" not in m["files"]
     assert m["configs"]["aaaaaaaaaaaaaaaa"]["pruned_files"] == 1
-    assert [f for f in cc.verify(cache) if f.problem in ("missing", "corrupt")] == []
+    assert [f for f in maintenance.verify(cache) if f.problem in ("missing", "corrupt")] == []
 
 
 def test_prune_refuses_while_the_cache_is_in_use(cache):
     old = cache / "xla" / "67939951107342009493273238831484768838"
     os.utime(old, (time.time() - 40 * 86400,) * 2)
-    use = cc.CacheUse(cache)  # what a running precompile or training run holds
+    use = store.CacheUse(cache)  # what a running precompile or training run holds
     try:
         proc = cli("prune", "--cache-dir", str(cache), "--older-than", "30d")
         assert proc.returncode == 1 and "in use" in proc.stderr, proc.stderr
         assert old.exists()
-        with pytest.raises(cc.CacheInUse):
-            cc.quarantine(cache, [cc.Finding("xla/67939951107342009493273238831484768838", "corrupt", "")])
+        with pytest.raises(store.CacheInUse):
+            maintenance.quarantine(cache, [maintenance.Finding("xla/67939951107342009493273238831484768838", "corrupt", "")])
     finally:
         use.release()
     assert cli("prune", "--cache-dir", str(cache), "--older-than", "30d").returncode == 0
@@ -251,13 +251,13 @@ def test_pack_unpack_round_trip(cache, tmp_path):
     assert "left out 3" in packed.stdout  # failed, locked and extracted-only entries stay behind
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
-    assert cc.MANIFEST in names and not any(n.endswith(".lock") for n in names)
+    assert store.MANIFEST in names and not any(n.endswith(".lock") for n in names)
     assert f"{VERSION_DIR}/MODULE_02e0833b58066ea94f2c+2c2d707e/model.log" not in names
 
     other = tmp_path / "other-host"
     out = cli("unpack", "--cache-dir", str(other), str(archive))
     assert out.returncode == 0, out.stderr
-    src, dst = cc.load_manifest(cache), cc.load_manifest(other)
+    src, dst = store.load_manifest(cache), store.load_manifest(other)
     assert dst["configs"].keys() == src["configs"].keys()
     assert dst["files"] == src["files"]
     for rel in src["files"]:
@@ -276,7 +276,7 @@ def test_unpack_refuses_to_overwrite_a_different_entry(cache, tmp_path):
     proc = cli("unpack", "--cache-dir", str(other), str(archive))
     assert proc.returncode == 2 and "refusing to unpack" in proc.stderr and "differ" in proc.stderr
     assert (other / "xla" / "67939951107342009493273238831484768838").read_bytes() == before
-    assert not (other / cc.MANIFEST).exists() and not list(other.glob(VERSION_DIR))
+    assert not (other / store.MANIFEST).exists() and not list(other.glob(VERSION_DIR))
 
 
 def test_pack_never_overwrites_and_refuses_a_damaged_cache(cache, tmp_path):
@@ -307,7 +307,7 @@ def test_unpack_rejects_a_tampered_archive(cache, tmp_path):
 
 def test_s3_locations_are_checked_before_anything_runs(cache, tmp_path):
     with pytest.raises(UsageError, match="s3://BUCKET/KEY"):
-        cc.split_s3("s3://bucket-only")
+        archive.split_s3("s3://bucket-only")
     env = cpu_env(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
                   AWS_EC2_METADATA_DISABLED="true")
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
@@ -328,7 +328,7 @@ def test_cache_list_shows_size_entries_age_and_configurations(cache):
     assert "vit-nano 32px, batch 32" in proc.stdout and "1 failed" in proc.stdout
     info = json.loads(cli("list", "--cache-dir", str(cache), "--json").stdout)
     assert info["configs"][0]["entries"] == 4 and info["unrecorded"] == 0
-    assert info["bytes"] == sum(e.size for e in cc.scan(cache))
+    assert info["bytes"] == sum(e.size for e in store.scan(cache))
     assert cli("list", "--cache-dir", str(cache / "nope")).returncode == 2
 
 
@@ -341,7 +341,7 @@ def _writer(cache: str, who: int, rounds: int) -> None:
             rec = m["configs"].setdefault(f"config{who}", {"config": {"who": who}, "graphs": {}})
             rec["graphs"][f"g{i}"] = {"phase": "train", "step": i}
             m["files"][f"xla/{who}-{i}"] = {"sha256": "0" * 64, "size": i}
-        cc.update_manifest(Path(cache), add)
+        store.update_manifest(Path(cache), add)
 
 
 def test_concurrent_manifest_updates_lose_nothing(tmp_path):
@@ -352,7 +352,7 @@ def test_concurrent_manifest_updates_lose_nothing(tmp_path):
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    m = cc.load_manifest(tmp_path)
+    m = store.load_manifest(tmp_path)
     assert all(len(m["configs"][f"config{w}"]["graphs"]) == 40 for w in range(4))
     assert len(m["files"]) == 160
     assert not list(tmp_path.glob("*.tmp-*"))  # every write was renamed into place

@@ -21,9 +21,8 @@ from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, run_train, summary_of
 
 from neuron_train.common import neuron_env
 from neuron_train.common.errors import UsageError
-from neuron_train.precompile import cache as cc
 from neuron_train.precompile import command as pc
-from neuron_train.precompile import coverage, hook
+from neuron_train.precompile import coverage, hook, store
 from neuron_train.training.config import build_config
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
@@ -47,7 +46,7 @@ def config(**sections) -> dict:
 
 
 def manifest_with(*configs_and_hashes: tuple[dict, list[str]]) -> dict:
-    m = cc.empty_manifest()
+    m = store.empty_manifest()
     for conf, hashes in configs_and_hashes:
         m["configs"][coverage.fingerprint(conf)] = {"config": conf, "graphs": {h: {"phase": "train", "step": 0}
                                                                         for h in hashes}}
@@ -228,7 +227,7 @@ def precompiled(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_concurrent_precompiles_leave_a_valid_cache(precompiled):
-    m = cc.load_manifest(precompiled)
+    m = store.load_manifest(precompiled)
     assert len(m["configs"]) == 2
     for record in m["configs"].values():
         phases = {g["phase"] for g in record["graphs"].values()}
@@ -238,7 +237,7 @@ def test_concurrent_precompiles_leave_a_valid_cache(precompiled):
     proc = subprocess.run([sys.executable, "-m", "neuron_train", "cache", "verify", "--cache-dir", str(precompiled)],
                           capture_output=True, text=True, env=cpu_env(), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert not list((precompiled / cc.STAGING_DIR).glob("*"))  # staging emptied into xla/
+    assert not list((precompiled / store.STAGING_DIR).glob("*"))  # staging emptied into xla/
 
 
 @pytest.mark.slow
@@ -299,7 +298,7 @@ def test_neuron_parallel_compile_contract_through_a_stand_in(tmp_path):
     assert seen["env"]["NEURON_PARALLEL_COMPILE_MAX_RETRIES"] == "1"
     assert "NEURON_EXTRACT_GRAPHS_ONLY" not in seen["env"]  # the tool's job, not ours
     assert "neuron_parallel_compile: 2 graphs, 2 compiled, 0 failed" in proc.stdout  # relayed summary
-    m = cc.load_manifest(cache)
+    m = store.load_manifest(cache)
     (record_,) = m["configs"].values()
     assert seen["env"]["NEURON_TRAIN_PRECOMPILE"] in record_["precompile_ids"] and record_["graphs"]
 
@@ -311,7 +310,7 @@ def test_a_lost_extraction_switch_is_refused_not_trained(tmp_path):
                       "--output-dir", str(tmp_path / "run"), env=env)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "graph-extraction switch was lost" in proc.stdout + proc.stderr
-    assert cc.load_manifest(tmp_path / "cc")["configs"] == {}
+    assert store.load_manifest(tmp_path / "cc")["configs"] == {}
 
 
 @pytest.mark.neuron
@@ -320,7 +319,7 @@ def test_precompile_then_train_on_neuron_compiles_nothing_new(tmp_path):
     cache = tmp_path / "cc"
     proc = precompile("--cache-dir", str(cache), "--", *TRAIN, env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert any(e.state == cc.COMPILED for e in cc.scan(cache))
+    assert any(e.state == store.COMPILED for e in store.scan(cache))
     out = tmp_path / "run"
     env = dict(os.environ, NEURON_CC_FLAGS=f"--cache_dir={cache}")
     run = subprocess.run([sys.executable, str(RUN_PY), "--output-dir", str(out), *TRAIN, "--compile-cache",
@@ -334,14 +333,14 @@ def test_require_precompiled_stops_at_the_first_graph_the_tour_missed(precompile
     """Same configuration, but the manifest lacks the steady train graph (a tour that stopped short)."""
     cache = tmp_path / "copy"
     shutil.copytree(precompiled, cache)
-    fp = next(fp for fp, r in cc.load_manifest(cache)["configs"].items() if r["config"]["grad_accum"] == 1)
+    fp = next(fp for fp, r in store.load_manifest(cache)["configs"].items() if r["config"]["grad_accum"] == 1)
 
     def drop_steady_graph(m):
         graphs = m["configs"][fp]["graphs"]
         (steady,) = [h for h, g in graphs.items() if g["phase"] == "train" and g["step"] == 1]
         del graphs[steady]
 
-    cc.update_manifest(cache, drop_steady_graph)
+    store.update_manifest(cache, drop_steady_graph)
     out = tmp_path / "run"
     proc = run_train(out, *TRAIN, "--max-steps", "8", "--log-every", "1", "--compile-cache", str(cache),
                      "--require-precompiled")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from neuron_train import __version__
 from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import write_bytes_atomic
 from neuron_train.cost.catalog import Catalog, Price, load_catalog, resolve_prices
 from neuron_train.cost.references import ReferenceRow, read_reference_csv
 from neuron_train.cost.rows import Group, Row, money
@@ -412,12 +413,6 @@ def render_html(blocks: list[tuple[str, object]], images: dict[str, bytes]) -> s
     return "\n".join(out)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def check_out_dir(out: Path, force: bool) -> None:
     """Never overwrite a user's report silently: refuse when our files are there, unless --force."""
     if out.exists() and not out.is_dir():
@@ -490,11 +485,11 @@ def main(args: argparse.Namespace) -> int:
     images, titles = render_charts(groups, ctx.footer())
     out.mkdir(parents=True, exist_ok=True)  # only now: bad input leaves no empty folder behind
     for name, data in images.items():
-        _write_atomic(out / name, data)
-    _write_atomic(out / "report.csv", write_csv(groups).encode())
+        write_bytes_atomic(out / name, data)
+    write_bytes_atomic(out / "report.csv", write_csv(groups).encode())
     blocks = report_blocks(groups, ctx, titles)
-    _write_atomic(out / "report.md", render_markdown(blocks).encode())
-    _write_atomic(out / "report.html", render_html(blocks, images).encode())
+    write_bytes_atomic(out / "report.md", render_markdown(blocks).encode())
+    write_bytes_atomic(out / "report.html", render_html(blocks, images).encode())
     for g in groups:
         if any(r.samples_per_sec for r in g.rows):
             print(f"{g.title}: {group_summary(g)}")

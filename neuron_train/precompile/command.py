@@ -4,7 +4,7 @@ The precompile run is the training loop in "graph tour" mode (NEURON_EXTRACT_GRA
 neuron_parallel_compile on Neuron and by us elsewhere): a few train steps, one eval batch, no
 checkpoints or metrics written. On Neuron, neuron_parallel_compile then compiles the extracted
 graphs in parallel into the Neuron cache. Everywhere, the loop records a graph manifest in the cache
-directory (cache.py): each graph's fingerprint, the phase that produced it, and the settings that
+directory (store.py): each graph's fingerprint, the phase that produced it, and the settings that
 determine graphs.
 
 A later real run with `--compile-cache DIR` compares the graphs it compiles with that manifest:
@@ -31,9 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import is_s3
 from neuron_train.common.neuron_env import EXTRACT_ENV
-from neuron_train.precompile import cache as cc
+from neuron_train.precompile import store
 from neuron_train.precompile.hook import PRECOMPILE_ENV, cache_flags, network_fs_warning, tour_steps, warn
+from neuron_train.precompile.listing import describe_config
+from neuron_train.precompile.maintenance import check_files
 from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args
 
 RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
@@ -162,7 +165,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                           "`neuron-train train` run, unchanged.")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and environment; run nothing")
     parser.add_argument("--cache-dir", metavar="DIR", help=f"compile cache directory (default: --compile-cache "
-                        f"in TRAIN_ARGS, else {cc.DEFAULT_CACHE_DIR}); one per host")
+                        f"in TRAIN_ARGS, else {store.DEFAULT_CACHE_DIR}); one per host")
     parser.add_argument("--num-parallel", type=int, metavar="N", help="graphs neuron_parallel_compile "
                         "compiles at once (default: its own choice; lower it when hosts run out of memory)")
     parser.add_argument("--nproc-per-node", type=int, default=1, metavar="W", help="processes of the real "
@@ -184,8 +187,8 @@ def _train_config(train_args: list[str]) -> RunConfig:
 
 
 def _resolve_cache(cli_dir: str | None, cfg: RunConfig) -> Path:
-    chosen = cli_dir or cfg.compile.compile_cache or cc.DEFAULT_CACHE_DIR
-    if cc.is_s3(chosen):
+    chosen = cli_dir or cfg.compile.compile_cache or store.DEFAULT_CACHE_DIR
+    if is_s3(chosen):
         raise UsageError("the compile cache must be a local directory; move it to and from S3 with "
                          "`neuron-train cache pack/unpack s3://...`")
     if cli_dir and cfg.compile.compile_cache and Path(cli_dir).resolve() != Path(cfg.compile.compile_cache).resolve():
@@ -223,7 +226,7 @@ def _report(manifest: dict, run_id: str, cache: Path, added: list[str], summary:
     """What the precompile produced, read from the manifest the graph tour recorded."""
     found = [(fp, r) for fp, r in manifest["configs"].items() if run_id in r.get("precompile_ids", [])]
     if not found:
-        raise RunError(f"the precompile run recorded nothing in {cache}/{cc.MANIFEST}: --compile-cache or "
+        raise RunError(f"the precompile run recorded nothing in {cache}/{store.MANIFEST}: --compile-cache or "
                        f"{EXTRACT_ENV} did not reach neuron_train (a wrapper that drops arguments or "
                        "environment variables?)")
     lines = []
@@ -232,7 +235,7 @@ def _report(manifest: dict, run_id: str, cache: Path, added: list[str], summary:
         for g in record["graphs"].values():
             phases[g["phase"]] = phases.get(g["phase"], 0) + 1
         seconds = sum(g.get("compile_time_s") or 0.0 for g in record["graphs"].values())
-        lines.append(f"precompiled  {cc.describe_config(record['config'])} (configuration {fp})")
+        lines.append(f"precompiled  {describe_config(record['config'])} (configuration {fp})")
         by_phase = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
         lines.append(f"graphs       {len(record['graphs'])} recorded" + (f" ({by_phase})" if by_phase else "")
                      + (f", {seconds:.1f} s of compiling in the tour" if seconds else ""))
@@ -252,12 +255,12 @@ def _report(manifest: dict, run_id: str, cache: Path, added: list[str], summary:
 def _preflight(cache: Path, retry_failed: bool) -> None:
     """Refuse a damaged cache (the compiler would skip those graphs); warn about failed compiles."""
     cache.mkdir(parents=True, exist_ok=True)
-    damaged = [f for f in cc.check_files(cache, cc.load_manifest(cache)["files"]) if f.problem == "corrupt"]
+    damaged = [f for f in check_files(cache, store.load_manifest(cache)["files"]) if f.problem == "corrupt"]
     if damaged:
         raise RunError(f"{cache} has {len(damaged)} damaged file(s), e.g. {damaged[0].entry}: "
                        f"{damaged[0].detail}; run `neuron-train cache verify --cache-dir {cache} "
                        "--quarantine` first")
-    failed = [e for e in cc.scan(cache) if e.state == cc.FAILED]
+    failed = [e for e in store.scan(cache) if e.state == store.FAILED]
     if failed and not retry_failed:
         warn(f"{len(failed)} graph(s) in {cache} are cached as failed compiles and will stay failed "
              f"(e.g. {failed[0].path}): add --retry-failed to compile them again")
@@ -266,17 +269,17 @@ def _preflight(cache: Path, retry_failed: bool) -> None:
 def _execute(plan: Plan) -> tuple[str, dict]:
     """Run the plan holding the cache's use lock; returns (the report, neuron_parallel_compile's summary)."""
     run_id = plan.env[PRECOMPILE_ENV]
-    use = cc.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
+    use = store.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
     try:
         code, log = _stream(plan.command, {**os.environ, **plan.env})
         summary = parse_compile_summary(log) if plan.target == "neuron" else {}
         if code != 0:
             failed = f"; {summary['failed']} graph(s) failed to compile" if summary.get("failed") else ""
             raise RunError(f"the precompile run failed (exit code {code}{failed}); its output is above")
-        manifest = cc.load_manifest(plan.cache)
+        manifest = store.load_manifest(plan.cache)
         fps = [fp for fp, r in manifest["configs"].items() if run_id in r.get("precompile_ids", [])]
-        added = cc.record_entries(plan.cache, fps[0]) if fps and plan.target == "neuron" else []
-        return _report(cc.load_manifest(plan.cache), run_id, plan.cache, added, summary), summary
+        added = store.record_entries(plan.cache, fps[0]) if fps and plan.target == "neuron" else []
+        return _report(store.load_manifest(plan.cache), run_id, plan.cache, added, summary), summary
     finally:
         use.release()
 

@@ -1,7 +1,7 @@
 """What determines a run's graphs, and whether a compile cache covers them (pure functions).
 
 A *configuration* is the set of settings that determine which graphs a run compiles (plain JSON
-values) and its fingerprint; the manifest (cache.py) records the graph hashes each precompiled
+values) and its fingerprint; the manifest (store.py) records the graph hashes each precompiled
 configuration produced. Coverage compares the graphs a run compiled with those records and names
 what differs ("batch size 64 here, 32 in the manifest").
 """
@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 
 from neuron_train.common.neuron_env import compiler_flags, library_versions
-from neuron_train.precompile import cache as cc
+from neuron_train.precompile.store import MANIFEST
 from neuron_train.training.config import RunConfig
 
 GRAPH_LIBRARIES = ("torch", "torch-xla", "timm", "torch-neuronx", "neuronx-cc", "libneuronxla")
@@ -160,7 +160,7 @@ def format_coverage(report: dict) -> str:
         return (f"precompile coverage unknown: {report['unidentified']} graph(s) compiled without a "
                 "fingerprint (graph hashes unavailable)")
     line = (f"precompile coverage {report['coverage']:.0%} ({report['covered']}/{report['graphs']} "
-            f"graphs in {report['cache_dir']}/{cc.MANIFEST})")
+            f"graphs in {report['cache_dir']}/{MANIFEST})")
     if report["missing"]:
         first = report["missing"][0]
         line += (f": {len(report['missing'])} graph(s) not precompiled, first {first['hash'][:12]} "

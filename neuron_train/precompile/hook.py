@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import write_json_atomic
+from neuron_train.common.fileio import is_s3, write_json_atomic
 from neuron_train.common.neuron_env import EXTRACT_ENV, NETWORK_FS, neuron_cache_location, path_facts
-from neuron_train.precompile import cache as cc
+from neuron_train.precompile import store
 from neuron_train.precompile.coverage import (
     coverage_report,
     covering_hashes,
@@ -24,6 +24,7 @@ from neuron_train.precompile.coverage import (
     graph_config,
     graph_library_versions,
 )
+from neuron_train.precompile.maintenance import check_files
 from neuron_train.training.config import RunConfig, config_to_argv
 
 PRECOMPILE_ENV = "NEURON_TRAIN_PRECOMPILE"   # set by precompile to its run id; the loop records under it
@@ -90,7 +91,7 @@ class CompileCacheHook:
         self.dir = Path(cfg.compile.compile_cache) if cfg.compile.compile_cache else None
         if self.dir is None:
             return
-        if cc.is_s3(str(self.dir)):
+        if is_s3(str(self.dir)):
             raise UsageError("--compile-cache must be a local directory (move caches to and from S3 "
                              "with `neuron-train cache pack/unpack`)")
         self.precompile_id = os.environ.get(PRECOMPILE_ENV)
@@ -106,7 +107,7 @@ class CompileCacheHook:
         self.compiles_seen = 0
         self.staging: Path | None = None
         self._point_compiler_at_cache()
-        self.use = cc.CacheUse(self.dir)  # prune must wait until this run ends
+        self.use = store.CacheUse(self.dir)  # prune must wait until this run ends
         if self.recording:
             self._stage_xla_cache(backend)
         else:
@@ -123,17 +124,17 @@ class CompileCacheHook:
 
     # ----- recording (the graph tour) --------------------------------------------------------
     def _stage_xla_cache(self, backend) -> None:
-        """torch_xla's own persistent cache (non-Neuron devices), staged privately: see cache.py."""
+        """torch_xla's own persistent cache (non-Neuron devices), staged privately: see store.py."""
         if backend.kind == "NEURON":
             return  # Neuron caches NEFFs itself, in NEURON_CC_FLAGS --cache_dir
         import torch_xla.runtime as xr
 
-        self.staging = self.dir / cc.STAGING_DIR / f"{socket.gethostname()}-{os.getpid()}"
+        self.staging = self.dir / store.STAGING_DIR / f"{socket.gethostname()}-{os.getpid()}"
         self.staging.mkdir(parents=True, exist_ok=True)
         xr.initialize_cache(str(self.staging), readonly=False)
 
     def _record(self, graphs: list[dict]) -> None:
-        now = cc.utc_now()
+        now = store.utc_now()
 
         def add(manifest: dict) -> None:
             record = manifest["configs"].setdefault(self.fp, {"config": self.config, "graphs": {},
@@ -150,23 +151,23 @@ class CompileCacheHook:
             record.pop("pruned_files", None)  # precompiled again: its entries are rebuilt
             record.pop("pruned_at", None)
 
-        cc.update_manifest(self.dir, add)
+        store.update_manifest(self.dir, add)
         if self.staging is not None:
-            cc.commit_staged(self.dir, self.staging, self.fp)
+            store.commit_staged(self.dir, self.staging, self.fp)
 
     # ----- checking (a real run) -------------------------------------------------------------
     def _check_start(self) -> None:
         """Before any compile: refuse damaged entries; with --require-precompiled, a config mismatch."""
-        manifest = cc.load_manifest(self.dir)
+        manifest = store.load_manifest(self.dir)
         if self.speaks:
-            findings = cc.check_files(self.dir, manifest["files"])
+            findings = check_files(self.dir, manifest["files"])
             corrupt = [f for f in findings if f.problem == "corrupt"]
             if corrupt:
                 raise RunError(f"compile cache {self.dir} has {len(corrupt)} damaged file(s), e.g. "
                                f"{corrupt[0].entry}: {corrupt[0].detail}; it will not be used: run `neuron-train cache "
                                f"verify --cache-dir {self.dir} --quarantine`, then precompile again")
             missing = [f for f in findings if f.problem == "missing"]
-            failed = [e for e in cc.scan(self.dir) if e.state == cc.FAILED]
+            failed = [e for e in store.scan(self.dir) if e.state == store.FAILED]
             if missing:
                 warn(f"{len(missing)} recorded cache file(s) are gone from {self.dir} (e.g. {missing[0].entry}): "
                      "those graphs will compile again")
@@ -196,13 +197,13 @@ class CompileCacheHook:
         new = [g for g in watch.summary()["graphs"] if g.get("hash") and g["hash"] not in self.checked]
         if not new:
             return
-        manifest = cc.load_manifest(self.dir)
+        manifest = store.load_manifest(self.dir)
         known = covering_hashes(manifest, self.config)
         for g in new:
             self.checked.add(g["hash"])
             if g["hash"] not in known:
                 raise RunError(f"--require-precompiled: graph {g['hash'][:12]} ({g.get('phase')}, step "
-                               f"{g.get('step')}) is not in {self.dir}/{cc.MANIFEST}: "
+                               f"{g.get('step')}) is not in {self.dir}/{store.MANIFEST}: "
                                f"{explain(manifest, self.config, str(self.dir))}. Precompile: {self.hint}")
 
     def finish(self, graph_summary: dict, run_dir: Path | None) -> float | None:
@@ -214,7 +215,7 @@ class CompileCacheHook:
             if self.recording:
                 self._record(graphs)
                 return None
-            report = coverage_report(graphs, cc.load_manifest(self.dir), self.config, str(self.dir))
+            report = coverage_report(graphs, store.load_manifest(self.dir), self.config, str(self.dir))
             if self.writes_report:
                 print(format_coverage(report), flush=True)
                 if run_dir is not None:

@@ -1,0 +1,135 @@
+"""`neuron-train cache list|verify|prune|pack|unpack`: the command over the cache modules
+(store.py, maintenance.py, archive.py, listing.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import refuse_s3
+from neuron_train.precompile.archive import pack, unpack
+from neuron_train.precompile.listing import cache_listing, format_listing, human_age, human_size, state_word
+from neuron_train.precompile.maintenance import (
+    BAD_FINDINGS,
+    QUARANTINE_DIR,
+    parse_age,
+    parse_size,
+    prune,
+    quarantine,
+    select_prune,
+    verify,
+)
+from neuron_train.precompile.store import DEFAULT_CACHE_DIR, FAILED, LOCKED, load_manifest, scan
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, metavar="DIR",
+                        help=f"the compile cache directory (default: {DEFAULT_CACHE_DIR})")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = sub.add_parser("list", parents=[common], help="size, entries, age and configurations")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p = sub.add_parser("verify", parents=[common], help="check entries against the manifest's checksums "
+                       "and report failed compiles (exit 1 when the cache is unsafe)")
+    p.add_argument("--quarantine", action="store_true", help="move damaged entries to "
+                   f"{QUARANTINE_DIR}/<time>/ (never deleted) and forget missing ones")
+    p = sub.add_parser("prune", parents=[common], help="delete entries by age or total size "
+                       "(refused while a precompile or run uses the cache)")
+    p.add_argument("--older-than", metavar="AGE", help="delete entries not written for AGE (30d, 12h, 2w)")
+    p.add_argument("--max-size", metavar="SIZE", help="delete oldest entries until the cache fits in "
+                   "SIZE (500M, 20G)")
+    p.add_argument("--failed", action="store_true", help="delete entries cached as failed compiles "
+                   "(they are otherwise never retried)")
+    p.add_argument("--dry-run", action="store_true", help="only print what would be deleted")
+    p = sub.add_parser("pack", parents=[common], help="write finished entries and the manifest into "
+                       "one .tar.gz, locally or to s3://BUCKET/KEY")
+    p.add_argument("archive", metavar="FILE", help="FILE.tar.gz or s3://BUCKET/KEY (never overwritten)")
+    p = sub.add_parser("unpack", parents=[common], help="add an archive's entries to the cache "
+                       "(refuses entries that exist and differ)")
+    p.add_argument("archive", metavar="FILE", help="FILE.tar.gz or s3://BUCKET/KEY")
+
+
+S3_INSTEAD = "move caches to and from S3 with `cache pack s3://...` and `cache unpack s3://...`"
+
+
+def _existing(cache_dir: str) -> Path:
+    refuse_s3(cache_dir, "--cache-dir", S3_INSTEAD)
+    cache = Path(cache_dir)
+    if not cache.is_dir():
+        raise UsageError(f"no such cache directory: {cache_dir}")
+    return cache
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    info = cache_listing(_existing(args.cache_dir))
+    print(json.dumps(info, indent=2) if args.json else format_listing(info))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    cache = _existing(args.cache_dir)
+    manifest = load_manifest(cache)
+    findings = verify(cache, manifest)
+    for f in findings:
+        print(f"{f.problem:<11} {f.entry}: {f.detail}")
+    bad = [f for f in findings if f.problem in BAD_FINDINGS]
+    print(f"{len(manifest['files'])} recorded files checked, {len(scan(cache))} entries: "
+          + (f"{len(bad)} problem(s)" if bad else "OK"))
+    if args.quarantine:
+        moved_to = quarantine(cache, findings)
+        if moved_to:
+            print(f"moved damaged entries to {moved_to}; precompile again to rebuild them")
+        bad = [f for f in bad if f.problem == FAILED]
+    if any(f.problem == FAILED for f in bad):
+        print("failed compiles stay failed: precompile with --retry-failed, or `neuron-train cache prune "
+              "--failed`")
+    return 1 if bad else 0
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    cache = _existing(args.cache_dir)
+    if not (args.older_than or args.max_size or args.failed):
+        raise UsageError("say what to prune: --older-than AGE, --max-size SIZE and/or --failed")
+    older = parse_age(args.older_than) if args.older_than else None
+    max_size = parse_size(args.max_size) if args.max_size else None
+    entries = scan(cache)
+    chosen = select_prune(entries, now=time.time(), older_than=older, max_size=max_size, failed=args.failed)
+    locked = [e for e in entries if e.state == LOCKED]
+    for e in chosen:
+        print(f"{'would delete' if args.dry_run else 'delete'} {e.path} ({human_size(e.size)}, "
+              f"{human_age(time.time() - e.mtime)} old, {state_word(e.state)})")
+    if locked:
+        print(f"kept {len(locked)} locked entr{'y' if len(locked) == 1 else 'ies'} (compile in progress)")
+    if not args.dry_run and chosen:
+        prune(cache, chosen)
+    freed = sum(e.size for e in chosen)
+    print(f"{'would free' if args.dry_run else 'freed'} {human_size(freed)} in {len(chosen)} entries; "
+          f"{human_size(sum(e.size for e in entries) - freed)} left")
+    return 0
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    result = pack(_existing(args.cache_dir), args.archive)
+    print(f"packed {result['entries']} entries ({result['files']} files, {human_size(result['bytes'])}) "
+          f"into {args.archive}")
+    if result["left_out"]:
+        print(f"left out {len(result['left_out'])} failed/locked/unfinished entries, e.g. {result['left_out'][0]}")
+    return 0
+
+
+def _cmd_unpack(args: argparse.Namespace) -> int:
+    refuse_s3(args.cache_dir, "--cache-dir", S3_INSTEAD)
+    result = unpack(args.archive, Path(args.cache_dir))
+    print(f"unpacked {result['new_files']} new files into {args.cache_dir} ({result['identical']} already "
+          f"present and identical, {result['configs']} configuration(s) merged into the manifest)")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    actions = {"list": _cmd_list, "verify": _cmd_verify, "prune": _cmd_prune, "pack": _cmd_pack,
+               "unpack": _cmd_unpack}
+    return actions[args.action](args)

@@ -1,0 +1,187 @@
+"""Keeping a compile cache sound: `verify` (checksums, failed compiles, leftovers), `quarantine`
+(damaged entries moved aside, never deleted) and `prune` (by age, total size or failure).
+
+Quarantine and prune need the cache to themselves: they take the use lock exclusively and refuse
+while a precompile or a run holds it (store.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_train.common.errors import UsageError
+from neuron_train.precompile.store import (
+    FAILED,
+    INCOMPLETE,
+    LOCKED,
+    USE_LOCK,
+    Entry,
+    entry_of,
+    file_lock,
+    load_manifest,
+    scan,
+    sha256_file,
+    update_manifest,
+    utc_now,
+)
+
+QUARANTINE_DIR = "quarantine"
+SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# verify findings that make the cache unsafe to use (exit 1); the others are information.
+BAD_FINDINGS = ("corrupt", "missing", FAILED)
+
+
+@dataclass(frozen=True)
+class Finding:
+    entry: str     # the entry's relative path
+    problem: str   # corrupt / missing / failed / locked / incomplete / unrecorded
+    detail: str
+
+
+def _failed_reason(cache: Path, entry: Entry) -> str:
+    log = cache / entry.path / "model.log"
+    try:
+        text = log.read_text(errors="replace").strip()
+    except OSError:
+        return "compile failed"
+    first = text.splitlines()[0] if text else "compile failed"
+    if first.startswith("Failed compilation with [") and "]: " in first:
+        # The wrapper's line is the full neuronx-cc command, then the compiler's message: keep that.
+        first = "neuronx-cc: " + first.split("]: ", 1)[1]
+    return first[:200] + ("..." if len(first) > 200 else "")
+
+
+def check_files(cache: Path, files: dict[str, dict]) -> list[Finding]:
+    """Compare recorded files with the disk: missing, truncated or modified ones."""
+    findings = []
+    for rel, rec in sorted(files.items()):
+        path, entry = Path(cache) / rel, entry_of(rel)
+        name = f"{rel[len(entry) + 1:]}: " if rel != entry else ""  # the file within a Neuron entry
+        if not path.is_file():
+            findings.append(Finding(entry, "missing", f"{name}recorded but gone"))
+            continue
+        size = path.stat().st_size
+        if size != rec["size"]:
+            findings.append(Finding(entry, "corrupt", f"{name}{size} bytes, {rec['size']} when recorded "
+                                                      "(truncated or rewritten)"))
+        elif sha256_file(path) != rec["sha256"]:
+            findings.append(Finding(entry, "corrupt", f"{name}checksum differs from the manifest "
+                                                      "(modified after it was recorded)"))
+    return findings
+
+
+def verify(cache: Path, manifest: dict | None = None) -> list[Finding]:
+    """All problems of a cache: damaged or missing recorded files, failed compiles, leftovers."""
+    cache = Path(cache)
+    manifest = manifest if manifest is not None else load_manifest(cache)
+    findings = check_files(cache, manifest["files"])
+    for entry in scan(cache):
+        if entry.state == FAILED:
+            findings.append(Finding(entry.path, FAILED, _failed_reason(cache, entry)))
+        elif entry.state == LOCKED:
+            findings.append(Finding(entry.path, LOCKED, "a compile is running, or was interrupted "
+                                                        "(neuron_parallel_compile --command clear-locks)"))
+        elif entry.state == INCOMPLETE:
+            findings.append(Finding(entry.path, INCOMPLETE, "graph extracted but never compiled"))
+        elif not any(f in manifest["files"] for f in entry.files):
+            findings.append(Finding(entry.path, "unrecorded", "not in the manifest (compiled by a "
+                                                              "run, not by precompile)"))
+    return findings
+
+
+def quarantine(cache: Path, findings: list[Finding]) -> Path | None:
+    """Move corrupt entries aside (never deleted) and forget records of missing files.
+
+    Needs the cache to itself: a running process could be loading the entry being moved.
+    """
+    cache = Path(cache)
+    corrupt = sorted({f.entry for f in findings if f.problem == "corrupt"})
+    bad = {f.entry for f in findings if f.problem in ("corrupt", "missing")}
+    if not bad:
+        return None
+    dest_root = cache / QUARANTINE_DIR / time.strftime("%Y%m%d-%H%M%S")
+    with file_lock(cache / USE_LOCK, wait=False, purpose="quarantine needs the cache to itself"):
+        for rel in corrupt:
+            dest = dest_root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(cache / rel, dest)
+
+        update_manifest(cache, lambda manifest: forget_entries(manifest, bad))
+    return dest_root if corrupt else None
+
+
+def forget_entries(manifest: dict, gone: set[str]) -> None:
+    """Drop the records of removed entries; their configurations remember how many files they lost."""
+    lost: dict[str, int] = {}
+    for rel in [r for r in manifest["files"] if entry_of(r) in gone]:
+        by = manifest["files"].pop(rel).get("recorded_by", "")
+        lost[by] = lost.get(by, 0) + 1
+    for fp, n in lost.items():
+        if fp in manifest["configs"]:
+            record = manifest["configs"][fp]
+            record["pruned_files"] = record.get("pruned_files", 0) + n
+            record["pruned_at"] = utc_now()
+
+
+# ----------------------------------------------------------------------------- prune
+
+
+def parse_size(text: str) -> int:
+    """'50G', '500M', '1.5T', '123' (bytes) -> bytes (binary units)."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in SIZE_UNITS else ""
+    number = raw[: len(raw) - len(unit)]
+    try:
+        value = float(number)
+    except ValueError:
+        raise UsageError(f"--max-size: expected a size like 500M, 20G or 1T, got {text!r}") from None
+    if value < 0:
+        raise UsageError(f"--max-size must be >= 0, got {text!r}")
+    return int(value * SIZE_UNITS[unit])
+
+
+def parse_age(text: str) -> float:
+    """'30d', '12h', '90m', '2w', '45s' -> seconds."""
+    raw = text.strip().lower()
+    unit, number = raw[-1:], raw[:-1]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in AGE_UNITS or value < 0:
+        raise UsageError(f"--older-than: expected an age like 30d, 12h, 90m or 2w, got {text!r}")
+    return value * AGE_UNITS[unit]
+
+
+def select_prune(entries: list[Entry], *, now: float, older_than: float | None = None,
+                 max_size: int | None = None, failed: bool = False) -> list[Entry]:
+    """The entries to delete, oldest first. Locked entries (a compile in progress) are never chosen."""
+    candidates = sorted((e for e in entries if e.state != LOCKED), key=lambda e: e.mtime)
+    chosen = [e for e in candidates
+              if (older_than is not None and now - e.mtime > older_than) or (failed and e.state == FAILED)]
+    if max_size is not None:
+        total = sum(e.size for e in entries) - sum(e.size for e in chosen)
+        for e in candidates:
+            if total <= max_size:
+                break
+            if e not in chosen:
+                chosen.append(e)
+                total -= e.size
+    return sorted(chosen, key=lambda e: e.mtime)
+
+
+def prune(cache: Path, chosen: list[Entry]) -> None:
+    """Delete entries and their records; configurations that lose entries are marked as pruned."""
+    cache = Path(cache)
+    gone = {e.path for e in chosen}
+    with file_lock(cache / USE_LOCK, wait=False, purpose="prune needs the cache to itself"):
+        for e in chosen:
+            target = cache / e.path
+            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+
+        update_manifest(cache, lambda manifest: forget_entries(manifest, gone))

@@ -1,0 +1,272 @@
+"""The compile cache directory: its layout, locks, graph manifest and entries.
+
+One directory (`compile_cache/` by default) holds three things:
+
+- the Neuron persistent cache, written by the Neuron compiler wrapper when NEURON_CC_FLAGS has
+  `--cache_dir=<this dir>`: `neuronxcc-<compiler version>/MODULE_<graph hash>+<flags hash>/` with
+  `model.hlo_module.pb` (the extracted graph), `compile_flags.json`, `model.neff` + `model.done`
+  (compiled), `model.log` without a NEFF (a compile that failed: it stays failed until retried),
+  `*.lock` (a compile in progress, or left behind by an interrupted one);
+- `xla/`: torch_xla's own persistent cache (`xr.initialize_cache`), one file per graph, used on
+  devices other than Neuron. Its writer is not atomic and erases files it cannot load, so we never
+  point it at `xla/` directly: a precompile writes into a private staging directory and
+  `commit_staged` moves the files in, under the manifest lock;
+- `manifest.json`: our graph manifest. `configs` maps a configuration fingerprint to the settings
+  that determine its graphs and the graphs a precompile of it produced (the hook writes it);
+  `files` holds the SHA-256 and size of every cache file we vouch for, so that a truncated or
+  modified entry is found by `verify` and refused by a run instead of being loaded.
+
+Concurrency: every change to the manifest is a read-merge-write under an exclusive fcntl lock,
+written to a temporary file and renamed over the old one. Precompiles and runs hold a shared
+"use" lock for their whole duration; `prune` and `verify --quarantine` need it exclusively and
+refuse while anyone uses the cache. fcntl locks are only as good as the file system's locking:
+on NFS/EFS/FSx several hosts may not see each other's locks (hence: one cache per host).
+
+Maintenance (verify, quarantine, prune) is in `maintenance.py`, archives in `archive.py`, the
+`neuron-train cache` command in `cache_command.py`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TypeVar
+
+from neuron_train.common.errors import RunError
+from neuron_train.common.fileio import write_json_atomic
+
+DEFAULT_CACHE_DIR = "compile_cache"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "neuron-train-graph-manifest"
+MANIFEST_VERSION = 1
+MANIFEST_LOCK = ".neuron_train.manifest.lock"
+USE_LOCK = ".neuron_train.use.lock"
+XLA_DIR = "xla"
+STAGING_DIR = ".staging"
+NEURON_VERSION_GLOB = "neuronxcc-*"
+NEURON_MODULE_GLOB = "MODULE_*"
+# Entry states. xla files have no state of their own; Neuron entries go extracted -> compiled/failed.
+COMPILED, FAILED, LOCKED, INCOMPLETE, FILE = "compiled", "failed", "locked", "incomplete", "file"
+
+T = TypeVar("T")
+
+
+class CacheInUse(RunError):
+    """Another process holds a lock this operation needs."""
+
+
+# ----------------------------------------------------------------------------- locks
+
+
+@contextmanager
+def file_lock(path: Path, *, shared: bool = False, wait: bool = True, purpose: str = "") -> Iterator[None]:
+    """An fcntl (flock) lock on `path`, released when the block ends (or the process dies)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, mode)
+        except BlockingIOError:
+            raise CacheInUse(f"{path.parent} is in use by a running precompile or training run "
+                             f"(lock {path.name} is held){': ' + purpose if purpose else ''}; "
+                             "try again when it has finished") from None
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+class CacheUse:
+    """A shared 'in use' lock held for a whole precompile or run: prune waits for it to end."""
+
+    def __init__(self, cache: Path):
+        self._ctx = file_lock(Path(cache) / USE_LOCK, shared=True)
+        self._ctx.__enter__()
+
+    def release(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+            self._ctx = None
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+def empty_manifest() -> dict:
+    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "configs": {}, "files": {}}
+
+
+def load_manifest(cache: Path) -> dict:
+    """The cache's manifest (an empty one when there is none yet)."""
+    path = Path(cache) / MANIFEST
+    if not path.exists():
+        return empty_manifest()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunError(f"{path} is damaged ({exc}): move it aside and precompile again") from None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise RunError(f"{path} is not a neuron-train graph manifest: move it aside or choose "
+                       "another cache directory")
+    if data.get("version") != MANIFEST_VERSION:
+        raise RunError(f"{path} has manifest version {data.get('version')}, this neuron-train "
+                       f"reads version {MANIFEST_VERSION}: precompile into a new cache directory")
+    data.setdefault("configs", {})
+    data.setdefault("files", {})
+    return data
+
+
+def update_manifest(cache: Path, change: Callable[[dict], T]) -> T:
+    """Read, change and rewrite the manifest under the exclusive manifest lock (atomic rename)."""
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    with file_lock(cache / MANIFEST_LOCK):
+        manifest = load_manifest(cache)
+        result = change(manifest)
+        write_json_atomic(cache / MANIFEST, manifest)
+    return result
+
+
+def merge_manifest(into: dict, other: dict) -> None:
+    """Union of two manifests: configs' graphs and precompile ids merge; file records are added."""
+    for fp, record in other.get("configs", {}).items():
+        mine = into["configs"].setdefault(fp, {**record, "graphs": {}, "precompile_ids": []})
+        for h, graph in record.get("graphs", {}).items():
+            mine["graphs"].setdefault(h, graph)
+        mine["precompile_ids"] = sorted(set(mine.get("precompile_ids", []))
+                                        | set(record.get("precompile_ids", [])))
+        mine["updated"] = max(mine.get("updated", ""), record.get("updated", ""))
+    for rel, rec in other.get("files", {}).items():
+        into["files"].setdefault(rel, rec)
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ----------------------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cached graph: an xla/ file or a Neuron MODULE_ directory."""
+
+    path: str                  # relative to the cache directory, '/'-separated
+    state: str                 # FILE (an xla/ file), or for Neuron: COMPILED / FAILED / LOCKED / INCOMPLETE
+    files: tuple[str, ...]     # relative paths of the files we checksum (lock files excluded)
+    size: int
+    mtime: float               # newest file modification time
+
+
+def neuron_state(module_dir: Path) -> str:
+    """The state of a Neuron cache entry, from the marker files the compiler wrapper leaves."""
+    names = {p.name for p in module_dir.iterdir()}
+    if "model.neff" in names and "model.done" in names:
+        return COMPILED
+    if "model.log" in names and "model.neff" not in names:
+        return FAILED
+    if any(n.endswith(".lock") for n in names):
+        return LOCKED
+    return INCOMPLETE
+
+
+def _entry(cache: Path, path: Path, state: str, files: list[Path]) -> Entry:
+    stats = [f.stat() for f in files]
+    return Entry(path=path.relative_to(cache).as_posix(), state=state,
+                 files=tuple(f.relative_to(cache).as_posix() for f in files if not f.name.endswith(".lock")),
+                 size=sum(s.st_size for s in stats),
+                 mtime=max((s.st_mtime for s in stats), default=path.stat().st_mtime))
+
+
+def scan(cache: Path) -> list[Entry]:
+    """Every graph entry in the cache directory (Neuron and torch_xla layouts)."""
+    cache = Path(cache)
+    entries: list[Entry] = []
+    xla = cache / XLA_DIR
+    if xla.is_dir():
+        entries += [_entry(cache, f, FILE, [f]) for f in sorted(xla.iterdir()) if f.is_file()]
+    for version_dir in sorted(cache.glob(NEURON_VERSION_GLOB)):
+        for module in sorted(version_dir.glob(NEURON_MODULE_GLOB)):
+            if module.is_dir():
+                files = sorted(p for p in module.rglob("*") if p.is_file())
+                entries.append(_entry(cache, module, neuron_state(module), files))
+    return entries
+
+
+def entry_of(rel: str) -> str:
+    """The entry a cache file belongs to: the xla/ file itself, or its MODULE_ directory."""
+    parts = PurePosixPath(rel).parts
+    return "/".join(parts[:2])
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_record(path: Path, recorded_by: str) -> dict:
+    return {"sha256": sha256_file(path), "size": path.stat().st_size, "recorded": utc_now(),
+            "recorded_by": recorded_by}
+
+
+def recordable(entry: Entry) -> bool:
+    """Only finished, successful entries are vouched for (a failed one may be retried later)."""
+    return entry.state in (FILE, COMPILED)
+
+
+def record_entries(cache: Path, recorded_by: str) -> list[str]:
+    """Checksum every finished entry the manifest does not know yet; returns their paths.
+
+    Run after neuron_parallel_compile has compiled: entries another process is still writing
+    are locked or incomplete and are left for whoever finishes them.
+    """
+    cache = Path(cache)
+
+    def add(manifest: dict) -> list[str]:
+        added = []
+        for entry in scan(cache):
+            new = [f for f in entry.files if f not in manifest["files"]]
+            if recordable(entry) and new:
+                for rel in new:
+                    manifest["files"][rel] = file_record(cache / rel, recorded_by)
+                added.append(entry.path)
+        return added
+
+    return update_manifest(cache, add)
+
+
+def commit_staged(cache: Path, staging: Path, recorded_by: str) -> int:
+    """Move torch_xla cache files from a private staging directory into xla/, recording them.
+
+    A file whose name is already in xla/ is dropped: it is the same graph (CPU serialisation is
+    not byte-for-byte reproducible, so the first committed copy is the one we vouch for).
+    """
+    cache, staging = Path(cache), Path(staging)
+    target = cache / XLA_DIR
+    target.mkdir(parents=True, exist_ok=True)
+
+    def commit(manifest: dict) -> int:
+        moved = 0
+        for f in sorted(p for p in staging.iterdir() if p.is_file()) if staging.is_dir() else []:
+            dest = target / f.name
+            if dest.exists():
+                f.unlink()
+                continue
+            os.replace(f, dest)  # same file system: atomic
+            manifest["files"][dest.relative_to(cache).as_posix()] = file_record(dest, recorded_by)
+            moved += 1
+        return moved
+
+    moved = update_manifest(cache, commit)
+    shutil.rmtree(staging, ignore_errors=True)
+    return moved
