@@ -35,6 +35,7 @@ OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 GIB = 1024**3
 NEURON_BIN = "/opt/aws/neuron/bin"
 EFA_BIN = "/opt/amazon/efa/bin"
+DRIVER_VERSION_FILE = "/sys/module/neuron/version"  # the version of the neuron module actually loaded
 APT_COMPONENTS = ("aws-neuronx-dkms", "aws-neuronx-runtime-lib", "aws-neuronx-collectives",
                   "aws-neuronx-tools")
 PIP_COMPONENTS = ("neuronx-cc", "torch-neuronx", "libneuronxla")
@@ -505,7 +506,8 @@ def _read(path: str) -> str | None:
         return None
 
 
-def gather_facts(*, multi_node: bool, compile_cache: str | None) -> Facts:
+def gather_facts(*, multi_node: bool, compile_cache: str | None,
+                 driver_version_file: str = DRIVER_VERSION_FILE) -> Facts:
     neuron_ls_bin = _tool("neuron-ls", NEURON_BIN)
     dpkg = _run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${Package} ${Version}\\n",
                  "aws-neuronx-*"]) if shutil.which("dpkg-query") else None
@@ -523,7 +525,7 @@ def gather_facts(*, multi_node: bool, compile_cache: str | None) -> Facts:
     return Facts(
         neuron_ls=_run([neuron_ls_bin, "--json-output"]) if neuron_ls_bin else None,
         dev_nodes=len(list(Path("/dev").glob("neuron[0-9]*"))),
-        driver_loaded=_read("/sys/module/neuron/version"),
+        driver_loaded=_read(driver_version_file),
         dpkg=dpkg,
         pip={name: dist_version(name) for name in (*FRAMEWORK, *PIP_COMPONENTS)},
         env=env,
