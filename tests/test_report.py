@@ -10,7 +10,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from botocore.stub import Stubber
+from botocore.stub import ANY, Stubber
 
 from neuron_train import cli
 from neuron_train.common.errors import RunError, UsageError
@@ -318,18 +318,33 @@ def test_live_prices_without_credentials_say_so(tmp_path, capsys):
     assert "no AWS credentials found" in capsys.readouterr().err
 
 
-def test_live_spot_prices_take_the_cheapest_zone(monkeypatch):
-    from moto import mock_aws
-
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        history = boto3.client("ec2", region_name="us-west-2").describe_spot_price_history(
-            InstanceTypes=["inf2.xlarge"], ProductDescriptions=["Linux/UNIX"])["SpotPriceHistory"]
-        prices = live_prices(["inf2.xlarge"], "us-west-2", spot=True)
-    assert prices["inf2.xlarge"].kind == "spot"
-    assert prices["inf2.xlarge"].usd_per_hour == min(float(h["SpotPrice"]) for h in history)
-    assert prices["inf2.xlarge"].region == "us-west-2"
+def test_live_spot_prices_take_the_cheapest_zone():
+    """Three zones at three prices, the cheapest neither first nor last: only min() picks 0.2287."""
+    session = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+                            region_name="us-west-2")
+    client = session.client("ec2", region_name="us-west-2")
+    now = dt.datetime.now(dt.timezone.utc)
+    quotes = [("us-west-2a", "0.3152"), ("us-west-2b", "0.2287"), ("us-west-2c", "0.4019")]
+    history = [{"AvailabilityZone": zone, "InstanceType": "inf2.xlarge", "ProductDescription": "Linux/UNIX",
+                "SpotPrice": price, "Timestamp": now} for zone, price in quotes]
+    sent = []
+    client.meta.events.register("provide-client-params.ec2.DescribeSpotPriceHistory",
+                                lambda params, **_: sent.append(dict(params)))
+    stub = Stubber(client)
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": history},
+                      {"InstanceTypes": ["inf2.xlarge"], "ProductDescriptions": ["Linux/UNIX"],
+                       "StartTime": ANY})
+    stub.activate()
+    regions = []
+    session.client = lambda name, region_name=None: regions.append((name, region_name)) or client
+    prices = live_prices(["inf2.xlarge"], "us-west-2", spot=True, session=session)
+    stub.assert_no_pending_responses()
+    assert regions == [("ec2", "us-west-2")]
+    # StartTime "now": AWS then returns each zone's current price, not a day of history.
+    (request,) = sent
+    assert abs((request["StartTime"] - now).total_seconds()) < 60
+    price = prices["inf2.xlarge"]
+    assert (price.usd_per_hour, price.kind, price.region) == (0.2287, "spot", "us-west-2")
 
 
 def test_money_is_readable_at_every_scale():
