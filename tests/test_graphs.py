@@ -112,7 +112,9 @@ def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     _, report, _ = check_script(tmp_path, "eval_batch_size.py")
     [late] = report["late_graphs"]
     assert late["cause"] == core.NEW_CALL_SITE and late["where"] == line_of("eval_batch_size.py", "EVAL_SYNC")
-    assert [g["hash"] for g in report["recompiles"]] != [late["hash"]]
+    [ragged] = report["recompiles"]  # the ragged last eval batch, apart from the late graph
+    assert ragged["hash"] != late["hash"] and ragged["cause"] == core.NEW_INPUT_SHAPE
+    assert ragged["where"] == line_of("eval_batch_size.py", "EVAL_TO_DEVICE")
     reads = [h for h in report["host_syncs"] if not h["executes_graph"]]
     assert reads and reads[0]["cause"] == core.HOST_READ and not reads[0]["every_step"]
 
