@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 import signal
 import subprocess
 import sys
@@ -130,7 +132,7 @@ def test_extraction_mode_writes_nothing_and_stops_after_precompile_steps(tmp_pat
                      env=cpu_env(NEURON_EXTRACT_GRAPHS_ONLY="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
-    assert "steps      3 " in proc.stdout
+    assert int(re.search(r"^steps\s+(\d+) ", proc.stdout, re.M).group(1)) == 3
 
 
 @pytest.mark.parametrize("precision, env", [
@@ -145,7 +147,7 @@ def test_precision_modes_train(tmp_path, precision, env):
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = summary_of(out)
     assert s["precision"] == ("xla-use-bf16" if env else precision)
-    assert s["final_loss"] == s["final_loss"]  # finite, not NaN
+    assert isinstance(s["final_loss"], float) and math.isfinite(s["final_loss"])
     dtypes = {v.dtype for v in final_weights(out).values()}
     assert dtypes == ({torch.bfloat16} if precision == "bf16" else {torch.float32})
 
