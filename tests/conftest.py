@@ -29,8 +29,8 @@ def run_train(out: Path, *args: str, nproc: int = 1, env: dict | None = None,
               timeout: int = 900) -> subprocess.CompletedProcess:
     """Run `neuron_train/run.py` (under torchrun when nproc > 1) into run directory `out`."""
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               "--master_port", str(29500 + os.getpid() % 1000), str(RUN_PY)]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(RUN_PY)]  # --standalone: a free port per run, no collision between test processes
     else:
         cmd = [sys.executable, str(RUN_PY)]
     cmd += ["--output-dir", str(out), *FAST, *args]
