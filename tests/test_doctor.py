@@ -20,10 +20,12 @@ import pytest
 
 from neuron_train.common import neuron_env as ne
 from neuron_train.common.errors import UsageError
+from neuron_train.ops import checks as doctor_checks
 from neuron_train.ops import doctor as d
+from neuron_train.ops import facts as doctor_facts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
-PINS = d.load_pins()
+PINS = doctor_checks.load_pins()
 PINNED = PINS["releases"][PINS["neuron_sdk"]]
 
 
@@ -31,8 +33,8 @@ def fixture(name: str) -> str:
     return (FIXTURES / name).read_text()
 
 
-def ok_run(name: str) -> d.ToolRun:
-    return d.ToolRun(0, fixture(name))
+def ok_run(name: str) -> doctor_facts.ToolRun:
+    return doctor_facts.ToolRun(0, fixture(name))
 
 
 def installed_from(release: str, **overrides: str | None) -> dict[str, str | None]:
@@ -44,17 +46,17 @@ EIGHT_EFA = "".join(f"provider: efa\n    fabric: efa\n    domain: rdmap{i}s31-rd
                     f"    type: FI_EP_RDM\n    protocol: FI_PROTO_EFA\n" for i in range(8))
 
 
-def healthy_facts(**changes) -> d.Facts:
+def healthy_facts(**changes) -> doctor_facts.Facts:
     """A trn1.32xlarge with the pinned SDK, EFA and limits set: the state the image aims for."""
-    pip = {**PINS["framework"], **{c: PINNED[c] for c in d.PIP_COMPONENTS}}
-    dpkg = "\n".join(f"ii  {c} {PINNED[c]}" for c in d.APT_COMPONENTS)
-    facts = d.Facts(
+    pip = {**PINS["framework"], **{c: PINNED[c] for c in doctor_facts.PIP_COMPONENTS}}
+    dpkg = "\n".join(f"ii  {c} {PINNED[c]}" for c in doctor_facts.APT_COMPONENTS)
+    facts = doctor_facts.Facts(
         neuron_ls=ok_run("neuron_ls_trn1_32xlarge.json"), dev_nodes=16,
-        driver_loaded=PINNED["aws-neuronx-dkms"], dpkg=d.ToolRun(0, dpkg), pip=pip, env={},
+        driver_loaded=PINNED["aws-neuronx-dkms"], dpkg=doctor_facts.ToolRun(0, dpkg), pip=pip, env={},
         python="3.10", nofile=(65536, 65536), memlock=(resource.RLIM_INFINITY, resource.RLIM_INFINITY),
-        fi_info=d.ToolRun(0, EIGHT_EFA),
-        caches=[d.CacheSpot("neuron", "Neuron default", ne.DEFAULT_NEURON_CACHE,
-                            ne.PathFacts(ne.DEFAULT_NEURON_CACHE, True, True, 400 * d.GIB, "/", "ext4"))],
+        fi_info=doctor_facts.ToolRun(0, EIGHT_EFA),
+        caches=[doctor_facts.CacheSpot("neuron", "Neuron default", ne.DEFAULT_NEURON_CACHE,
+                            ne.PathFacts(ne.DEFAULT_NEURON_CACHE, True, True, 400 * doctor_facts.GIB, "/", "ext4"))],
     )
     return replace(facts, **changes)
 
@@ -63,27 +65,27 @@ def healthy_facts(**changes) -> d.Facts:
 
 
 def test_parse_neuron_ls_keeps_the_real_shapes_of_a_trn1_2xlarge():
-    (dev,) = d.parse_neuron_ls(fixture("neuron_ls_trn1_2xlarge.json"))
-    assert dev["nc_count"] == 2 and dev["memory_size"] == 32 * d.GIB
+    (dev,) = doctor_facts.parse_neuron_ls(fixture("neuron_ls_trn1_2xlarge.json"))
+    assert dev["nc_count"] == 2 and dev["memory_size"] == 32 * doctor_facts.GIB
     assert dev["connected_to"] is None and dev["numa_node"] == "-1"
 
 
 @pytest.mark.parametrize("text", ["{}", "[1, 2]", "not json"])
 def test_parse_neuron_ls_rejects_what_is_not_a_device_array(text):
     with pytest.raises(ValueError):
-        d.parse_neuron_ls(text)
+        doctor_facts.parse_neuron_ls(text)
 
 
 def test_parse_dpkg_reads_installed_packages_only():
-    apt = d.parse_dpkg(fixture("dpkg_sdk_2_29_1.txt"))
-    assert apt == {c: PINNED[c] for c in d.APT_COMPONENTS}  # the 'rc' oci-hook line is ignored
+    apt = doctor_facts.parse_dpkg(fixture("dpkg_sdk_2_29_1.txt"))
+    assert apt == {c: PINNED[c] for c in doctor_facts.APT_COMPONENTS}  # the 'rc' oci-hook line is ignored
 
 
 def test_parse_fi_info_reads_indented_and_flat_blocks():
-    hpc = d.parse_fi_info(fixture("fi_info_hpc6a.txt"))
+    hpc = doctor_facts.parse_fi_info(fixture("fi_info_hpc6a.txt"))
     assert [(e["domain"], e["type"]) for e in hpc] == [("rdmap0s31-rdm", "FI_EP_RDM"),
                                                        ("rdmap0s31-dgrm", "FI_EP_DGRAM")]
-    p4d = d.parse_fi_info(fixture("fi_info_p4d_rdm.txt"))
+    p4d = doctor_facts.parse_fi_info(fixture("fi_info_p4d_rdm.txt"))
     assert [e["domain"] for e in p4d] == ["efa_0-rdm", "efa_1-rdm", "efa_2-rdm", "efa_3-rdm"]
 
 
@@ -93,7 +95,7 @@ def test_parse_fi_info_reads_indented_and_flat_blocks():
     ("2.9.0.2.13.26312", "2.9.0.2.13.26312"),
 ])
 def test_normalize_version_drops_build_suffixes(raw, core):
-    assert d.normalize_version(raw) == core
+    assert doctor_checks.normalize_version(raw) == core
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -124,104 +126,104 @@ def test_mount_of_finds_the_file_system_holding_a_path(path, expected):
 
 
 @pytest.mark.parametrize("name, status, words", [
-    ("neuron_ls_trn1_2xlarge.json", d.OK, "1 Neuron device(s), 2 NeuronCore(s), 32 GiB"),
-    ("neuron_ls_trn1_32xlarge.json", d.OK, "16 Neuron device(s), 32 NeuronCore(s), 32 GiB"),
-    ("neuron_ls_inf1_6xlarge.json", d.FAIL, "Inferentia (inf1"),
-    ("neuron_ls_trn2_docs.json", d.WARN, "in use by pid 113985 (neuron-bench exec"),
+    ("neuron_ls_trn1_2xlarge.json", doctor_checks.OK, "1 Neuron device(s), 2 NeuronCore(s), 32 GiB"),
+    ("neuron_ls_trn1_32xlarge.json", doctor_checks.OK, "16 Neuron device(s), 32 NeuronCore(s), 32 GiB"),
+    ("neuron_ls_inf1_6xlarge.json", doctor_checks.FAIL, "Inferentia (inf1"),
+    ("neuron_ls_trn2_docs.json", doctor_checks.WARN, "in use by pid 113985 (neuron-bench exec"),
 ])
 def test_check_devices_on_recorded_neuron_ls(name, status, words):
-    check = d.check_devices(ok_run(name), dev_nodes=1, require_neuron=False)
+    check = doctor_checks.check_devices(ok_run(name), dev_nodes=1, require_neuron=False)
     assert (check.status, check.name) == (status, "devices")
     assert words in check.found
 
 
 def test_check_devices_names_the_driver_problem_when_neuron_ls_fails_on_a_neuron_host():
-    failed = d.ToolRun(1, "", fixture("neuron_ls_no_driver.stderr"))
-    check = d.check_devices(failed, dev_nodes=2, require_neuron=False)
-    assert check.status == d.FAIL
+    failed = doctor_facts.ToolRun(1, "", fixture("neuron_ls_no_driver.stderr"))
+    check = doctor_checks.check_devices(failed, dev_nodes=2, require_neuron=False)
+    assert check.status == doctor_checks.FAIL
     assert "failed to discover Neuron devices" in check.found and "modprobe neuron" in check.advice
 
 
 def test_check_devices_on_a_cpu_machine_says_what_will_run():
-    check = d.check_devices(None, dev_nodes=0, require_neuron=False)
-    assert check.status == d.SKIP and "CPU XLA device" in check.advice
-    assert d.check_devices(None, dev_nodes=0, require_neuron=True).status == d.FAIL
-    failed = d.ToolRun(1, "", fixture("neuron_ls_no_driver.stderr"))
-    assert d.check_devices(failed, dev_nodes=0, require_neuron=False).status == d.SKIP
+    check = doctor_checks.check_devices(None, dev_nodes=0, require_neuron=False)
+    assert check.status == doctor_checks.SKIP and "CPU XLA device" in check.advice
+    assert doctor_checks.check_devices(None, dev_nodes=0, require_neuron=True).status == doctor_checks.FAIL
+    failed = doctor_facts.ToolRun(1, "", fixture("neuron_ls_no_driver.stderr"))
+    assert doctor_checks.check_devices(failed, dev_nodes=0, require_neuron=False).status == doctor_checks.SKIP
 
 
 def test_check_devices_without_neuron_ls_but_with_devices_asks_for_the_tools():
-    check = d.check_devices(None, dev_nodes=16, require_neuron=False)
-    assert check.status == d.WARN and "aws-neuronx-tools" in check.advice
+    check = doctor_checks.check_devices(None, dev_nodes=16, require_neuron=False)
+    assert check.status == doctor_checks.WARN and "aws-neuronx-tools" in check.advice
 
 
 def test_check_devices_reports_unreadable_output():
-    assert d.check_devices(d.ToolRun(0, "<html>"), 1, False).status == d.FAIL
+    assert doctor_checks.check_devices(doctor_facts.ToolRun(0, "<html>"), 1, False).status == doctor_checks.FAIL
 
 
 def test_check_driver():
-    apt = d.parse_dpkg(fixture("dpkg_sdk_2_29_1.txt"))
-    assert d.check_driver("2.27.4.0", apt, True).status == d.OK
-    stale = d.check_driver("2.26.10.0", apt, True)  # package upgraded, old module still loaded
-    assert stale.status == d.WARN and "rmmod neuron" in stale.advice
-    assert d.check_driver(None, apt, True).status == d.FAIL
-    assert d.check_driver(None, {}, False).status == d.SKIP
+    apt = doctor_facts.parse_dpkg(fixture("dpkg_sdk_2_29_1.txt"))
+    assert doctor_checks.check_driver("2.27.4.0", apt, True).status == doctor_checks.OK
+    stale = doctor_checks.check_driver("2.26.10.0", apt, True)  # package upgraded, old module still loaded
+    assert stale.status == doctor_checks.WARN and "rmmod neuron" in stale.advice
+    assert doctor_checks.check_driver(None, apt, True).status == doctor_checks.FAIL
+    assert doctor_checks.check_driver(None, {}, False).status == doctor_checks.SKIP
 
 
 # ----------------------------------------------------------------------------- SDK combination
 
 
 def test_check_sdk_pinned_release_is_ok():
-    check = d.check_sdk(installed_from(PINS["neuron_sdk"], **{"neuronx-cc": PINNED["neuronx-cc"] + "+abc"}),
+    check = doctor_checks.check_sdk(installed_from(PINS["neuron_sdk"], **{"neuronx-cc": PINNED["neuronx-cc"] + "+abc"}),
                         PINS)
-    assert check.status == d.OK and f"Neuron SDK {PINS['neuron_sdk']}" in check.found
+    assert check.status == doctor_checks.OK and f"Neuron SDK {PINS['neuron_sdk']}" in check.found
     assert "(pinned)" in check.found
 
 
 def test_check_sdk_other_supported_release_is_ok_with_a_cache_note():
-    check = d.check_sdk(installed_from("2.28.1"), PINS)
-    assert check.status == d.OK and "Neuron SDK 2.28.1" in check.found
+    check = doctor_checks.check_sdk(installed_from("2.28.1"), PINS)
+    assert check.status == doctor_checks.OK and "Neuron SDK 2.28.1" in check.found
     assert "neuronx-cc version" in check.advice
 
 
 def test_check_sdk_recorded_sdk_2_19_packages_are_refused():
-    apt = d.parse_dpkg(fixture("dpkg_hyperpod_sdk_2_19.txt"))
+    apt = doctor_facts.parse_dpkg(fixture("dpkg_hyperpod_sdk_2_19.txt"))
     installed = {**apt, "neuronx-cc": "2.16.372.0+4a9b2326", "torch-neuronx": "2.5.1.2.4.0",
                  "libneuronxla": "2.1.714.0"}  # the pip versions of a 2.21-era DLAMI (issue 1143)
-    check = d.check_sdk(installed, PINS)
-    assert check.status == d.FAIL and "torch-neuronx 2.9" in check.advice
+    check = doctor_checks.check_sdk(installed, PINS)
+    assert check.status == doctor_checks.FAIL and "torch-neuronx 2.9" in check.advice
     assert "aws-neuronx-runtime-lib 2.23.112.0-9b5179492" in check.found
 
 
 def test_check_sdk_mixed_releases_fail_and_name_each_release():
-    check = d.check_sdk(installed_from("2.29.1", **{"torch-neuronx": PINS["releases"]["2.28.1"]["torch-neuronx"]}),
+    check = doctor_checks.check_sdk(installed_from("2.29.1", **{"torch-neuronx": PINS["releases"]["2.28.1"]["torch-neuronx"]}),
                         PINS)
-    assert check.status == d.FAIL and check.found.startswith("mixed releases")
+    assert check.status == doctor_checks.FAIL and check.found.startswith("mixed releases")
     assert "SDK 2.28.0/2.28.1" in check.found
 
 
 def test_check_sdk_driver_older_than_runtime_fails_newer_passes():
-    older = d.check_sdk(installed_from("2.29.1", **{"aws-neuronx-dkms": "2.26.5.0"}), PINS)
-    assert older.status == d.FAIL and "older than SDK 2.29.1" in older.found
-    newer = d.check_sdk(installed_from("2.28.1", **{"aws-neuronx-dkms": PINNED["aws-neuronx-dkms"]}), PINS)
-    assert newer.status == d.OK  # the driver is backward compatible with older runtimes
+    older = doctor_checks.check_sdk(installed_from("2.29.1", **{"aws-neuronx-dkms": "2.26.5.0"}), PINS)
+    assert older.status == doctor_checks.FAIL and "older than SDK 2.29.1" in older.found
+    newer = doctor_checks.check_sdk(installed_from("2.28.1", **{"aws-neuronx-dkms": PINNED["aws-neuronx-dkms"]}), PINS)
+    assert newer.status == doctor_checks.OK  # the driver is backward compatible with older runtimes
 
 
 def test_check_sdk_flags_the_pypi_placeholder_wheels():
     placeholder = installed_from("2.29.1", **{"torch-neuronx": "1.0", "neuronx-cc": "1.0.post1"})
-    check = d.check_sdk(placeholder, PINS)
-    assert check.status == d.FAIL and "placeholder" in check.found
+    check = doctor_checks.check_sdk(placeholder, PINS)
+    assert check.status == doctor_checks.FAIL and "placeholder" in check.found
 
 
 def test_check_sdk_missing_pieces_and_nothing_installed():
-    partial = d.check_sdk(installed_from("2.29.1", libneuronxla=None), PINS)
-    assert partial.status == d.FAIL and "libneuronxla" in partial.found
-    assert d.check_sdk({c: None for c in PINNED}, PINS).status == d.SKIP
+    partial = doctor_checks.check_sdk(installed_from("2.29.1", libneuronxla=None), PINS)
+    assert partial.status == doctor_checks.FAIL and "libneuronxla" in partial.found
+    assert doctor_checks.check_sdk({c: None for c in PINNED}, PINS).status == doctor_checks.SKIP
 
 
 def test_check_sdk_tools_from_another_release_only_warn():
-    check = d.check_sdk(installed_from("2.29.1", **{"aws-neuronx-tools": "2.20.204.0"}), PINS)
-    assert check.status == d.WARN
+    check = doctor_checks.check_sdk(installed_from("2.29.1", **{"aws-neuronx-tools": "2.20.204.0"}), PINS)
+    assert check.status == doctor_checks.WARN
 
 
 # ----------------------------------------------------------------------------- python stack, PJRT
@@ -229,114 +231,114 @@ def test_check_sdk_tools_from_another_release_only_warn():
 
 def test_check_framework():
     good = {**PINS["framework"]}
-    assert d.check_framework(good, "3.10", PINS).status == d.OK
-    assert d.check_framework({**good, "torch-xla": None}, "3.10", PINS).status == d.FAIL
-    assert d.check_framework({**good, "torch-xla": "2.8.0"}, "3.10", PINS).status == d.FAIL
-    assert d.check_framework({**good, "torch": "2.10.0", "torch-xla": "2.10.0"}, "3.10", PINS).status == d.FAIL
-    assert d.check_framework(good, "3.13", PINS).status == d.WARN
-    assert d.check_framework({**good, "torchvision": "0.23.0"}, "3.11", PINS).status == d.WARN
+    assert doctor_checks.check_framework(good, "3.10", PINS).status == doctor_checks.OK
+    assert doctor_checks.check_framework({**good, "torch-xla": None}, "3.10", PINS).status == doctor_checks.FAIL
+    assert doctor_checks.check_framework({**good, "torch-xla": "2.8.0"}, "3.10", PINS).status == doctor_checks.FAIL
+    assert doctor_checks.check_framework({**good, "torch": "2.10.0", "torch-xla": "2.10.0"}, "3.10", PINS).status == doctor_checks.FAIL
+    assert doctor_checks.check_framework(good, "3.13", PINS).status == doctor_checks.WARN
+    assert doctor_checks.check_framework({**good, "torchvision": "0.23.0"}, "3.11", PINS).status == doctor_checks.WARN
 
 
 @pytest.mark.parametrize("env, has_neuron, plugin, status", [
-    (None, True, True, d.OK),
-    ("NEURON", True, True, d.OK),
-    ("CPU", True, True, d.WARN),
-    ("TPU", True, True, d.FAIL),
-    (None, True, False, d.FAIL),
-    ("NEURON", False, False, d.FAIL),
-    (None, False, False, d.OK),
-    ("CPU", False, False, d.OK),
+    (None, True, True, doctor_checks.OK),
+    ("NEURON", True, True, doctor_checks.OK),
+    ("CPU", True, True, doctor_checks.WARN),
+    ("TPU", True, True, doctor_checks.FAIL),
+    (None, True, False, doctor_checks.FAIL),
+    ("NEURON", False, False, doctor_checks.FAIL),
+    (None, False, False, doctor_checks.OK),
+    ("CPU", False, False, doctor_checks.OK),
 ])
 def test_check_pjrt(env, has_neuron, plugin, status):
-    check = d.check_pjrt(env, has_neuron, plugin, cores=32 if has_neuron else 0)
+    check = doctor_checks.check_pjrt(env, has_neuron, plugin, cores=32 if has_neuron else 0)
     assert check.status == status
-    if not has_neuron and status == d.OK:
+    if not has_neuron and status == doctor_checks.OK:
         assert "CPU XLA device" in check.found
 
 
 # ----------------------------------------------------------------------------- cache, limits, EFA
 
 
-def spot_on(path: str, *, free_gib: float = 200, writable: bool = True, exists: bool = True) -> d.CacheSpot:
+def spot_on(path: str, *, free_gib: float = 200, writable: bool = True, exists: bool = True) -> doctor_facts.CacheSpot:
     point, fstype = ne.mount_of(path, fixture("proc_mounts_parallelcluster.txt"))
-    return d.CacheSpot("neuron", "NEURON_COMPILE_CACHE_URL", path,
-                       ne.PathFacts(path, exists, writable, int(free_gib * d.GIB), point, fstype))
+    return doctor_facts.CacheSpot("neuron", "NEURON_COMPILE_CACHE_URL", path,
+                       ne.PathFacts(path, exists, writable, int(free_gib * doctor_facts.GIB), point, fstype))
 
 
 def test_check_cache_on_shared_storage_fails_for_multi_node_only():
     for path in ("/home/ubuntu/neuron_cache", "/fsx/neuron_cache"):
-        assert d.check_cache(spot_on(path), multi_node=True).status == d.FAIL
-        single = d.check_cache(spot_on(path), multi_node=False)
-        assert single.status == d.WARN and "one local cache directory per host" in single.advice
+        assert doctor_checks.check_cache(spot_on(path), multi_node=True).status == doctor_checks.FAIL
+        single = doctor_checks.check_cache(spot_on(path), multi_node=False)
+        assert single.status == doctor_checks.WARN and "one local cache directory per host" in single.advice
 
 
 def test_check_cache_space_and_permissions():
-    assert d.check_cache(spot_on("/scratch/c"), multi_node=True).status == d.OK
-    assert d.check_cache(spot_on("/scratch/c", free_gib=5), multi_node=False).status == d.WARN
-    assert d.check_cache(spot_on("/scratch/c", free_gib=0.5), multi_node=False).status == d.FAIL
-    assert d.check_cache(spot_on("/scratch/c", writable=False), multi_node=False).status == d.FAIL
-    fresh = d.check_cache(spot_on("/scratch/c", exists=False), multi_node=False)
-    assert fresh.status == d.OK and "created on first use" in fresh.found
-    remote = d.CacheSpot("neuron", "NEURON_COMPILE_CACHE_URL", "s3://b/c", None)
-    assert d.check_cache(remote, multi_node=True).status == d.OK
+    assert doctor_checks.check_cache(spot_on("/scratch/c"), multi_node=True).status == doctor_checks.OK
+    assert doctor_checks.check_cache(spot_on("/scratch/c", free_gib=5), multi_node=False).status == doctor_checks.WARN
+    assert doctor_checks.check_cache(spot_on("/scratch/c", free_gib=0.5), multi_node=False).status == doctor_checks.FAIL
+    assert doctor_checks.check_cache(spot_on("/scratch/c", writable=False), multi_node=False).status == doctor_checks.FAIL
+    fresh = doctor_checks.check_cache(spot_on("/scratch/c", exists=False), multi_node=False)
+    assert fresh.status == doctor_checks.OK and "created on first use" in fresh.found
+    remote = doctor_facts.CacheSpot("neuron", "NEURON_COMPILE_CACHE_URL", "s3://b/c", None)
+    assert doctor_checks.check_cache(remote, multi_node=True).status == doctor_checks.OK
 
 
 def test_check_nofile():
-    assert d.check_nofile(1024, 4096).status == d.WARN
-    assert d.check_nofile(65536, 65536).status == d.OK
-    assert d.check_nofile(resource.RLIM_INFINITY, resource.RLIM_INFINITY).status == d.OK
+    assert doctor_checks.check_nofile(1024, 4096).status == doctor_checks.WARN
+    assert doctor_checks.check_nofile(65536, 65536).status == doctor_checks.OK
+    assert doctor_checks.check_nofile(resource.RLIM_INFINITY, resource.RLIM_INFINITY).status == doctor_checks.OK
 
 
 def test_check_efa_on_recorded_fi_info():
-    assert d.check_efa(None, multi_node=False, device_count=16).status == d.SKIP
-    assert d.check_efa(None, multi_node=True, device_count=16).status == d.FAIL
-    none = d.check_efa(d.ToolRun(1, "", fixture("fi_info_no_efa.stderr")), True, 16)
-    assert none.status == d.FAIL and "-61" in none.found and "security" in none.advice
-    one = d.check_efa(ok_run("fi_info_hpc6a.txt"), True, device_count=1)
-    assert one.status == d.OK and one.found.startswith("1 EFA device(s)")  # the DGRAM endpoint is not a device
-    four = d.check_efa(ok_run("fi_info_p4d_rdm.txt"), True, device_count=1)
-    assert four.status == d.OK and four.found.startswith("4 EFA device(s)")
-    short = d.check_efa(ok_run("fi_info_p4d_rdm.txt"), True, device_count=16)  # trn1.32xlarge wants 8
-    assert short.status == d.WARN and "8 EFA interfaces" in short.advice
+    assert doctor_checks.check_efa(None, multi_node=False, device_count=16).status == doctor_checks.SKIP
+    assert doctor_checks.check_efa(None, multi_node=True, device_count=16).status == doctor_checks.FAIL
+    none = doctor_checks.check_efa(doctor_facts.ToolRun(1, "", fixture("fi_info_no_efa.stderr")), True, 16)
+    assert none.status == doctor_checks.FAIL and "-61" in none.found and "security" in none.advice
+    one = doctor_checks.check_efa(ok_run("fi_info_hpc6a.txt"), True, device_count=1)
+    assert one.status == doctor_checks.OK and one.found.startswith("1 EFA device(s)")  # the DGRAM endpoint is not a device
+    four = doctor_checks.check_efa(ok_run("fi_info_p4d_rdm.txt"), True, device_count=1)
+    assert four.status == doctor_checks.OK and four.found.startswith("4 EFA device(s)")
+    short = doctor_checks.check_efa(ok_run("fi_info_p4d_rdm.txt"), True, device_count=16)  # trn1.32xlarge wants 8
+    assert short.status == doctor_checks.WARN and "8 EFA interfaces" in short.advice
 
 
 def test_check_memlock():
-    assert d.check_memlock(65536, multi_node=True).status == d.WARN
-    assert d.check_memlock(resource.RLIM_INFINITY, multi_node=True).status == d.OK
-    assert d.check_memlock(65536, multi_node=False).status == d.SKIP
+    assert doctor_checks.check_memlock(65536, multi_node=True).status == doctor_checks.WARN
+    assert doctor_checks.check_memlock(resource.RLIM_INFINITY, multi_node=True).status == doctor_checks.OK
+    assert doctor_checks.check_memlock(65536, multi_node=False).status == doctor_checks.SKIP
 
 
 # ----------------------------------------------------------------------------- whole report
 
 
 def test_run_checks_on_a_healthy_trn1_32xlarge_passes():
-    checks = d.run_checks(healthy_facts(), PINS, multi_node=True, require_neuron=True)
-    assert {c.name: c.status for c in checks if c.status != d.OK} == {}
-    assert d.exit_code(checks) == 0
+    checks = doctor_checks.run_checks(healthy_facts(), PINS, multi_node=True, require_neuron=True)
+    assert {c.name: c.status for c in checks if c.status != doctor_checks.OK} == {}
+    assert doctor_checks.exit_code(checks) == 0
     assert "Ready" in d.format_report(checks, PINS)
 
 
 def test_run_checks_prefers_the_loaded_driver_over_the_package():
     facts = healthy_facts(driver_loaded="2.26.5.0")  # package 2.27.4.0 on disk, old module running
-    by_name = {c.name: c for c in d.run_checks(facts, PINS)}
-    assert by_name["driver"].status == d.WARN
-    assert by_name["neuron-sdk"].status == d.FAIL and "driver 2.26.5.0" in by_name["neuron-sdk"].found
+    by_name = {c.name: c for c in doctor_checks.run_checks(facts, PINS)}
+    assert by_name["driver"].status == doctor_checks.WARN
+    assert by_name["neuron-sdk"].status == doctor_checks.FAIL and "driver 2.26.5.0" in by_name["neuron-sdk"].found
 
 
 def test_run_checks_on_cpu_machine_downgrades_sdk_failures_to_warnings():
     facts = healthy_facts(neuron_ls=None, dev_nodes=0, driver_loaded=None, dpkg=None,
                           pip={**PINS["framework"], "torch-neuronx": "1.0"})
-    checks = d.run_checks(facts, PINS)
+    checks = doctor_checks.run_checks(facts, PINS)
     by_name = {c.name: c.status for c in checks}
-    assert by_name["devices"] == d.SKIP and by_name["neuron-sdk"] == d.WARN
-    assert d.exit_code(checks) == 0
+    assert by_name["devices"] == doctor_checks.SKIP and by_name["neuron-sdk"] == doctor_checks.WARN
+    assert doctor_checks.exit_code(checks) == 0
     assert "CPU-only machine" in d.format_report(checks, PINS)
-    required = d.run_checks(facts, PINS, require_neuron=True)
-    assert d.exit_code(required) == 1
+    required = doctor_checks.run_checks(facts, PINS, require_neuron=True)
+    assert doctor_checks.exit_code(required) == 1
 
 
 def test_format_report_lists_every_check_with_status_and_advice():
-    checks = d.run_checks(healthy_facts(nofile=(1024, 1024)), PINS)
+    checks = doctor_checks.run_checks(healthy_facts(nofile=(1024, 1024)), PINS)
     text = d.format_report(checks, PINS)
     for c in checks:
         assert f"{c.status:<4}  {c.name}" in text
@@ -345,7 +347,7 @@ def test_format_report_lists_every_check_with_status_and_advice():
 
 def test_write_json_report_is_atomic_and_never_overwrites(tmp_path):
     target = tmp_path / "doctor.json"
-    report = d.report_dict(d.run_checks(healthy_facts(), PINS), PINS)
+    report = d.report_dict(doctor_checks.run_checks(healthy_facts(), PINS), PINS)
     d.write_json_report(str(target), report)
     assert json.loads(target.read_text())["checks"][0]["name"] == "devices"
     assert [p.name for p in tmp_path.iterdir()] == ["doctor.json"]
@@ -372,7 +374,7 @@ def test_doctor_on_this_cpu_machine(tmp_path):
     assert by_name["pjrt-device"]["status"] == "OK" and "CPU XLA device" in by_name["pjrt-device"]["found"]
     assert by_name["torch-xla"]["status"] == "OK"
     # The project cache's verdict follows the free space of the disk under tmp_path, measured here.
-    free_gib = shutil.disk_usage(tmp_path).free / d.GIB
+    free_gib = shutil.disk_usage(tmp_path).free / doctor_facts.GIB
     project = by_name["cache:project"]
     reported = float(re.search(r"([0-9.]+) GiB free", project["found"]).group(1))
     assert reported == pytest.approx(free_gib, abs=0.5)
@@ -389,5 +391,5 @@ def test_doctor_on_this_cpu_machine(tmp_path):
 
 def test_run_checks_treats_the_placeholder_plugin_as_missing():
     facts = healthy_facts(pip={**healthy_facts().pip, "libneuronxla": "1.0"})
-    by_name = {c.name: c.status for c in d.run_checks(facts, PINS)}
-    assert by_name["pjrt-device"] == d.FAIL and by_name["neuron-sdk"] == d.FAIL
+    by_name = {c.name: c.status for c in doctor_checks.run_checks(facts, PINS)}
+    assert by_name["pjrt-device"] == doctor_checks.FAIL and by_name["neuron-sdk"] == doctor_checks.FAIL

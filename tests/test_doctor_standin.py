@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from neuron_train.ops import doctor as d
+from neuron_train.ops import checks as doctor_checks
+from neuron_train.ops import facts as doctor_facts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
-PINS = d.load_pins()
+PINS = doctor_checks.load_pins()
 PINNED = PINS["releases"][PINS["neuron_sdk"]]
 
 # Each stand-in accepts exactly the command line gather_facts must use, else exits 2 loudly.
@@ -61,27 +62,27 @@ def standins(tmp_path, monkeypatch):
     return driver
 
 
-def gather(driver: Path, tmp_path: Path) -> d.Facts:
-    return d.gather_facts(multi_node=True, compile_cache=str(tmp_path / "cache"),
+def gather(driver: Path, tmp_path: Path) -> doctor_facts.Facts:
+    return doctor_facts.gather_facts(multi_node=True, compile_cache=str(tmp_path / "cache"),
                           driver_version_file=str(driver))
 
 
 def test_recorded_tool_outputs_reach_the_checks_through_gather_facts(standins, tmp_path):
     facts = gather(standins, tmp_path)
     # Each tool was called with the arguments its stand-in insists on, and its output kept whole.
-    assert facts.neuron_ls == d.ToolRun(0, (FIXTURES / "neuron_ls_trn1_32xlarge.json").read_text(), "")
-    assert facts.fi_info == d.ToolRun(0, (FIXTURES / "fi_info_hpc6a.txt").read_text(), "")
-    assert facts.dpkg == d.ToolRun(0, (FIXTURES / "dpkg_sdk_2_29_1.txt").read_text(), "")
+    assert facts.neuron_ls == doctor_facts.ToolRun(0, (FIXTURES / "neuron_ls_trn1_32xlarge.json").read_text(), "")
+    assert facts.fi_info == doctor_facts.ToolRun(0, (FIXTURES / "fi_info_hpc6a.txt").read_text(), "")
+    assert facts.dpkg == doctor_facts.ToolRun(0, (FIXTURES / "dpkg_sdk_2_29_1.txt").read_text(), "")
     assert facts.driver_loaded == PINNED["aws-neuronx-dkms"]
 
-    by_name = {c.name: c for c in d.run_checks(facts, PINS, multi_node=True, require_neuron=True)}
+    by_name = {c.name: c for c in doctor_checks.run_checks(facts, PINS, multi_node=True, require_neuron=True)}
     devices = by_name["devices"]
-    assert (devices.status, devices.found) == (d.OK, "16 Neuron device(s), 32 NeuronCore(s), 32 GiB per device")
+    assert (devices.status, devices.found) == (doctor_checks.OK, "16 Neuron device(s), 32 NeuronCore(s), 32 GiB per device")
     driver = by_name["driver"]
-    assert (driver.status, driver.found) == (d.OK, f"neuron module {PINNED['aws-neuronx-dkms']} loaded")
+    assert (driver.status, driver.found) == (doctor_checks.OK, f"neuron module {PINNED['aws-neuronx-dkms']} loaded")
     # The hpc6a recording has one EFA device; 16 Neuron devices (trn1.32xlarge) want 8.
     efa = by_name["efa"]
-    assert efa.status == d.WARN and efa.found.startswith("1 EFA device(s)") and "8 EFA interfaces" in efa.advice
+    assert efa.status == doctor_checks.WARN and efa.found.startswith("1 EFA device(s)") and "8 EFA interfaces" in efa.advice
 
 
 def test_a_failing_neuron_ls_is_reported_with_its_own_message(standins, tmp_path, monkeypatch):
@@ -91,21 +92,21 @@ def test_a_failing_neuron_ls_is_reported_with_its_own_message(standins, tmp_path
     facts = gather(standins, tmp_path)
     assert facts.neuron_ls.returncode == 1 and facts.neuron_ls.stdout == ""
     assert facts.driver_loaded is None
-    checks = d.run_checks(facts, PINS, multi_node=True, require_neuron=True)
+    checks = doctor_checks.run_checks(facts, PINS, multi_node=True, require_neuron=True)
     devices = next(c for c in checks if c.name == "devices")
-    assert devices.status == d.FAIL and "failed to discover Neuron devices" in devices.found
+    assert devices.status == doctor_checks.FAIL and "failed to discover Neuron devices" in devices.found
     assert "modprobe neuron" in devices.advice
-    assert d.exit_code(checks) == 1
+    assert doctor_checks.exit_code(checks) == 1
 
 
 def test_without_the_tools_nothing_is_run_and_the_checks_say_so(tmp_path, monkeypatch):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    monkeypatch.setattr(d, "NEURON_BIN", str(tmp_path / "no-neuron"))
-    monkeypatch.setattr(d, "EFA_BIN", str(tmp_path / "no-efa"))
-    facts = d.gather_facts(multi_node=True, compile_cache=None,
+    monkeypatch.setattr(doctor_facts, "NEURON_BIN", str(tmp_path / "no-neuron"))
+    monkeypatch.setattr(doctor_facts, "EFA_BIN", str(tmp_path / "no-efa"))
+    facts = doctor_facts.gather_facts(multi_node=True, compile_cache=None,
                            driver_version_file=str(tmp_path / "absent"))
     assert (facts.neuron_ls, facts.fi_info, facts.dpkg, facts.driver_loaded) == (None, None, None, None)
-    by_name = {c.name: c.status for c in d.run_checks(facts, PINS, multi_node=True)}
-    assert by_name["efa"] == d.FAIL  # a multi-node run needs EFA
+    by_name = {c.name: c.status for c in doctor_checks.run_checks(facts, PINS, multi_node=True)}
+    assert by_name["efa"] == doctor_checks.FAIL  # a multi-node run needs EFA
