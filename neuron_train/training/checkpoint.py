@@ -1,24 +1,36 @@
 """Checkpoints: rank 0 writes atomically (temp file, fsync, rename), keeps the last K, loads safely.
 
 A checkpoint holds everything a resumed run needs to continue as if never stopped: model,
-optimizer, step, data position (epoch, batch within it) and RNG states. Loading uses
-`weights_only=True`, so a checkpoint file cannot run code.
+optimizer, step, data position (epoch, batch within it), RNG states and the run's configuration
+(which names the model it is from). Loading uses `weights_only=True`, so a checkpoint file cannot
+run code, and every file that cannot be loaded is said in one line (never with advice to load it
+unsafely: a file we did not write must not run code).
+
+A save that fails removes its temporary file (a full disk names the last good checkpoint); one
+killed mid-save leaves `.step-N.pt.tmp-PID`, removed at the run's next start (`remove_stale_temps`).
+A damaged newest checkpoint is skipped for the newest good one (`newest_good`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
+import shutil
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.utils._pytree import tree_map
 
-from neuron_train.common.errors import UsageError
+from neuron_train.common.errors import RunError, UsageError
 
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
+_TEMP = re.compile(r"^\.step-\d{8}(\.optim-rank\d+)?\.pt\.tmp-\d+$")
+_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled magic number of old torch.save files
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -65,13 +77,30 @@ def shard_file(checkpoint: Path, rank: int) -> Path:
 
 
 def _write_atomic(final: Path, state: dict) -> None:
+    """`state` as `final`, whole or not at all: on any failure the temporary file is removed."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        torch.save({"format": FORMAT, **state}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)  # atomic: a reader sees the old set or the complete new file
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save({"format": FORMAT, **state}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)  # atomic: a reader sees the old set or the complete new file
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise RunError(_save_failed(final, exc)) from None
+        raise
+
+
+def _save_failed(final: Path, exc: OSError) -> str:
+    good = [p for p in list_checkpoints(final.parent.parent) if p != final]
+    last = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was saved before"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = shutil.disk_usage(final.parent).free / 2**20
+        return (f"no space left on {final.parent} ({free:.0f} MiB free): {final.name} was not saved; "
+                f"{last}; free some space, then continue with --resume")
+    return f"cannot write checkpoint {final}: {exc.strerror or exc}; {last}"
 
 
 def save(run_dir: Path, step: int, state: dict, keep_last: int) -> Path:
@@ -99,24 +128,40 @@ def save_shard(run_dir: Path, step: int, rank: int, state: dict) -> Path:
     return final
 
 
+def remove_stale_temps(run_dir: Path) -> list[Path]:
+    """Delete temporary files of saves that never finished (a process killed mid-save).
+
+    Call only while holding the run directory's lock: then no save of ours is in progress."""
+    d = checkpoint_dir(run_dir)
+    stale = [p for p in d.iterdir() if _TEMP.match(p.name)] if d.is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 def sharded_marker(world_size: int) -> dict:
     """What the main checkpoint holds as "optimizer" when each rank saved its own shard."""
     return {"sharded": "zero1", "world_size": world_size}
+
+
+def check_optimizer_layout(path: Path, zero1_ranks: int | None, *, zero1: bool, world_size: int) -> None:
+    """A checkpoint's optimizer state must have this run's layout (`zero1_ranks`: None if not sharded)."""
+    if (zero1_ranks is not None) != zero1:
+        how = f"with --zero1 on {zero1_ranks} ranks" if zero1_ranks else "without --zero1"
+        raise UsageError(f"{path} was saved {how}: resume it the same way (the optimizer state "
+                         "layout differs)")
+    if zero1_ranks is not None and zero1_ranks != world_size:
+        raise UsageError(f"{path} holds ZeRO-1 optimizer shards of {zero1_ranks} ranks, this run has "
+                         f"{world_size}: resume with torchrun --nproc_per_node={zero1_ranks}")
 
 
 def optimizer_state(path: Path, state: dict, *, zero1: bool, world_size: int, rank: int) -> dict:
     """The optimizer state this rank resumes from: the full one in `path`, or its ZeRO-1 shard."""
     saved = state["optimizer"]
     sharded = saved.get("sharded") == "zero1"
-    if sharded != zero1:
-        how = f"with --zero1 on {saved['world_size']} ranks" if sharded else "without --zero1"
-        raise UsageError(f"{path} was saved {how}: resume it the same way (the optimizer state "
-                         "layout differs)")
+    check_optimizer_layout(path, saved["world_size"] if sharded else None, zero1=zero1, world_size=world_size)
     if not sharded:
         return saved
-    if saved["world_size"] != world_size:
-        raise UsageError(f"{path} holds ZeRO-1 optimizer shards of {saved['world_size']} ranks, "
-                         f"this run has {world_size}: resume on {saved['world_size']} ranks")
     shard = shard_file(path, rank)
     if not shard.is_file():
         raise UsageError(f"--resume: {shard} is missing (each rank's ZeRO-1 optimizer shard is saved "
@@ -125,7 +170,10 @@ def optimizer_state(path: Path, state: dict, *, zero1: bool, world_size: int, ra
 
 
 def resolve(run_dir: Path, resume: str) -> Path:
-    """`--resume` (latest in the run dir) or `--resume FILE` -> the checkpoint file to load."""
+    """`--resume` (latest in the run dir) or `--resume FILE` -> the checkpoint file to load.
+
+    `latest` is normally made concrete before start-up (training/rundir.py picks the newest good
+    checkpoint and says which); here it is the newest by name."""
     if resume != "latest":
         path = Path(resume)
         if not path.is_file():
@@ -138,11 +186,120 @@ def resolve(run_dir: Path, resume: str) -> Path:
     return found[-1]
 
 
-def load(path: Path) -> dict:
+# ----- reading ---------------------------------------------------------------------------------
+def read(path: Path, what: str, *, mmap: bool = False) -> object:
+    """`torch.load(path, weights_only=True)` on the host; any failure is one UsageError line.
+
+    `mmap=True` maps tensors instead of reading them: a cheap look at a checkpoint's metadata."""
+    path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated/corrupt/foreign file: the user's input, said in one line
-        raise UsageError(f"cannot load checkpoint {path}: {str(exc).splitlines()[0]}") from None
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # the user's file: said in one line, whatever torch raised
+        raise UsageError(f"{what} {path}: {_why_unloadable(path, exc)}") from None
+
+
+def _why_unloadable(path: Path, exc: Exception) -> str:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(len(_LEGACY_MAGIC))
+    except OSError as err:
+        return f"cannot read it ({err.strerror})"
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", str(exc))
+    if found:  # a pickle that would call a function: never load it
+        return f"holds Python objects, not only tensors ({found[1]}): refused, loading it could run code"
+    if head.startswith(b"PK\x03\x04"):  # torch.save's zip archive
+        if not zipfile.is_zipfile(path):
+            return f"truncated ({size} bytes): the archive ends before its index (an interrupted save or copy)"
+        return "a damaged torch.save archive: " + _reason(exc)
+    if head == _LEGACY_MAGIC:
+        return "a damaged file in the old torch.save format: " + _reason(exc)
+    return "not a checkpoint or state dict (not a file written by torch.save)"
+
+
+def _reason(exc: Exception) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return type(exc).__name__ if "weights_only" in first else first
+
+
+def load(path: Path) -> dict:
+    state = read(path, "cannot load checkpoint")
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UsageError(f"{path} is not a neuron_train checkpoint (format {FORMAT})")
+        raise UsageError(f"{path} is not a neuron_train checkpoint (format {FORMAT}): to start from "
+                         "its weights, pass it as --pretrained instead of --resume")
     return state
+
+
+@dataclass
+class CheckpointInfo:
+    """What a checkpoint says about the run that saved it, read without loading its tensors."""
+
+    path: Path
+    step: int
+    global_batch: int
+    world_size: int
+    model: str
+    img_size: int
+    batch_size: int
+    grad_accum: int
+    zero1_ranks: int | None  # saved with --zero1: the ranks whose optimizer shards it holds
+
+
+def inspect(path: Path) -> CheckpointInfo:
+    # mmap only works on (complete) zip archives, the format we write; anything else is read
+    # normally so that its error message is the accurate one.
+    state = read(path, "cannot load checkpoint", mmap=zipfile.is_zipfile(path))
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        load(path)  # raises the one-line "not a neuron_train checkpoint"
+    cfg = state["config"]
+    batch, accum = cfg["train"]["batch_size"], cfg["train"]["grad_accum"]
+    optim = state["optimizer"]
+    return CheckpointInfo(path=path, step=state["position"]["step"], global_batch=state["global_batch"],
+                          world_size=state["global_batch"] // (batch * accum), model=cfg["model"]["name"],
+                          img_size=cfg["model"]["img_size"], batch_size=batch, grad_accum=accum,
+                          zero1_ranks=optim["world_size"] if optim.get("sharded") == "zero1" else None)
+
+
+def newest_good(run_dir: Path) -> tuple[CheckpointInfo | None, list[str]]:
+    """The newest checkpoint that loads, and one line per newer one skipped (truncated, damaged)."""
+    skipped: list[str] = []
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return inspect(path), skipped
+        except UsageError as exc:
+            skipped.append(str(exc))
+    return None, skipped
+
+
+def origin(state: dict) -> str:
+    """Which model a loaded file is from, for messages."""
+    cfg = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(cfg, dict):
+        return "a file without neuron_train metadata (model unknown)"
+    m = cfg["model"]
+    return f"model {m['name']} (--img-size {m['img_size']})"
+
+
+def describe_mismatch(saved: dict, own: dict) -> str | None:
+    """How a state dict differs from a model's, in one line (None: it fits exactly)."""
+    missing = [k for k in own if k not in saved]
+    unknown = [k for k in saved if k not in own]
+    reshaped = [k for k in own if k in saved and tuple(saved[k].shape) != tuple(own[k].shape)]
+    parts = [f"{len(names)} {label} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''})"
+             for label, names in (("missing", missing), ("unknown", unknown)) if names]
+    if reshaped:
+        k = reshaped[0]
+        parts.append(f"{len(reshaped)} of another shape ({k}: {list(saved[k].shape)} in the file, "
+                     f"{list(own[k].shape)} in the model)")
+    return ", ".join(parts) or None
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
+    """`model.load_state_dict(state["model"])`, a mismatch said in one line naming the file's model."""
+    mismatch = describe_mismatch(state["model"], model.state_dict())
+    if mismatch:
+        raise UsageError(f"{path} does not fit this model: {mismatch} weights; it is from "
+                         f"{origin(state)}: resume with the same --model, --img-size and classes")
+    model.load_state_dict(state["model"])

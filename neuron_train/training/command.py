@@ -1,9 +1,23 @@
-"""`neuron-train train` / `torchrun neuron_train/run.py`: parse, build, train, print the summary."""
+"""`neuron-train train` / `torchrun neuron_train/run.py`: parse, check, build, train, print the summary.
+
+Exit codes: 0 trained (or `--resume` of a finished run: nothing to do, nothing changed), 2 bad
+input (UsageError), 1 refused or failed run (RunError). Everything that can be checked without
+torch_xla is checked before it starts (training/rundir.py). Under torchrun, the error line is also
+handed to torchrun (TORCHELASTIC_ERROR_FILE), whose failure report then shows it instead of
+"To enable traceback see ..."; errors found before start-up are printed by local rank 0 only
+(every rank finds the same one).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+import time
 
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.training import rundir
 from neuron_train.training.config import add_config_arguments, config_from_args
 
 
@@ -31,7 +45,42 @@ def format_summary(s: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    try:
+        return _train(args)
+    except (UsageError, RunError) as exc:
+        _tell_torchrun(exc)
+        raise
+    finally:
+        rundir.release_unused()  # a run that wrote nothing leaves no empty directory
+
+
+def _tell_torchrun(exc: Exception) -> None:
+    """Give torchrun our one line for its failure report (the format torch's ErrorHandler writes)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    line = f"neuron-train train: {'error: ' if isinstance(exc, UsageError) else ''}{exc}"
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line,
+                                                       "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    except OSError:
+        pass  # torchrun then says less; our own line is still printed
+
+
+def _train(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+        plan = rundir.preflight(cfg)  # before torch_xla starts: refusals take seconds, not ~20 s
+    except (UsageError, RunError) as exc:
+        if os.environ.get("LOCAL_RANK", "0") != "0":  # the same line as local rank 0's: said once
+            _tell_torchrun(exc)
+            sys.exit(2 if isinstance(exc, UsageError) else 1)
+        raise
+    if plan.finished:
+        print(plan.finished, flush=True)
+        return 0
     from neuron_train.training.device import init_backend, prepare_environment
 
     cfg.train.precision = prepare_environment(cfg.train.precision)

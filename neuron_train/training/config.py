@@ -307,7 +307,14 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--config: no such file: {path}")
-    text = p.read_text()
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise UsageError(f"--config: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on "
+                         f"line {line}): save it as UTF-8") from None
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)

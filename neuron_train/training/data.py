@@ -2,11 +2,20 @@
 
 XLA compiles one graph per input shape, so every training batch has the same shape (drop_last) and
 evaluation pads its last batch to full size with a validity mask instead of sending a short one.
+
+An image folder is checked before training starts (training/rundir.py): `val/` classes are matched
+to `train/` classes by name (a class only `val/` has is refused), and every image file is checked
+cheaply (`image_problems`: not empty, a readable header, JPEG/PNG end marker present; a file
+failing the end-marker test is decoded in full to confirm). A damaged file is refused in one line
+naming it, before any run directory exists.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +83,64 @@ def _folder(path: Path, img_size: int, train: bool) -> Dataset:
     return ds
 
 
+@functools.lru_cache(maxsize=2)  # scanned once per process: checked before start-up, used after
+def _folders(root: Path, img_size: int) -> tuple[Dataset, Dataset | None]:
+    """train/ and val/ (or the root itself as train), val's labels matched to train's by name."""
+    has_split = (root / "train").is_dir()
+    train = _folder(root / "train" if has_split else root, img_size, train=True)
+    if not (root / "val").is_dir():
+        return train, None
+    val = _folder(root / "val", img_size, train=False)
+    extra = [c for c in val.classes if c not in train.class_to_idx]
+    if extra:
+        raise UsageError(f"--data-dir: {root / 'val'} has {len(extra)} class(es) that "
+                         f"{root / 'train'} lacks ({', '.join(extra[:5])}): no model can learn "
+                         "them; remove them from val/ or add training images")
+    # ImageFolder numbers the classes of each folder on its own: a val/ missing one of train's
+    # classes would shift every later label. Use train's numbering.
+    val.samples = [(p, train.class_to_idx[val.classes[y]]) for p, y in val.samples]
+    val.imgs, val.targets = val.samples, [y for _, y in val.samples]
+    val.classes, val.class_to_idx, val.num_classes = train.classes, train.class_to_idx, train.num_classes
+    return train, val
+
+
+_END_MARKERS = {"JPEG": b"\xff\xd9", "PNG": b"IEND"}
+
+
+def image_problem(path: str) -> str | None:
+    """Why an image file cannot be trained on, or None. Reads the header and the last bytes only;
+    a file without its format's end marker is decoded in full to confirm it is damaged."""
+    from PIL import Image
+
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return "empty file (0 bytes)"
+        with Image.open(path) as img:  # parses the header only
+            marker = _END_MARKERS.get(img.format)
+            if marker:
+                with open(path, "rb") as fh:
+                    fh.seek(max(0, size - 1024))
+                    if marker not in fh.read():
+                        img.load()  # the whole image: raises when the data really is cut short
+    except Image.UnidentifiedImageError:
+        return "not an image format PIL can read"
+    except Exception as exc:  # PIL raises many types; any of them means the file cannot be used
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None
+
+
+def check_images(data: Datasets, root: Path) -> None:
+    """Refuse a folder dataset holding an unreadable image, naming the first few (one line)."""
+    paths = [p for ds in (data.train, data.val) if ds is not None for p, _ in ds.samples]
+    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+        problems = [(p, why) for p, why in zip(paths, pool.map(image_problem, paths), strict=True) if why]
+    if problems:
+        shown = "; ".join(f"{os.path.relpath(p, root)}: {why}" for p, why in problems[:3])
+        raise UsageError(f"--data-dir: {len(problems)} of {len(paths)} images in {root} cannot be read "
+                         f"({shown}{'; ...' if len(problems) > 3 else ''}): remove or replace them")
+
+
 @dataclass
 class Datasets:
     train: Dataset
@@ -89,10 +156,7 @@ def build_datasets(cfg: DataConfig, img_size: int, num_classes: int, seed: int) 
         train = SyntheticDataset(cfg.synthetic_size, img_size, classes, seed)
         val = SyntheticDataset(max(256, cfg.synthetic_size // 8), img_size, classes, seed + 1)
     else:
-        root = Path(cfg.data_dir)
-        has_split = (root / "train").is_dir()
-        train = _folder(root / "train" if has_split else root, img_size, train=True)
-        val = _folder(root / "val", img_size, train=False) if (root / "val").is_dir() else None
+        train, val = _folders(Path(cfg.data_dir).resolve(), img_size)
     if num_classes and num_classes < train.num_classes:
         raise UsageError(f"--num-classes {num_classes} is smaller than the {train.num_classes} "
                          f"classes in the {cfg.dataset} dataset")

@@ -41,7 +41,7 @@ def prepare_environment(precision: str) -> str:
     return precision
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int) -> int:
     value = os.environ.get(name, str(default))
     try:
         return int(value)
@@ -159,9 +159,9 @@ def init_backend() -> Backend:
     import torch_xla
     import torch_xla.runtime as xr
 
-    world = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
+    world = env_int("WORLD_SIZE", 1)
+    rank = env_int("RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     kind = xr.device_type()
     gloo_bridge = False
     host_group = None

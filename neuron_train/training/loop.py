@@ -11,7 +11,6 @@ How it stays fast on XLA:
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import time
@@ -44,6 +43,7 @@ from neuron_train.training.metrics import MetricsWriter, Progress, median_and_sp
 from neuron_train.training.models import build_model, count_parameters
 from neuron_train.training.optim import build_optimizer, lr_at, set_lr
 from neuron_train.training.profiler import build_profiler
+from neuron_train.training.rundir import open_run_dir
 from neuron_train.training.tasks import build_task
 
 
@@ -71,24 +71,6 @@ def compile_forward(task, step_compiler: str):
     return task
 
 
-def prepare_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
-    """The run directory; refuses to mix a new run into an old one (never overwrite results)."""
-    if cfg.train.output_dir:
-        run_dir = Path(cfg.train.output_dir)
-    else:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(backend.broadcast_object(f"runs/{cfg.model.name}-{stamp}"))
-    if cfg.checkpoint.resume is None and not extracting:
-        old = [n for n in ("summary.json", "metrics.jsonl", "checkpoints") if (run_dir / n).exists()]
-        if old:
-            raise UsageError(f"{run_dir} already holds a run ({', '.join(old)}): pass --resume to "
-                             "continue it, or choose another --output-dir")
-    if backend.is_main and not extracting:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    backend.barrier()
-    return run_dir
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, backend: Backend):
         self.cfg, self.backend = cfg, backend
@@ -98,7 +80,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         random.seed(t.seed)
         xm.set_rng_state(t.seed)
-        self.run_dir = prepare_run_dir(cfg, backend, self.extracting)
+        self.run_dir = open_run_dir(cfg, backend, self.extracting)  # training/rundir.py: lock, clean-up
         self.data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, t.seed)
         model = build_model(cfg.model.name, num_classes=self.data.num_classes,
                             img_size=cfg.model.img_size, drop_path=cfg.model.drop_path,
@@ -161,7 +143,7 @@ class Trainer:
         if state["global_batch"] != self._global_batch():
             raise UsageError(f"{path} was trained with a global batch of {state['global_batch']}, "
                              f"this run has {self._global_batch()}: the data position would not match")
-        self.model.load_state_dict(state["model"])
+        ckpt.load_model_state(self.model, state, path)  # a mismatch is one line naming the model
         self.optimizer.load_state_dict(ckpt.optimizer_state(
             path, state, zero1=self.cfg.optim.zero1, world_size=self.backend.world_size,
             rank=self.backend.rank))
@@ -376,7 +358,7 @@ class Trainer:
         }
         if self.writes:
             write_json_atomic(self.run_dir / "summary.json", summary)
-            (self.run_dir / "graphs.json").write_text(json.dumps(graphs, indent=2, default=str))
+            write_json_atomic(self.run_dir / "graphs.json", graphs)
             self.metrics.close()
         return summary
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from neuron_train.common.errors import UsageError
+from neuron_train.training.checkpoint import describe_mismatch, origin, read
 
 # Small ViTs that train in minutes on a CPU; on Neuron use full timm names (vit_base_patch16_224).
 PRESETS: dict[str, dict] = {
@@ -22,15 +23,26 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def check_model_name(name: str) -> str:
+    """The timm model behind `name` (a preset or a timm name); an unknown name is one line.
+
+    Cheap (no model is built): the training command calls it before torch_xla starts."""
+    import timm
+
+    timm_name = PRESETS.get(name, {"model": name})["model"]
+    if not timm.is_model(timm_name):
+        raise UsageError(f"unknown model '{name}': not a preset ({', '.join(PRESETS)}) nor a timm "
+                         "model (see timm.list_models())")
+    return timm_name
+
+
 def create_model(name: str, *, num_classes: int, img_size: int, drop_path: float = 0.0) -> torch.nn.Module:
     """Build `name` (a preset or any timm model) with random weights."""
     import timm
 
     kwargs = dict(PRESETS.get(name, {"model": name}))
-    timm_name = kwargs.pop("model")
-    if not timm.is_model(timm_name):
-        raise UsageError(f"unknown model '{name}': not a preset ({', '.join(PRESETS)}) nor a timm "
-                         "model (see timm.list_models())")
+    kwargs.pop("model")
+    timm_name = check_model_name(name)
     kwargs.update(num_classes=num_classes, drop_path_rate=drop_path)
     try:
         return timm.create_model(timm_name, pretrained=False, img_size=img_size, **kwargs)
@@ -41,43 +53,53 @@ def create_model(name: str, *, num_classes: int, img_size: int, drop_path: float
     return timm.create_model(timm_name, pretrained=False, **kwargs)
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Model weights from a file: our checkpoint, a plain state dict, or safetensors."""
-    path = Path(path)
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+def _weights_file(path: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """A file's state dict and where it is from: our checkpoint, a plain state dict, or safetensors."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
 
-            return load_file(str(path))
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # any unreadable file is the user's input problem, said in one line
-        raise UsageError(f"cannot read weights from {path}: {str(exc).splitlines()[0]}") from None
+        try:
+            return load_file(str(path)), "a safetensors file"
+        except Exception as exc:  # any unreadable file is the user's input problem, said in one line
+            raise UsageError(f"cannot read weights from {path}: not a complete safetensors file "
+                             f"({str(exc).splitlines()[0]})") from None
+    obj = read(path, "cannot read weights from")
+    where = origin(obj)
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
         obj = obj["model"]                      # one of our checkpoints
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise UsageError(f"{path} holds no state dict of tensors")
-    return obj
+    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise UsageError(f"{path} is not a checkpoint or state dict: it holds no mapping of names "
+                         "to tensors")
+    return obj, where
 
 
-def load_weights(model: torch.nn.Module, path: str | Path) -> list[str]:
-    """Load matching weights; return the names skipped for a shape mismatch (e.g. a new head)."""
-    state = read_state_dict(path)
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Model weights from a file: our checkpoint, a plain state dict, or safetensors."""
+    return _weights_file(Path(path))[0]
+
+
+def load_weights(model: torch.nn.Module, path: str | Path) -> tuple[list[str], str]:
+    """Load matching weights; return the model's names left at random init (e.g. a new head) and
+    where the file is from."""
+    state, where = _weights_file(Path(path))
     own = model.state_dict()
-    skipped = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
-    usable = {k: v for k, v in state.items() if k in own and k not in skipped}
+    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     if not usable:
-        raise UsageError(f"{path}: no weight matches the model's parameters")
+        raise UsageError(f"{path}: no weight matches this model's parameters ({describe_mismatch(state, own)}); "
+                         f"the file is from {where}")
     model.load_state_dict(usable, strict=False)
-    return skipped
+    return [k for k in own if k not in usable], where
 
 
 def build_model(name: str, *, num_classes: int, img_size: int, drop_path: float = 0.0,
                 pretrained: str | None = None) -> torch.nn.Module:
     model = create_model(name, num_classes=num_classes, img_size=img_size, drop_path=drop_path)
     if pretrained:
-        skipped = load_weights(model, pretrained)
+        skipped, where = load_weights(model, pretrained)
         if skipped:
-            print(f"note: {pretrained}: left at random init (shape differs): {', '.join(skipped)}")
+            print(f"note: {pretrained} ({where}): {len(skipped)} of this model's {len(model.state_dict())} "
+                  f"weights are not in the file or of another shape, left at random init: "
+                  f"{', '.join(skipped[:4])}{', ...' if len(skipped) > 4 else ''}")
     return model
 
 
