@@ -106,7 +106,7 @@ def test_the_package_follows_its_dependency_rules():
     ({"neuron_train.training.data": {"neuron_train.training.loop"}}, "import circle"),
     ({"neuron_train.training.loop": {"neuron_train.precompile.command"}}, "imports the command module"),
     ({"neuron_train.common.fileio": {"neuron_train.training.config"}}, "(common) imports"),
-    ({"neuron_train.graphs.core": {"neuron_train.training.config"}}, "(the checker) imports"),
+    ({"neuron_train.graphs.analyzer": {"neuron_train.training.config"}}, "(the checker) imports"),
     ({"neuron_train.training.loop": {"neuron_train.precompile.store"}}, "use the hook objects only"),
 ])
 def test_each_rule_catches_a_planted_violation(planted, expected):

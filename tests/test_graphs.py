@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env
 
-from neuron_train.graphs import core, hlo_diff
+from neuron_train.graphs import hlo_diff, records
+from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, internal_file_predicate, parse_debug_log
 
 FIXTURES = ROOT / "tests" / "fixtures" / "graphs"
@@ -68,12 +69,12 @@ def test_clean_script_is_stable(clean_run):
 
 
 RECOMPILES = [
-    ("ragged_batch.py", core.NEW_INPUT_SHAPE, "TO_DEVICE", "f32[8,4] -> f32[6,4]"),
-    ("nonzero.py", core.DATA_DEPENDENT, "NONZERO", "aten::nonzero ran on the CPU"),
-    ("masked_index.py", core.DATA_DEPENDENT, "MASK", "aten::nonzero ran on the CPU"),
-    ("slice_length.py", core.GRAPH_STRUCTURE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
-    ("lr_special_scalar.py", core.NEW_CONSTANT, "STEP", "['lr'] = 1.0"),
-    ("eval_batch_size.py", core.NEW_INPUT_SHAPE, "EVAL_TO_DEVICE", "f32[6,4] -> f32[4,4]"),
+    ("ragged_batch.py", records.NEW_INPUT_SHAPE, "TO_DEVICE", "f32[8,4] -> f32[6,4]"),
+    ("nonzero.py", records.DATA_DEPENDENT, "NONZERO", "aten::nonzero ran on the CPU"),
+    ("masked_index.py", records.DATA_DEPENDENT, "MASK", "aten::nonzero ran on the CPU"),
+    ("slice_length.py", records.GRAPH_STRUCTURE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
+    ("lr_special_scalar.py", records.NEW_CONSTANT, "STEP", "['lr'] = 1.0"),
+    ("eval_batch_size.py", records.NEW_INPUT_SHAPE, "EVAL_TO_DEVICE", "f32[6,4] -> f32[4,4]"),
 ]
 
 
@@ -90,8 +91,8 @@ def test_recompilation_is_reported_with_cause_and_line(tmp_path, script, cause, 
 
 
 HOST_SYNCS = [
-    ("item_before_sync.py", core.HOST_ACCESS, "ITEM", ".item()"),
-    ("if_on_tensor.py", core.VALUE_BRANCH, "IF", "Python if/bool() on a tensor"),
+    ("item_before_sync.py", records.HOST_ACCESS, "ITEM", ".item()"),
+    ("if_on_tensor.py", records.VALUE_BRANCH, "IF", "Python if/bool() on a tensor"),
 ]
 
 
@@ -111,12 +112,12 @@ def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     """The first evaluation is a late graph; its ragged last batch is a recompilation."""
     _, report, _ = check_script(tmp_path, "eval_batch_size.py")
     [late] = report["late_graphs"]
-    assert late["cause"] == core.NEW_CALL_SITE and late["where"] == line_of("eval_batch_size.py", "EVAL_SYNC")
+    assert late["cause"] == records.NEW_CALL_SITE and late["where"] == line_of("eval_batch_size.py", "EVAL_SYNC")
     [ragged] = report["recompiles"]  # the ragged last eval batch, apart from the late graph
-    assert ragged["hash"] != late["hash"] and ragged["cause"] == core.NEW_INPUT_SHAPE
+    assert ragged["hash"] != late["hash"] and ragged["cause"] == records.NEW_INPUT_SHAPE
     assert ragged["where"] == line_of("eval_batch_size.py", "EVAL_TO_DEVICE")
     reads = [h for h in report["host_syncs"] if not h["executes_graph"]]
-    assert reads and reads[0]["cause"] == core.HOST_READ and not reads[0]["every_step"]
+    assert reads and reads[0]["cause"] == records.HOST_READ and not reads[0]["every_step"]
 
 
 def test_warmup_and_max_graphs(tmp_path):
@@ -210,7 +211,7 @@ def test_graph_watch_summary_and_hash_stability(clean_run):
 def test_graph_watch_fails_at_the_first_recompilation():
     proc = run_watch("fail")
     assert proc.returncode == 1
-    assert (f"recompilation after warm-up at step 2 (train): {core.NEW_INPUT_SHAPE} at "
+    assert (f"recompilation after warm-up at step 2 (train): {records.NEW_INPUT_SHAPE} at "
             f"{line_of('watch_api.py', 'TRAIN_BATCH')}") in proc.stderr
 
 
@@ -221,7 +222,7 @@ def test_assert_graph_stable_in_a_users_test():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
     line = line_of("user_step_check.py", "USER_BATCH").rpartition("/")[2]  # printed relative to cwd
-    assert f"step 4 (test): {core.NEW_INPUT_SHAPE} at {line}" in proc.stdout
+    assert f"step 4 (test): {records.NEW_INPUT_SHAPE} at {line}" in proc.stdout
 
 
 # ----- parsers, on recorded torch_xla output --------------------------------------------------
@@ -290,8 +291,8 @@ def test_hlo_same_graph_is_unknown():
 
 
 # ----- classification (pure) ------------------------------------------------------------------
-def window(step: int, *events: XlaEvent, phase: str = "train") -> core.Window:
-    return core.Window(step=step, is_step=True, events=[(e, phase) for e in events],
+def window(step: int, *events: XlaEvent, phase: str = "train") -> records.Window:
+    return records.Window(step=step, is_step=True, events=[(e, phase) for e in events],
                          unlogged_compiles=0, compile_times=[], hlo={}, reads=[], fallbacks={},
                          scalar_reads=0, scalars=[], phase=phase)
 
@@ -302,14 +303,14 @@ def sync_event(kind: str, graph_hash: str, line: int) -> XlaEvent:
 
 
 def test_analyzer_late_graph_then_recompilation():
-    analyzer = core.Analyzer(warmup_steps=1, is_internal=internal_file_predicate(("/lib/",)))
+    analyzer = Analyzer(warmup_steps=1, is_internal=internal_file_predicate(("/lib/",)))
     assert analyzer.observe(window(1, sync_event("compile", "a", 10), sync_event("execute", "a", 10))) == []
     assert analyzer.observe(window(2, sync_event("execute", "a", 10))) == []
     late = analyzer.observe(window(3, sync_event("compile", "e", 20), sync_event("execute", "e", 20),
                                    phase="eval"))
-    assert late == [] and analyzer.graphs["e"]["kind"] == "late"
+    assert late == [] and analyzer.graphs["e"].kind == "late"
     [again] = analyzer.observe(window(4, sync_event("compile", "b", 10)))
-    assert (again["kind"], again["cause"], again["where"]) == ("recompile", core.UNKNOWN, "/u/t.py:10")
+    assert (again.kind, again.cause, again.where) == ("recompile", records.UNKNOWN, "/u/t.py:10")
     summary = analyzer.summary()
     assert not summary["stable"] and summary["distinct_graphs"] == 3
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-# Tensor method -> the kind of host read it is (graphs.HOST_READS).
+# Tensor method -> the kind of host read it is (records.HOST_READS).
 _READS = {"item": "item", "tolist": "tolist", "__bool__": "bool", "__repr__": "print",
           "__format__": "print", "cpu": "cpu", "numpy": "numpy", "__float__": "float", "__int__": "int"}
 _CLOSURE_FILES = (os.path.join("torch_xla", "utils", "closures.py"),)

@@ -1,6 +1,6 @@
 """Imported by Python at start-up in every process `neuron-train check-graphs` runs.
 
-Arms the graph checker (neuron_train.graphs.core.arm_process) when check-graphs asked for it, then
+Arms the graph checker (neuron_train.graphs.recorder.arm_process) when check-graphs asked for it, then
 runs the `sitecustomize` this one shadows, if the environment has one.
 """
 
@@ -16,11 +16,11 @@ def _arm() -> None:
     if not os.environ.get("NEURON_TRAIN_GRAPHS_DIR"):
         return
     try:
-        from neuron_train.graphs import core
+        from neuron_train.graphs import recorder
     except ImportError:  # another interpreter than the one neuron_train is installed in
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
-        from neuron_train.graphs import core
-    core.arm_process()
+        from neuron_train.graphs import recorder
+    recorder.arm_process()
 
 
 def _run_shadowed() -> None:

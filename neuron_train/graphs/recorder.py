@@ -1,0 +1,257 @@
+"""One process's recorder: reads the PT_XLA_DEBUG log, the HLO dump, the counters and the hooks' notes
+into step windows for the analyzer; check-graphs' entry in each process it runs.
+
+Sources, all from torch_xla itself:
+- `PT_XLA_DEBUG_LEVEL` analysis blocks (log.py): one per compile (level 1) and per graph execution
+  (level 2), with the graph hash, the cause (a sync, or a host read before the sync) and the
+  Python frames. The hash is the compile-cache key: stable across processes.
+- XLA's HLO dump of each compiled graph (hlo_diff.py): what changed when a call site compiles again.
+- Counters: `UncachedCompile`, `CompileTime`, `aten::*` CPU fallbacks, `aten::_local_scalar_dense`.
+- Hooks (hooks.py): step boundaries, host reads of tensor values, optimizer scalars 0/1.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from neuron_train.graphs import hlo_diff, hooks
+from neuron_train.graphs.analyzer import Analyzer
+from neuron_train.graphs.log import Frame, XlaEvent, parse_debug_log
+from neuron_train.graphs.process import (
+    ENV_DIR,
+    ENV_WARMUP,
+    RECORD_PREFIX,
+    DebugFiles,
+    internal_predicate,
+    prepare_process,
+)
+from neuron_train.graphs.records import SCALAR_READ, Graph, HostRead, Window
+
+LINES_AFTER_NEW_GRAPH = 3  # steps traced with Python lines after a graph compiled past the warm-up
+
+
+class Recorder:
+    """Collects one process's step windows from the log, the HLO dump, the counters and the hooks."""
+
+    def __init__(self, files: DebugFiles, warmup_steps: int, phase: str = "main"):
+        import torch_xla
+
+        self._xlac = torch_xla._XLAC
+        self.files = files
+        self.analyzer = Analyzer(warmup_steps, internal_predicate(), hlo=_HLO)
+        self.current_phase = phase
+        self._window_phase = phase
+        self._marks: list[tuple[int, str]] = []
+        self._offset = max(files.start, self.log_size())  # what ran before this recorder is not ours
+        self._log = None
+        self._reads: list[HostRead] = []
+        self._scalars: list[dict] = []
+        self._compiles = self._counter("UncachedCompile")
+        self._compile_ns0 = self._compile_ns()
+        self._compiles0 = self._compiles
+        self._fallback_counts = self._fallback_counters()
+        self.lines = False          # hooks.install: trace ops with their Python line
+        self.loop_steps = False     # True once a GraphWatch numbers the steps
+        self.sync_steps = 0         # syncs that ran a graph (the step count of a foreign script)
+        self._lock = threading.RLock()
+
+    def take_over_steps(self) -> None:
+        """Our loop numbers the steps from now on; syncs before it (set-up) were not steps."""
+        with self._lock:
+            if not self.loop_steps:
+                self.loop_steps = True
+                self.analyzer.steps = 0
+                self.phase("train")
+
+    # -- inputs from the hooks and the loop --
+    def phase(self, name: str) -> None:
+        with self._lock:
+            self._marks.append((self.log_size(), name))
+            self.current_phase = name
+
+    def note_read(self, kind: str, where: str) -> None:
+        with self._lock:
+            self._reads.append(HostRead(kind, where, self.current_phase))
+
+    def note_scalar(self, change: dict) -> None:
+        with self._lock:
+            self._scalars.append(change)
+
+    def log_size(self) -> int:
+        try:
+            return os.stat(self.files.log).st_size
+        except FileNotFoundError:
+            return 0
+
+    def step_end(self, step: int | None, is_step: bool = True) -> list[Graph]:
+        with self._lock:
+            found = self.analyzer.observe(self._window(step, is_step))
+            if self.lines:
+                # Python lines on every traced op cost ~20% of tracing time: pay it while graphs
+                # change (the warm-up, and a few steps after any later new graph), not in a stable run.
+                a = self.analyzer
+                changing = a.last_new_graph and a.steps - a.last_new_graph < LINES_AFTER_NEW_GRAPH
+                self._xlac._set_ir_debug(a.steps < a.warmup_steps or bool(changing))
+            return found
+
+    def summary(self, max_graphs: int | None = None) -> dict:
+        """Everything so far (events after the last step end count as a trailing window)."""
+        with self._lock:
+            self.analyzer.observe(self._window(None, False))
+            out = self.analyzer.summary(max_graphs)
+            out["compile_count"] = self._compiles - self._compiles0
+            out["compile_time_s"] = (self._compile_ns() - self._compile_ns0) / 1e9
+            return out
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # -- reading the sources --
+    def _window(self, step: int | None, is_step: bool) -> Window:
+        events = self._read_events()
+        compiles = self._counter("UncachedCompile")
+        new = compiles - self._compiles
+        self._compiles = compiles
+        logged = [i for i, (e, _) in enumerate(events) if e.kind == "compile"]
+        hlo = {i: s for i in logged if (s := compiled_hlo(self.files.hlo_dir, events[i][0])) is not None}
+        fallbacks, scalar_reads = self._fallback_delta()
+        reads, self._reads = self._reads, []
+        scalars, self._scalars = self._scalars, []
+        return Window(step=step, is_step=is_step, events=events,
+                      unlogged_compiles=max(0, new - len(logged)), compile_times=self._compile_times(new),
+                      hlo=hlo, reads=reads, fallbacks=fallbacks, scalar_reads=scalar_reads,
+                      scalars=scalars, phase=self.current_phase)
+
+    def _read_events(self) -> list[tuple[XlaEvent, str]]:
+        if self._log is None:
+            try:
+                self._log = open(self.files.log, "rb")  # kept open: read a little every step
+            except FileNotFoundError:
+                return []
+        self._log.seek(self._offset)
+        # latin-1 maps each byte to one character, so text offsets are file offsets
+        text = self._log.read().decode("latin-1")
+        events, used = parse_debug_log(text)
+        start = self._offset
+        self._offset += used
+        out = []
+        phase = self._window_phase
+        for event in events:
+            while self._marks and self._marks[0][0] <= start + event.offset:
+                phase = self._marks.pop(0)[1]
+            event.frames = [_utf8(frame) for frame in event.frames]
+            out.append((event, phase))
+        while self._marks and self._marks[0][0] <= self._offset:
+            phase = self._marks.pop(0)[1]
+        self._window_phase = phase
+        return out
+
+    def _counter(self, name: str) -> int:
+        return self._xlac._xla_counter_value(name) or 0
+
+    def _compile_ns(self) -> int:
+        data = self._xlac._xla_metric_data("CompileTime")
+        return int(data[1]) if data else 0
+
+    def _compile_times(self, new: int) -> list[float | None]:
+        if new <= 0:
+            return []
+        data = self._xlac._xla_metric_data("CompileTime")
+        samples = list(data[2])[-new:] if data else []
+        return [v / 1e9 for _, v in samples] + [None] * (new - len(samples))
+
+    def _fallback_counters(self) -> dict[str, int]:
+        return {op: self._counter(op) for op in self._xlac._get_executed_fallback_ops()}
+
+    def _fallback_delta(self) -> tuple[dict[str, int], int]:
+        now = self._fallback_counters()
+        delta = {op: n - self._fallback_counts.get(op, 0) for op, n in now.items()}
+        self._fallback_counts = now
+        scalar = delta.pop(SCALAR_READ, 0)
+        return {op: n for op, n in delta.items() if n > 0}, scalar
+
+
+_HLO: dict[str, hlo_diff.HloSummary] = {}  # graph hash -> its HLO, for every watch in the process
+_HLO_READ: set[str] = set()
+_HLO_LOCK = threading.Lock()
+
+
+def compiled_hlo(folder: Path | None, event: XlaEvent) -> hlo_diff.HloSummary | None:
+    """The dumped HLO of a compile: the oldest unread module whose inputs match the event's.
+
+    XLA numbers the modules in compile order; the files are read once (and deleted: the CPU backend
+    dumps much more than we need), so graphs are kept by hash for every watch in this process.
+    """
+    with _HLO_LOCK:
+        if event.graph_hash in _HLO:
+            return _HLO[event.graph_hash]
+        if folder is None or not folder.is_dir():
+            return None
+        for path in sorted(folder.glob("module_*.before_optimizations.txt")):
+            if path.name in _HLO_READ:
+                continue
+            _HLO_READ.add(path.name)
+            summary = hlo_diff.summarize_hlo(path.read_text(errors="replace"))
+            for other in folder.glob(path.name.split(".", 1)[0] + ".*"):
+                other.unlink(missing_ok=True)
+            if len(summary.params) == event.inputs:
+                _HLO[event.graph_hash] = summary
+                return summary
+        return None
+
+
+def _utf8(frame: Frame) -> Frame:
+    """Undo the latin-1 reading for file names that are not ASCII."""
+    if frame.file.isascii():
+        return frame
+    return Frame(frame.function, frame.file.encode("latin-1").decode("utf-8", "replace"), frame.line)
+
+
+_RECORDER: Recorder | None = None
+
+
+def process_recorder(warmup_steps: int, check: bool) -> Recorder:
+    """This process's recorder: created by check-graphs' instrumentation or by the first watch."""
+    global _RECORDER
+    if _RECORDER is None:
+        files = prepare_process(check)
+        _RECORDER = Recorder(files, warmup_steps, phase="train")
+        if check:
+            hooks.install(_RECORDER)
+    return _RECORDER
+
+
+def start_instrumented_process() -> Recorder:
+    """check-graphs' entry in each process, right after torch_xla is imported."""
+    global _RECORDER
+    files = prepare_process(check=True)
+    _RECORDER = Recorder(files, int(os.environ.get(ENV_WARMUP, "2")), phase="main")
+    hooks.install(_RECORDER, count_syncs=True)
+    atexit.register(write_record, _RECORDER, Path(os.environ[ENV_DIR]))
+    return _RECORDER
+
+
+def write_record(recorder: Recorder, folder: Path) -> None:
+    """One process's summary for check-graphs to merge (atomic: temp file + rename)."""
+    record = {"pid": os.getpid(), "argv": sys.argv, "rank": os.environ.get("RANK"),
+              "local_rank": os.environ.get("LOCAL_RANK"), **recorder.summary()}
+    path = folder / f"{RECORD_PREFIX}{os.getpid()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, default=str))
+    os.replace(tmp, path)
+
+
+def arm_process() -> None:
+    """check-graphs, at interpreter start: set torch_xla's debug variables now, hook in on import."""
+    prepare_process(check=True)
+    if "torch_xla" in sys.modules:
+        start_instrumented_process()
+    else:
+        sys.meta_path.insert(0, hooks.AfterImport("torch_xla", lambda _: start_instrumented_process()))

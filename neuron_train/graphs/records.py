@@ -1,0 +1,88 @@
+"""The checker's vocabulary: causes, their fixes, and the typed records that cross its modules.
+
+A *window* is everything one process did between two step ends (log events, compiles the counters
+saw, host reads, CPU fallbacks); the analyzer turns windows into `Graph` records. A report's JSON
+keeps each graph's fields by name (`dataclasses.asdict`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_train.graphs import hlo_diff
+from neuron_train.graphs.log import XlaEvent
+
+WARMUP = "warm-up"
+NEW_CALL_SITE = "new call site"
+HOST_ACCESS = "host access before sync"
+VALUE_BRANCH = "value-dependent control flow"
+DATA_DEPENDENT = "data-dependent shape"
+HOST_READ = "host read after the sync"       # a copy that waits for the device; no extra graph
+NEW_INPUT_SHAPE = hlo_diff.NEW_INPUT_SHAPE
+NEW_CONSTANT = hlo_diff.NEW_CONSTANT
+GRAPH_STRUCTURE = hlo_diff.GRAPH_STRUCTURE
+UNKNOWN = hlo_diff.UNKNOWN
+
+FIXES = {
+    NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
+    HOST_ACCESS: "read values after the step's sync, in xm.add_step_closure(...)",
+    VALUE_BRANCH: "compute both branches and pick with torch.where instead of a Python `if` on a tensor",
+    DATA_DEPENDENT: "keep shapes static: mask (torch.where, multiply by a 0/1 mask) instead of "
+                    "nonzero() or boolean indexing",
+    NEW_INPUT_SHAPE: "give every batch the same shape: drop_last=True, or pad/bucket to fixed sizes",
+    NEW_CONSTANT: "avoid the exact values 0 and 1 for Python scalars that change (start a warm-up "
+                  "above 0, or pass the value as a device tensor)",
+    GRAPH_STRUCTURE: "make slice and loop lengths fixed (pad to the maximum length and mask)",
+    HOST_READ: "fine once in a while; in every step, move it into xm.add_step_closure(...)",
+    UNKNOWN: "run `neuron-train check-graphs -- COMMAND` for the cause",
+}
+
+# Host reads recorded by the hooks: kind -> how the report names it.
+HOST_READS = {"item": ".item()", "bool": "Python if/bool() on a tensor", "print": "printing a tensor",
+              "tolist": ".tolist()", "cpu": ".cpu()", "numpy": ".numpy()", "float": "float()",
+              "int": "int()", "value": "a tensor value read", "fallback": "a CPU fallback op"}
+READ_CAUSES = {"bool": VALUE_BRANCH, "fallback": DATA_DEPENDENT}
+SCALAR_READ = "aten::_local_scalar_dense"  # a host read of one value, counted like a fallback op
+
+
+@dataclass
+class HostRead:
+    kind: str        # a HOST_READS key
+    where: str       # the innermost user line
+    phase: str
+
+
+@dataclass
+class Window:
+    """Everything that happened between two step ends (or after the last one)."""
+
+    step: int | None                          # the step label; None: after the last step
+    is_step: bool
+    events: list[tuple[XlaEvent, str]]        # (event, phase)
+    unlogged_compiles: int                    # compiles the counters saw and the log did not
+    compile_times: list[float | None]         # seconds, per compile, log order
+    hlo: dict[int, hlo_diff.HloSummary]       # index into events -> the compiled graph
+    reads: list[HostRead]
+    fallbacks: dict[str, int]                 # CPU fallback op -> new executions
+    scalar_reads: int                         # new aten::_local_scalar_dense
+    scalars: list[dict]                       # optimizer scalars that became / stopped being 0 or 1
+    phase: str
+
+
+@dataclass
+class Graph:
+    """One distinct graph a process compiled (docs/graphs.md lists the fields of the JSON report)."""
+
+    hash: str                      # torch_xla's graph hash (the compile-cache key); "" when unlogged
+    phase: str                     # the phase label when it compiled ('main' in a foreign script)
+    step: int | None               # the step it compiled in
+    compile_time_s: float | None
+    kind: str                      # "warmup" | "late" | "recompile"
+    cause: str                     # one of the causes above
+    detail: str                    # what changed (from the HLO diff), or why nothing is known
+    where: str                     # the line to fix: file:line ("" when unknown)
+    trigger: str                   # "sync" | "host access" | "dynamo" | ""
+    site: list[str]                # the user frames that ran it, innermost first
+    inputs: int                    # graph inputs and outputs (-1: unknown)
+    outputs: int
+    executions: int = 0            # how often it ran (filled in by the summary)
