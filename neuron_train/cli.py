@@ -2,6 +2,8 @@
 
 Each subcommand module exposes `configure_parser(parser)` and `main(args) -> int`. Modules are
 imported only for the subcommand that runs, so `neuron-train --help` does not pay for torch_xla.
+A usage error is one line and exit 2 (`CommandParser`), as is a `UsageError`; a `RunError` is one
+line and exit 1.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+from neuron_train.common.cli_parser import CommandParser
 from neuron_train.common.errors import RunError, UsageError
 
 # name -> (module, one-line help). The order is the order a user meets them.
@@ -25,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="neuron-train",
         description="Train vision models on AWS Trainium/Inferentia2 via PyTorch/XLA "
         "(CPU XLA device when no Neuron device is present).",
@@ -37,6 +40,23 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit code when argparse ends the command: --help (0), or a
+    usage error it has printed in one line (2)."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        return _exit_code(exc)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The exit status `sys.exit(code)` would give (a message is printed, as Python would)."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
@@ -44,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:
             parser.print_help()
             return 2
-        parser.parse_args(argv)  # prints usage for -h, or an error naming the bad command
-        return 2
+        code = _parse(parser, argv)  # help for -h, or one line naming the unknown command
+        return code if isinstance(code, int) else 2
     name, rest = argv[0], argv[1:]
     module = importlib.import_module(COMMANDS[name][0])
-    parser = argparse.ArgumentParser(prog=f"neuron-train {name}", description=COMMANDS[name][1])
+    parser = CommandParser(prog=f"neuron-train {name}", description=COMMANDS[name][1])
     module.configure_parser(parser)
-    args = parser.parse_args(rest)
+    args = _parse(parser, rest)
+    if isinstance(args, int):
+        return args
     try:
         return int(module.main(args) or 0)
     except UsageError as exc:
@@ -59,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         print(f"neuron-train {name}: {exc}", file=sys.stderr)
         return 1
+    except SystemExit as exc:  # e.g. a command's own parser (precompile's TRAIN_ARGS) printed its one line
+        return _exit_code(exc)
     except KeyboardInterrupt:
         print(f"neuron-train {name}: interrupted", file=sys.stderr)
         return 130

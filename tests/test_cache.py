@@ -22,6 +22,7 @@ from conftest import ROOT, cpu_env
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.precompile import archive, maintenance, store
+from neuron_train.precompile.manifest import ConfigRecord, FileRecord, GraphRecord, Manifest, entry_of
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
 VERSION_DIR = "neuronxcc-2.0.0.22266a0+a69f71e55"  # as in the Neuron docs' log lines
@@ -51,10 +52,10 @@ def xla_entry(cache: Path, name: str, size: int = 1500) -> Path:
     return f
 
 
-def add_config(cache: Path, fp: str, config: dict, graphs: dict) -> None:
-    def add(m):
-        m["configs"][fp] = {"config": config, "graphs": graphs, "precompile_ids": ["t"],
-                            "updated": store.utc_now(), "host": "test"}
+def add_config(cache: Path, fp: str, config: dict, graphs: dict[str, GraphRecord]) -> None:
+    def add(m: Manifest) -> None:
+        m.configs[fp] = ConfigRecord(config=config, graphs=graphs, precompile_ids=["t"], updated=store.utc_now(),
+                                     host="test")
     store.update_manifest(cache, add)
 
 
@@ -69,7 +70,7 @@ def cache(tmp_path) -> Path:
     neuron_entry(c, "MODULE_3000743782456078279+abb26765", "incomplete")
     xla_entry(c, "67939951107342009493273238831484768838")
     xla_entry(c, "123116424461872025944304137096563822046", size=4000)
-    add_config(c, "aaaaaaaaaaaaaaaa", CONFIG, {"h1": {"phase": "train", "step": 0}})
+    add_config(c, "aaaaaaaaaaaaaaaa", CONFIG, {"h1": GraphRecord(phase="train", step=0)})
     assert len(store.record_entries(c, "aaaaaaaaaaaaaaaa")) == 4
     return c
 
@@ -95,14 +96,14 @@ def test_scan_classifies_the_neuron_layout_and_xla_files(cache):
 
 
 def test_only_finished_entries_are_recorded(cache):
-    files = store.load_manifest(cache)["files"]
-    entries = {store.entry_of(f) for f in files}
+    files = store.load_manifest(cache).files
+    entries = {entry_of(f) for f in files}
     assert entries == {f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765",
                        f"{VERSION_DIR}/MODULE_8068656800389078395+abb26765",
                        "xla/67939951107342009493273238831484768838",
                        "xla/123116424461872025944304137096563822046"}
     rec = files[f"{VERSION_DIR}/MODULE_9219523464496887986+abb26765/model.neff"]
-    assert rec["recorded_by"] == "aaaaaaaaaaaaaaaa" and len(rec["sha256"]) == 64
+    assert rec.recorded_by == "aaaaaaaaaaaaaaaa" and len(rec.sha256) == 64
     assert store.record_entries(cache, "bbbb") == []  # nothing new: records are not overwritten
 
 
@@ -159,7 +160,7 @@ def test_cli_verify_exit_codes_and_quarantine(cache):
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     moved = list((cache / maintenance.QUARANTINE_DIR).glob(f"*/{VERSION_DIR}/MODULE_8068656800389078395+abb26765/model.neff"))
     assert len(moved) == 1 and moved[0].read_bytes() == b"tampered"  # moved aside, not deleted
-    assert store.load_manifest(cache)["configs"]["aaaaaaaaaaaaaaaa"]["pruned_files"] == 4  # no longer warm
+    assert store.load_manifest(cache).configs["aaaaaaaaaaaaaaaa"].pruned_files == 4  # no longer warm
     assert cli("verify", "--cache-dir", str(cache)).returncode == 0
 
 
@@ -216,8 +217,8 @@ def test_prune_deletes_oldest_and_marks_the_configuration(cache):
     assert proc.returncode == 0, proc.stderr
     assert not old.exists()
     m = store.load_manifest(cache)
-    assert "xla/67939951107342009493273238831484768838" not in m["files"]
-    assert m["configs"]["aaaaaaaaaaaaaaaa"]["pruned_files"] == 1
+    assert "xla/67939951107342009493273238831484768838" not in m.files
+    assert m.configs["aaaaaaaaaaaaaaaa"].pruned_files == 1
     assert [f for f in maintenance.verify(cache) if f.problem in ("missing", "corrupt")] == []
 
 
@@ -259,9 +260,9 @@ def test_pack_unpack_round_trip(cache, tmp_path):
     out = cli("unpack", "--cache-dir", str(other), str(archive))
     assert out.returncode == 0, out.stderr
     src, dst = store.load_manifest(cache), store.load_manifest(other)
-    assert dst["configs"].keys() == src["configs"].keys()
-    assert dst["files"] == src["files"]
-    for rel in src["files"]:
+    assert dst.configs.keys() == src.configs.keys()
+    assert dst.files == src.files
+    for rel in src.files:
         assert (other / rel).read_bytes() == (cache / rel).read_bytes()
     assert cli("verify", "--cache-dir", str(other)).returncode == 0
     again = cli("unpack", "--cache-dir", str(other), str(archive))  # identical files: nothing to do
@@ -341,10 +342,10 @@ def test_cache_list_shows_size_entries_age_and_configurations(cache):
 
 def _writer(cache: str, who: int, rounds: int) -> None:
     for i in range(rounds):
-        def add(m, i=i):
-            rec = m["configs"].setdefault(f"config{who}", {"config": {"who": who}, "graphs": {}})
-            rec["graphs"][f"g{i}"] = {"phase": "train", "step": i}
-            m["files"][f"xla/{who}-{i}"] = {"sha256": "0" * 64, "size": i}
+        def add(m: Manifest, i: int = i) -> None:
+            rec = m.configs.setdefault(f"config{who}", ConfigRecord(config={"who": who}))
+            rec.graphs[f"g{i}"] = GraphRecord(phase="train", step=i)
+            m.files[f"xla/{who}-{i}"] = FileRecord(sha256="0" * 64, size=i, recorded="t", recorded_by=f"config{who}")
         store.update_manifest(Path(cache), add)
 
 
@@ -358,6 +359,6 @@ def test_concurrent_manifest_updates_lose_nothing(tmp_path):
         p.join(120)
         assert p.exitcode == 0
     m = store.load_manifest(tmp_path)
-    assert all(len(m["configs"][f"config{w}"]["graphs"]) == 40 for w in range(4))
-    assert len(m["files"]) == 160
-    assert not list(tmp_path.glob("*.tmp-*"))  # every write was renamed into place
+    assert all(len(m.configs[f"config{w}"].graphs) == 40 for w in range(4))
+    assert len(m.files) == 160
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []  # every write renamed into place

@@ -23,6 +23,7 @@ from neuron_train.common import neuron_env
 from neuron_train.common.errors import UsageError
 from neuron_train.precompile import command as pc
 from neuron_train.precompile import coverage, hook, store
+from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
 from neuron_train.training.config import build_config
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
@@ -45,11 +46,11 @@ def config(**sections) -> dict:
                            versions={"torch": "2.9.0", "torch-xla": "2.9.0"})
 
 
-def manifest_with(*configs_and_hashes: tuple[dict, list[str]]) -> dict:
-    m = store.empty_manifest()
+def manifest_with(*configs_and_hashes: tuple[dict, list[str]]) -> Manifest:
+    m = Manifest()
     for conf, hashes in configs_and_hashes:
-        m["configs"][coverage.fingerprint(conf)] = {"config": conf, "graphs": {h: {"phase": "train", "step": 0}
-                                                                        for h in hashes}}
+        m.configs[coverage.fingerprint(conf)] = ConfigRecord(config=conf, graphs={
+            h: GraphRecord(phase="train", step=0) for h in hashes})
     return m
 
 
@@ -119,7 +120,8 @@ def test_a_graph_precompiled_for_other_compiler_flags_does_not_count():
 def test_a_pruned_configuration_no_longer_counts_as_precompiled():
     a = config()
     m = manifest_with((a, ["h0"]))
-    m["configs"][coverage.fingerprint(a)].update(pruned_files=2, pruned_at="2026-11-21T06:00:00Z")
+    record = m.configs[coverage.fingerprint(a)]
+    record.pruned_files, record.pruned_at = 2, "2026-11-21T06:00:00Z"
     report = coverage.coverage_report([{"hash": "h0", "phase": "train", "step": 0}], m, a, "cc")
     assert report["coverage"] == 0.0 and "2 of its cache files were pruned" in report["explanation"]
 
@@ -228,12 +230,12 @@ def precompiled(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_concurrent_precompiles_leave_a_valid_cache(precompiled):
     m = store.load_manifest(precompiled)
-    assert len(m["configs"]) == 2
-    for record in m["configs"].values():
-        phases = {g["phase"] for g in record["graphs"].values()}
-        assert {"train", "eval"} <= phases, record["graphs"]
-        assert record.get("unidentified_graphs", 0) == 0
-    assert m["files"] and all(r["recorded_by"] in m["configs"] for r in m["files"].values())
+    assert len(m.configs) == 2
+    for record in m.configs.values():
+        phases = {g.phase for g in record.graphs.values()}
+        assert {"train", "eval"} <= phases, record.graphs
+        assert record.unidentified_graphs == 0
+    assert m.files and all(r.recorded_by in m.configs for r in m.files.values())
     proc = subprocess.run([sys.executable, "-m", "neuron_train", "cache", "verify", "--cache-dir", str(precompiled)],
                           capture_output=True, text=True, env=cpu_env(), timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -299,8 +301,8 @@ def test_neuron_parallel_compile_contract_through_a_stand_in(tmp_path):
     assert "NEURON_EXTRACT_GRAPHS_ONLY" not in seen["env"]  # the tool's job, not ours
     assert "neuron_parallel_compile: 2 graphs, 2 compiled, 0 failed" in proc.stdout  # relayed summary
     m = store.load_manifest(cache)
-    (record_,) = m["configs"].values()
-    assert seen["env"]["NEURON_TRAIN_PRECOMPILE"] in record_["precompile_ids"] and record_["graphs"]
+    (record_,) = m.configs.values()
+    assert seen["env"]["NEURON_TRAIN_PRECOMPILE"] in record_.precompile_ids and record_.graphs
 
 
 @pytest.mark.slow
@@ -310,7 +312,7 @@ def test_a_lost_extraction_switch_is_refused_not_trained(tmp_path):
                       "--output-dir", str(tmp_path / "run"), env=env)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "graph-extraction switch was lost" in proc.stdout + proc.stderr
-    assert store.load_manifest(tmp_path / "cc")["configs"] == {}
+    assert store.load_manifest(tmp_path / "cc").configs == {}
 
 
 @pytest.mark.neuron
@@ -333,11 +335,11 @@ def test_require_precompiled_stops_at_the_first_graph_the_tour_missed(precompile
     """Same configuration, but the manifest lacks the steady train graph (a tour that stopped short)."""
     cache = tmp_path / "copy"
     shutil.copytree(precompiled, cache)
-    fp = next(fp for fp, r in store.load_manifest(cache)["configs"].items() if r["config"]["grad_accum"] == 1)
+    fp = next(fp for fp, r in store.load_manifest(cache).configs.items() if r.config["grad_accum"] == 1)
 
     def drop_steady_graph(m):
-        graphs = m["configs"][fp]["graphs"]
-        (steady,) = [h for h, g in graphs.items() if g["phase"] == "train" and g["step"] == 1]
+        graphs = m.configs[fp].graphs
+        (steady,) = [h for h, g in graphs.items() if g.phase == "train" and g.step == 1]
         del graphs[steady]
 
     store.update_manifest(cache, drop_steady_graph)

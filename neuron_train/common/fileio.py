@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -38,17 +41,23 @@ def write_json_atomic(path: Path, data: dict) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def new_output(value: str | os.PathLike, flag: str) -> Path:
+def new_output(value: str | os.PathLike, flag: str, replace: bool = False, create_folder: bool = False) -> Path:
     """An output file the command will create: refused before any work if it exists or cannot be
-    written (a previous result may be someone's record; a late failure would lose the measurement)."""
+    written (a previous result may be someone's record; a late failure would lose the measurement).
+    With `replace` (the command's --force) an existing file is allowed, never a directory; with
+    `create_folder` a missing folder is allowed when it can be created (the caller creates it)."""
     path = Path(value)
     if path.is_dir():
         raise UsageError(f"{flag}: {path} is a directory: give a file name")
-    if path.exists() or path.is_symlink():
+    if (path.exists() or path.is_symlink()) and not replace:
         raise UsageError(f"{flag}: {path} already exists: remove it or choose another file (nothing is overwritten)")
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    if not parent.is_dir() and not create_folder:
         raise UsageError(f"{flag}: folder {parent} does not exist: create it first")
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the folder that the missing ones will be created in
+    if not parent.is_dir():
+        raise UsageError(f"{flag}: {parent} is not a folder: choose another location")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag}: folder {parent} is not writable: choose another location")
     return path
@@ -75,3 +84,41 @@ def confined(root: Path, relative: str, what: str) -> Path:
     if candidate.is_absolute() or (target != base and base not in target.parents):
         raise UsageError(f"{what}: {relative!r} points outside {root}: refusing it")
     return target
+
+
+def work_path(final: Path, kind: str) -> Path:
+    """A temporary name beside `final` owned by this process: `.NAME.KIND-HOST-PID`.
+
+    The host and process id let a later run tell a dead writer's leftover from a live one's
+    (`stale_work_paths`); the leading dot keeps it out of the way.
+    """
+    final = Path(final)
+    return final.with_name(f".{final.name}.{kind}-{socket.gethostname()}-{os.getpid()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def stale_work_paths(final: Path, kind: str) -> list[Path]:
+    """`work_path`s of `final` left by processes of this host that are gone (killed, crashed)."""
+    final = Path(final)
+    pattern = re.compile(re.escape(f".{final.name}.{kind}-{socket.gethostname()}-") + r"(\d+)")
+    if not final.parent.is_dir():
+        return []
+    return sorted(p for p in final.parent.iterdir()
+                  if (m := pattern.fullmatch(p.name)) and not _pid_alive(int(m.group(1))))
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file, a symbolic link or a folder tree (never following a link)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import write_json_atomic
+from neuron_train.common.fileio import new_output, write_json_atomic
 from neuron_train.common.neuron_env import library_versions
 from neuron_train.cost.schema import MODES, SCHEMA_NAME, SCHEMA_VERSION, validate_result
 from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args, config_to_argv
@@ -41,7 +41,6 @@ IMDS_ENDPOINT = "http://169.254.169.254"
 _VERSIONED = ("neuron-train", "torch", "torch-xla", "torchvision", "timm", "torch-neuronx",
               "neuronx-cc", "libneuronxla", "torch-neuron")
 
-# dotted path -> accepted types. Every field is required (null only where the type allows it).
 # --- where we are: instance type, host, versions ------------------------------------------------
 
 def detect_instance_type(timeout: float = 1.0) -> str | None:
@@ -394,7 +393,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="per-device batch sizes for --sweep (default: 8,16,32,64,128,256)")
     g.add_argument("--sweep-nprocs", type=_int_list, default=None, metavar="N1,N2,..",
                    help="process counts for --sweep in train mode (default: --nproc)")
-    g.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    g.add_argument("--force", action="store_true", help="replace an existing --output file (checked "
+                   "before measuring; the file is replaced whole, once the result is complete)")
     add_config_arguments(parser)
 
 
@@ -431,11 +431,22 @@ def _workload_facts(cfg: RunConfig) -> tuple[int, int, int]:
     return count_parameters(model), data.num_classes, len(data.train)
 
 
+def _write_result(output: Path, result: dict) -> None:
+    """Write the result whole (temporary file, then rename); if that fails, the measurement is
+    printed rather than lost."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(output, result)
+    except OSError as exc:
+        print(json.dumps(result, indent=2), flush=True)
+        raise RunError(f"cannot write {output}: {exc.strerror or exc}; the result is printed above "
+                       "(save it as a .json file for `neuron-train report`)") from None
+
+
 def main(args: argparse.Namespace) -> int:
+    # Checked before anything is measured: a late failure would lose the measurement.
+    output = new_output(args.output, "--output", replace=args.force, create_folder=True)
     cfg = config_from_args(args)
-    output = Path(args.output)
-    if output.exists() and not args.force:
-        raise UsageError(f"{output} exists: choose another --output or pass --force to replace it")
     if cfg.train.output_dir:
         raise UsageError("bench keeps its runs in a temporary folder: drop --output-dir")
     plan = _plan(args, cfg)
@@ -490,8 +501,7 @@ def main(args: argparse.Namespace) -> int:
                           num_classes=num_classes, train_samples=train_samples,
                           warmup=cfg.train.warmup_measure_steps, command=command)
     validate_result(result, "bench")  # a file report would refuse is never written
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(output, result)
+    _write_result(output, result)
     sps = result["samples_per_sec"]
     log(f"bench: {sps['median']:.1f} samples/s (± {sps['spread']:.1f}) on {result['device']['kind']} "
         f"x {result['world_size']}, compile {result['compile']['time_s']:.1f} s in "

@@ -11,26 +11,25 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import tarfile
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import is_s3, new_output
+from neuron_train.common.fileio import is_s3, new_output, remove_path, stale_work_paths, work_path
 from neuron_train.precompile.maintenance import check_files
+from neuron_train.precompile.manifest import Manifest, ManifestError
 from neuron_train.precompile.store import (
     MANIFEST,
-    MANIFEST_FORMAT,
-    MANIFEST_VERSION,
     STAGING_DIR,
     USE_LOCK,
     Entry,
+    cache_path,
     file_lock,
     file_record,
     load_manifest,
-    merge_manifest,
     recordable,
     scan,
     sha256_file,
@@ -75,63 +74,96 @@ def packable(entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
     return keep, [e for e in entries if not recordable(e)]
 
 
-def pack(cache: Path, dest: str) -> dict:
+@dataclass
+class PackResult:
+    entries: int
+    files: int
+    bytes: int
+    left_out: list[str]          # failed, locked and unfinished entries, not packed
+
+
+@dataclass
+class UnpackResult:
+    new_files: int
+    identical: int               # already in the cache with the same checksum
+    configs: int                 # configurations merged into the manifest
+
+
+def pack(cache: Path, dest: str) -> PackResult:
     """Write the cache's finished entries and their manifest into one .tar.gz (or s3:// object)."""
     cache = Path(cache)
     if not cache.is_dir():
         raise UsageError(f"no such cache directory: {cache}")
-    if not is_s3(dest):
-        new_output(dest, "cache pack FILE")  # refused before any work: never overwritten
     client = None
     if is_s3(dest):
         bucket, key = split_s3(dest)
         client = _s3_client(dest)
         if _s3_exists(client, bucket, key):
             raise UsageError(f"{dest} already exists: choose another key (nothing is overwritten)")
-    with file_lock(cache / USE_LOCK, shared=True), \
-            tempfile.TemporaryDirectory(dir=cache, prefix=f"{STAGING_DIR}-pack-") as tmp:
-        manifest = load_manifest(cache)
-        bad = [f for f in check_files(cache, manifest["files"]) if f.problem == "corrupt"]
-        if bad:
-            raise RunError(f"refusing to pack a damaged cache ({len(bad)} damaged file(s), e.g. "
-                           f"{bad[0].entry}: {bad[0].detail}): run `neuron-train cache verify --quarantine` first")
-        keep, left = packable(scan(cache))
-        packed = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-                  "configs": manifest["configs"], "files": {}}
-        for entry in keep:
-            for rel in entry.files:
-                packed["files"][rel] = manifest["files"].get(rel) or file_record(cache / rel, "pack")
-        archive = Path(tmp) / "cache.tar.gz"
-        with tarfile.open(archive, "w:gz") as tar:
-            info = tarfile.TarInfo(MANIFEST)
-            payload = json.dumps(packed, indent=2).encode()
-            info.size, info.mtime = len(payload), int(time.time())
-            tar.addfile(info, io.BytesIO(payload))
-            for rel in sorted(packed["files"]):
-                tar.add(cache / rel, arcname=rel, recursive=False)
+    else:
+        new_output(dest, "cache pack FILE")  # refused before any work: never overwritten
+        for stale in stale_work_paths(Path(dest), "part"):
+            remove_path(stale)  # a pack killed mid-write (kill -9, power loss) left it
+    with file_lock(cache / USE_LOCK, shared=True):
+        packed, keep, left = _packed_manifest(cache)
         if client is not None:
-            client.upload_file(str(archive), *split_s3(dest))
+            with tempfile.TemporaryDirectory(dir=cache, prefix=f"{STAGING_DIR}-pack-") as tmp:
+                _write_archive(cache, packed, Path(tmp) / "cache.tar.gz")
+                client.upload_file(str(Path(tmp) / "cache.tar.gz"), *split_s3(dest))
         else:
-            _move_new(archive, Path(dest))
-    return {"entries": len(keep), "files": len(packed["files"]), "left_out": [e.path for e in left],
-            "bytes": sum(e.size for e in keep)}
+            _publish_archive(cache, packed, Path(dest))
+    return PackResult(entries=len(keep), files=len(packed.files), bytes=sum(e.size for e in keep),
+                      left_out=[e.path for e in left])
 
 
-def _move_new(src: Path, dest: Path) -> None:
-    """Move `src` to `dest` without ever replacing an existing `dest` (link, then unlink)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def _packed_manifest(cache: Path) -> tuple[Manifest, list[Entry], list[Entry]]:
+    """The archive's manifest (every configuration, the finished entries' files), or refuse."""
+    manifest = load_manifest(cache)
+    bad = [f for f in check_files(cache, manifest.files) if f.problem == "corrupt"]
+    if bad:
+        raise RunError(f"refusing to pack a damaged cache ({len(bad)} damaged file(s), e.g. "
+                       f"{bad[0].entry}: {bad[0].detail}): run `neuron-train cache verify --quarantine` first")
+    keep, left = packable(scan(cache))
+    packed = Manifest(configs=manifest.configs)
+    for entry in keep:
+        for rel in entry.files:
+            packed.files[rel] = manifest.files.get(rel) or file_record(cache / rel, "pack")
+    return packed, keep, left
+
+
+def _write_archive(cache: Path, packed: Manifest, archive: Path) -> None:
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo(MANIFEST)
+        payload = json.dumps(packed.to_json(), indent=2).encode()
+        info.size, info.mtime = len(payload), int(time.time())
+        tar.addfile(info, io.BytesIO(payload))
+        for rel in sorted(packed.files):
+            tar.add(cache_path(cache, rel), arcname=rel, recursive=False)
+
+
+def _publish_archive(cache: Path, packed: Manifest, dest: Path) -> None:
+    """Write the archive beside `dest` under a temporary name, then give it its name.
+
+    On any failure (a full disk, an interrupt) the partial file is removed. The final name is
+    taken with a hard link, which fails rather than replace a file that appeared meanwhile.
+    """
+    part = work_path(dest, "part")
     try:
-        os.link(src, dest)  # fails if dest appeared meanwhile: never overwrite
-    except FileExistsError:
-        raise UsageError(f"{dest} already exists: choose another file name (nothing is overwritten)") from None
-    except OSError:  # another file system, or no hard links: copy beside, then rename
-        part = dest.with_name(f".{dest.name}.part-{os.getpid()}")
-        shutil.copyfile(src, part)
-        if dest.exists():
-            part.unlink()
-            raise UsageError(f"{dest} already exists: choose another file name") from None
-        os.replace(part, dest)
-    src.unlink(missing_ok=True)
+        _write_archive(cache, packed, part)
+        try:
+            os.link(part, dest)
+        except FileExistsError:
+            raise UsageError(f"{dest} already exists: choose another file name (nothing is overwritten)") from None
+        except OSError:  # a file system without hard links: check, then rename
+            if dest.exists():
+                raise UsageError(f"{dest} already exists: choose another file name") from None
+            os.rename(part, dest)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise RunError(f"cannot pack into {dest}: {exc.strerror or exc}{where}; the partial archive "
+                       "was removed") from None
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _safe_member(member: tarfile.TarInfo) -> str:
@@ -141,7 +173,7 @@ def _safe_member(member: tarfile.TarInfo) -> str:
     return rel.as_posix()
 
 
-def unpack(source: str, cache: Path) -> dict:
+def unpack(source: str, cache: Path) -> UnpackResult:
     """Add an archive's entries to a cache: verified first, nothing existing is overwritten."""
     cache = Path(cache)
     if not is_s3(source) and not Path(source).is_file():
@@ -155,29 +187,43 @@ def unpack(source: str, cache: Path) -> dict:
             archive = staging / "download.tar.gz"
             _s3_client(source).download_file(*split_s3(source), str(archive))
         incoming = _extract_verified(archive, staging / "files")
-
-        def merge(manifest: dict) -> list[str]:
-            # Checked under the manifest lock, so no committer can slip a file in between.
-            new = [rel for rel in sorted(incoming["files"]) if not (cache / rel).exists()]
-            conflicts = [rel for rel, rec in sorted(incoming["files"].items())
-                         if rel not in new and sha256_file(cache / rel) != rec["sha256"]]
-            if conflicts:
-                raise UsageError(f"refusing to unpack: {len(conflicts)} file(s) already in {cache} "
-                                 f"differ from the archive (e.g. {conflicts[0]}); unpack into an empty "
-                                 "directory or prune those entries first")
-            for rel in new:
-                target = cache / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging / "files" / rel, target)
-            merge_manifest(manifest, incoming)
-            return new
-
-        new = update_manifest(cache, merge)
-    return {"new_files": len(new), "identical": len(incoming["files"]) - len(new),
-            "configs": len(incoming["configs"])}
+        new = update_manifest(cache, lambda manifest: _merge_files(cache, staging / "files", incoming, manifest))
+    return UnpackResult(new_files=len(new), identical=len(incoming.files) - len(new),
+                        configs=len(incoming.configs))
 
 
-def _extract_verified(archive: Path, into: Path) -> dict:
+def _merge_files(cache: Path, extracted: Path, incoming: Manifest, manifest: Manifest) -> list[str]:
+    """Move the archive's new files into the cache; refuse if an existing one differs.
+
+    Runs under the manifest lock, so no committer can slip a file in between the check and the move.
+    """
+    targets = {rel: cache_path(cache, rel) for rel in sorted(incoming.files)}  # all confined, or none moved
+    new = [rel for rel, target in targets.items() if not target.exists()]
+    conflicts = [rel for rel, rec in sorted(incoming.files.items())
+                 if rel not in new and sha256_file(targets[rel]) != rec.sha256]
+    if conflicts:
+        raise UsageError(f"refusing to unpack: {len(conflicts)} file(s) already in {cache} "
+                         f"differ from the archive (e.g. {conflicts[0]}); unpack into an empty "
+                         "directory or prune those entries first")
+    for rel in new:
+        targets[rel].parent.mkdir(parents=True, exist_ok=True)
+        os.replace(cache_path(extracted, rel), targets[rel])
+    manifest.merge(incoming)
+    return new
+
+
+def _read_archive_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path) -> Manifest:
+    try:
+        data = json.loads(tar.extractfile(member).read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunError(f"{archive}: its {MANIFEST} is not valid JSON ({exc})") from None
+    try:
+        return Manifest.from_json(data, f"{archive}: {MANIFEST}")
+    except ManifestError as exc:
+        raise ManifestError(f"{exc}; refusing to unpack (was it made by `neuron-train cache pack`?)") from None
+
+
+def _extract_verified(archive: Path, into: Path) -> Manifest:
     """Extract an archive into a private directory and check every file against its manifest."""
     try:
         tar = tarfile.open(archive, "r:*")
@@ -188,21 +234,19 @@ def _extract_verified(archive: Path, into: Path) -> dict:
             members = {_safe_member(m): m for m in tar.getmembers()}
             if MANIFEST not in members:
                 raise RunError(f"{archive} has no {MANIFEST}: not made by `neuron-train cache pack`")
-            incoming = json.loads(tar.extractfile(members[MANIFEST]).read())
-            if not isinstance(incoming, dict) or incoming.get("format") != MANIFEST_FORMAT:
-                raise RunError(f"{archive}: its {MANIFEST} is not a neuron-train graph manifest")
+            incoming = _read_archive_manifest(tar, members[MANIFEST], archive)
             for rel, member in members.items():
                 if member.isdir() or rel == MANIFEST:
                     continue
-                if rel not in incoming["files"]:
+                if rel not in incoming.files:
                     raise RunError(f"{archive}: member {rel} is not listed in its manifest")
                 tar.extract(member, into, filter="data")
-        except (tarfile.TarError, EOFError, OSError, json.JSONDecodeError) as exc:
+        except (tarfile.TarError, EOFError, OSError) as exc:
             raise RunError(f"{archive} is damaged: {exc}") from None
-    missing = [rel for rel in incoming["files"] if not (into / rel).is_file()]
+    missing = [rel for rel in incoming.files if not (into / rel).is_file()]
     if missing:
         raise RunError(f"{archive} is incomplete: {missing[0]} is listed but absent")
-    damaged = check_files(into, incoming["files"])
+    damaged = check_files(into, incoming.files)
     if damaged:
         raise RunError(f"{archive} is damaged: {damaged[0].entry}: {damaged[0].detail}")
     return incoming

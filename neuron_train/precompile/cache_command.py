@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from neuron_train.common.errors import UsageError
+from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import refuse_s3
 from neuron_train.precompile.archive import pack, unpack
 from neuron_train.precompile.listing import cache_listing, format_listing, human_age, human_size, state_word
@@ -23,7 +23,16 @@ from neuron_train.precompile.maintenance import (
     select_prune,
     verify,
 )
-from neuron_train.precompile.store import DEFAULT_CACHE_DIR, FAILED, LOCKED, load_manifest, scan
+from neuron_train.precompile.store import (
+    DEFAULT_CACHE_DIR,
+    FAILED,
+    LOCKED,
+    MANIFEST,
+    Entry,
+    has_manifest,
+    load_manifest,
+    scan,
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -72,13 +81,22 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     cache = _existing(args.cache_dir)
-    manifest = load_manifest(cache)
+    manifest, entries = load_manifest(cache), scan(cache)
+    if not entries and not manifest.files:
+        print(f"{cache}: empty cache, nothing to verify")
+        return 0
+    if not has_manifest(cache):
+        raise RunError(f"{cache} has no {MANIFEST}: none of its {len(entries)} entries was recorded by a "
+                       "precompile, so none can be verified; precompile into it, or prune it")
     findings = verify(cache, manifest)
     for f in findings:
         print(f"{f.problem:<11} {f.entry}: {f.detail}")
     bad = [f for f in findings if f.problem in BAD_FINDINGS]
-    print(f"{len(manifest['files'])} recorded files checked, {len(scan(cache))} entries: "
-          + (f"{len(bad)} problem(s)" if bad else "OK"))
+    unrecorded = sum(1 for f in findings if f.problem == "unrecorded")
+    checked = f"{len(manifest.files)} recorded files checked, {len(entries)} entries" + (
+        f" ({unrecorded} not recorded, not checked)" if unrecorded else "")
+    verdict = f"{len(bad)} problem(s)" if bad else "OK" if manifest.files else "nothing verified"
+    print(f"{checked}: {verdict}")
     if args.quarantine:
         moved_to = quarantine(cache, findings)
         if moved_to:
@@ -87,25 +105,30 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if any(f.problem == FAILED for f in bad):
         print("failed compiles stay failed: precompile with --retry-failed, or `neuron-train cache prune "
               "--failed`")
-    return 1 if bad else 0
+    return 1 if bad or not manifest.files else 0
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
     cache = _existing(args.cache_dir)
     if not (args.older_than or args.max_size or args.failed):
         raise UsageError("say what to prune: --older-than AGE, --max-size SIZE and/or --failed")
-    older = parse_age(args.older_than) if args.older_than else None
-    max_size = parse_size(args.max_size) if args.max_size else None
+    older = parse_age(args.older_than) if args.older_than is not None else None
+    max_size = parse_size(args.max_size) if args.max_size is not None else None
     entries = scan(cache)
     chosen = select_prune(entries, now=time.time(), older_than=older, max_size=max_size, failed=args.failed)
+
+    def announce(e: Entry, verb: str = "delete") -> None:
+        print(f"{verb} {e.path} ({human_size(e.size)}, {human_age(time.time() - e.mtime)} old, "
+              f"{state_word(e.state)})", flush=True)
+
+    if args.dry_run:
+        for e in chosen:
+            announce(e, "would delete")
+    elif chosen:
+        prune(cache, chosen, announce)  # announces each entry once the cache is ours, not before
     locked = [e for e in entries if e.state == LOCKED]
-    for e in chosen:
-        print(f"{'would delete' if args.dry_run else 'delete'} {e.path} ({human_size(e.size)}, "
-              f"{human_age(time.time() - e.mtime)} old, {state_word(e.state)})")
     if locked:
         print(f"kept {len(locked)} locked entr{'y' if len(locked) == 1 else 'ies'} (compile in progress)")
-    if not args.dry_run and chosen:
-        prune(cache, chosen)
     freed = sum(e.size for e in chosen)
     print(f"{'would free' if args.dry_run else 'freed'} {human_size(freed)} in {len(chosen)} entries; "
           f"{human_size(sum(e.size for e in entries) - freed)} left")
@@ -114,18 +137,18 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     result = pack(_existing(args.cache_dir), args.archive)
-    print(f"packed {result['entries']} entries ({result['files']} files, {human_size(result['bytes'])}) "
+    print(f"packed {result.entries} entries ({result.files} files, {human_size(result.bytes)}) "
           f"into {args.archive}")
-    if result["left_out"]:
-        print(f"left out {len(result['left_out'])} failed/locked/unfinished entries, e.g. {result['left_out'][0]}")
+    if result.left_out:
+        print(f"left out {len(result.left_out)} failed/locked/unfinished entries, e.g. {result.left_out[0]}")
     return 0
 
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
     refuse_s3(args.cache_dir, "--cache-dir", S3_INSTEAD)
     result = unpack(args.archive, Path(args.cache_dir))
-    print(f"unpacked {result['new_files']} new files into {args.cache_dir} ({result['identical']} already "
-          f"present and identical, {result['configs']} configuration(s) merged into the manifest)")
+    print(f"unpacked {result.new_files} new files into {args.cache_dir} ({result.identical} already "
+          f"present and identical, {result.configs} configuration(s) merged into the manifest)")
     return 0
 
 

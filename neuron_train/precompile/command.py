@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_train.common.cli_parser import CommandParser
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3
 from neuron_train.common.neuron_env import EXTRACT_ENV
@@ -37,6 +38,7 @@ from neuron_train.precompile import store
 from neuron_train.precompile.hook import PRECOMPILE_ENV, cache_flags, network_fs_warning, tour_steps, warn
 from neuron_train.precompile.listing import describe_config
 from neuron_train.precompile.maintenance import check_files
+from neuron_train.precompile.manifest import Manifest
 from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args
 
 RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
@@ -181,7 +183,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _train_config(train_args: list[str]) -> RunConfig:
-    parser = argparse.ArgumentParser(prog="neuron-train precompile [options] --", add_help=False)
+    parser = CommandParser(prog="neuron-train precompile [options] --", add_help=False,
+                           help_command="neuron-train train --help")
     add_config_arguments(parser)
     return config_from_args(parser.parse_args(train_args))
 
@@ -222,9 +225,9 @@ def _stream(command: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.wait(), "".join(tail)
 
 
-def _report(manifest: dict, run_id: str, cache: Path, added: list[str], summary: dict) -> str:
+def _report(manifest: Manifest, run_id: str, cache: Path, added: list[str], summary: dict) -> str:
     """What the precompile produced, read from the manifest the graph tour recorded."""
-    found = [(fp, r) for fp, r in manifest["configs"].items() if run_id in r.get("precompile_ids", [])]
+    found = [(fp, r) for fp, r in manifest.configs.items() if run_id in r.precompile_ids]
     if not found:
         raise RunError(f"the precompile run recorded nothing in {cache}/{store.MANIFEST}: --compile-cache or "
                        f"{EXTRACT_ENV} did not reach neuron_train (a wrapper that drops arguments or "
@@ -232,17 +235,17 @@ def _report(manifest: dict, run_id: str, cache: Path, added: list[str], summary:
     lines = []
     for fp, record in found:
         phases: dict[str, int] = {}
-        for g in record["graphs"].values():
-            phases[g["phase"]] = phases.get(g["phase"], 0) + 1
-        seconds = sum(g.get("compile_time_s") or 0.0 for g in record["graphs"].values())
-        lines.append(f"precompiled  {describe_config(record['config'])} (configuration {fp})")
+        for g in record.graphs.values():
+            phases[str(g.phase)] = phases.get(str(g.phase), 0) + 1
+        seconds = sum(g.compile_time_s or 0.0 for g in record.graphs.values())
+        lines.append(f"precompiled  {describe_config(record.config)} (configuration {fp})")
         by_phase = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
-        lines.append(f"graphs       {len(record['graphs'])} recorded" + (f" ({by_phase})" if by_phase else "")
+        lines.append(f"graphs       {len(record.graphs)} recorded" + (f" ({by_phase})" if by_phase else "")
                      + (f", {seconds:.1f} s of compiling in the tour" if seconds else ""))
-        if record.get("unidentified_graphs"):
-            lines.append(f"warning      {record['unidentified_graphs']} graph(s) had no fingerprint: "
+        if record.unidentified_graphs:
+            lines.append(f"warning      {record.unidentified_graphs} graph(s) had no fingerprint: "
                          "coverage cannot be checked for them")
-    xla_new = sum(1 for r in manifest["files"].values() if r.get("recorded_by") in {fp for fp, _ in found})
+    xla_new = sum(1 for r in manifest.files.values() if r.recorded_by in {fp for fp, _ in found})
     lines.append(f"cache        {cache}: {len(added)} Neuron entries recorded, {xla_new} files vouched for")
     if summary:
         lines.append(f"compile      neuron_parallel_compile: {summary.get('graphs', '?')} graphs, "
@@ -255,7 +258,7 @@ def _report(manifest: dict, run_id: str, cache: Path, added: list[str], summary:
 def _preflight(cache: Path, retry_failed: bool) -> None:
     """Refuse a damaged cache (the compiler would skip those graphs); warn about failed compiles."""
     cache.mkdir(parents=True, exist_ok=True)
-    damaged = [f for f in check_files(cache, store.load_manifest(cache)["files"]) if f.problem == "corrupt"]
+    damaged = [f for f in check_files(cache, store.load_manifest(cache).files) if f.problem == "corrupt"]
     if damaged:
         raise RunError(f"{cache} has {len(damaged)} damaged file(s), e.g. {damaged[0].entry}: "
                        f"{damaged[0].detail}; run `neuron-train cache verify --cache-dir {cache} "
@@ -277,7 +280,7 @@ def _execute(plan: Plan) -> tuple[str, dict]:
             failed = f"; {summary['failed']} graph(s) failed to compile" if summary.get("failed") else ""
             raise RunError(f"the precompile run failed (exit code {code}{failed}); its output is above")
         manifest = store.load_manifest(plan.cache)
-        fps = [fp for fp, r in manifest["configs"].items() if run_id in r.get("precompile_ids", [])]
+        fps = [fp for fp, r in manifest.configs.items() if run_id in r.precompile_ids]
         added = store.record_entries(plan.cache, fps[0]) if fps and plan.target == "neuron" else []
         return _report(store.load_manifest(plan.cache), run_id, plan.cache, added, summary), summary
     finally:

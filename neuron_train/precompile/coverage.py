@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 
 from neuron_train.common.neuron_env import compiler_flags, library_versions
+from neuron_train.precompile.manifest import Manifest
 from neuron_train.precompile.store import MANIFEST
 from neuron_train.training.config import RunConfig
 
@@ -91,45 +92,44 @@ def same_compile_env(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in COMPILE_ENV_KEYS)
 
 
-def nearest_config(manifest: dict, config: dict) -> tuple[str | None, list[str]]:
+def nearest_config(manifest: Manifest, config: dict) -> tuple[str | None, list[str]]:
     """The precompiled configuration closest to `config` (fewest differences) and the differences."""
     best: tuple[str | None, list[str]] = (None, [])
-    for fp, record in manifest["configs"].items():
-        diffs = differences(config, record["config"])
+    for fp, record in manifest.configs.items():
+        diffs = differences(config, record.config)
         if best[0] is None or len(diffs) < len(best[1]):
             best = (fp, diffs)
     return best
 
 
-def covering_hashes(manifest: dict, config: dict) -> set[str]:
+def covering_hashes(manifest: Manifest, config: dict) -> set[str]:
     """Graph hashes precompiled for this compile environment (any configuration may share them).
 
     A configuration that lost cache files (prune, quarantine) covers nothing until precompiled
     again: which of its graphs lost their entry is not known.
     """
-    return {h for record in manifest["configs"].values()
-            if same_compile_env(record["config"], config) and not record.get("pruned_files")
-            for h in record.get("graphs", {})}
+    return {h for record in manifest.configs.values()
+            if same_compile_env(record.config, config) and not record.pruned_files
+            for h in record.graphs}
 
 
-def explain(manifest: dict, config: dict, cache_dir: str) -> str:
+def explain(manifest: Manifest, config: dict, cache_dir: str) -> str:
     """Why graphs of this configuration are missing from the manifest, in one sentence."""
     fp = fingerprint(config)
-    if not manifest["configs"]:
+    if not manifest.configs:
         return f"nothing was precompiled into {cache_dir}"
-    if fp in manifest["configs"]:
-        record = manifest["configs"][fp]
-        pruned = record.get("pruned_files", 0)
-        if pruned:
-            return (f"this configuration was precompiled, but {pruned} of its cache files were pruned "
-                    f"on {record.get('pruned_at')}: precompile it again")
+    if fp in manifest.configs:
+        record = manifest.configs[fp]
+        if record.pruned_files:
+            return (f"this configuration was precompiled, but {record.pruned_files} of its cache files "
+                    f"were pruned on {record.pruned_at}: precompile it again")
         return ("this configuration was precompiled, but the precompile run did not reach these graphs "
                 "(a code path its graph tour missed): raise --precompile-steps and precompile again")
     nearest, diffs = nearest_config(manifest, config)
     return "; ".join(diffs) + f" (compared with precompiled configuration {nearest})"
 
 
-def coverage_report(graphs: list[dict], manifest: dict, config: dict, cache_dir: str) -> dict:
+def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_dir: str) -> dict:
     """Compare the graphs a run compiled with the manifest (pure)."""
     fp = fingerprint(config)
     known = covering_hashes(manifest, config)
@@ -140,14 +140,14 @@ def coverage_report(graphs: list[dict], manifest: dict, config: dict, cache_dir:
     unidentified = sum(1 for g in graphs if not g.get("hash"))
     missing = [{k: g.get(k) for k in ("hash", "phase", "step", "cause", "where")}
                for h, g in seen.items() if h not in known]
-    precompiled = set(manifest["configs"].get(fp, {}).get("graphs", {}))
+    precompiled = set(manifest.configs[fp].graphs) if fp in manifest.configs else set()
     covered = len(seen) - len(missing)
     if unidentified and not seen:
         ratio = None  # GraphWatch gave no hashes: nothing can be compared
     else:
         ratio = covered / len(seen) if seen else 1.0
     report = {
-        "cache_dir": cache_dir, "fingerprint": fp, "precompiled": fp in manifest["configs"],
+        "cache_dir": cache_dir, "fingerprint": fp, "precompiled": fp in manifest.configs,
         "graphs": len(seen), "covered": covered, "coverage": ratio, "unidentified": unidentified,
         "missing": missing, "unused": sorted(precompiled - set(seen)), "config": config,
         "explanation": explain(manifest, config, cache_dir) if missing else "",

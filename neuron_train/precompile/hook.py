@@ -25,6 +25,7 @@ from neuron_train.precompile.coverage import (
     graph_library_versions,
 )
 from neuron_train.precompile.maintenance import check_files
+from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
 from neuron_train.training.config import RunConfig, config_to_argv
 
 PRECOMPILE_ENV = "NEURON_TRAIN_PRECOMPILE"   # set by precompile to its run id; the loop records under it
@@ -136,20 +137,18 @@ class CompileCacheHook:
     def _record(self, graphs: list[dict]) -> None:
         now = store.utc_now()
 
-        def add(manifest: dict) -> None:
-            record = manifest["configs"].setdefault(self.fp, {"config": self.config, "graphs": {},
-                                                              "precompile_ids": [], "created": now})
+        def add(manifest: Manifest) -> None:
+            record = manifest.configs.setdefault(self.fp, ConfigRecord(config=self.config, created=now))
             for g in graphs:
                 if g.get("hash"):
-                    record["graphs"].setdefault(g["hash"], {"phase": g.get("phase"), "step": g.get("step"),
-                                                            "compile_time_s": g.get("compile_time_s")})
+                    record.graphs.setdefault(g["hash"], GraphRecord(phase=g.get("phase"), step=g.get("step"),
+                                                                    compile_time_s=g.get("compile_time_s")))
             unidentified = sum(1 for g in graphs if not g.get("hash"))
-            record["unidentified_graphs"] = max(record.get("unidentified_graphs", 0), unidentified)
-            if self.precompile_id and self.precompile_id not in record["precompile_ids"]:
-                record["precompile_ids"].append(self.precompile_id)
-            record.update(updated=now, host=socket.gethostname(), tour_steps=self.tour_steps)
-            record.pop("pruned_files", None)  # precompiled again: its entries are rebuilt
-            record.pop("pruned_at", None)
+            record.unidentified_graphs = max(record.unidentified_graphs, unidentified)
+            if self.precompile_id and self.precompile_id not in record.precompile_ids:
+                record.precompile_ids.append(self.precompile_id)
+            record.updated, record.host, record.tour_steps = now, socket.gethostname(), self.tour_steps
+            record.pruned_files, record.pruned_at = 0, None  # precompiled again: its entries are rebuilt
 
         store.update_manifest(self.dir, add)
         if self.staging is not None:
@@ -160,7 +159,7 @@ class CompileCacheHook:
         """Before any compile: refuse damaged entries; with --require-precompiled, a config mismatch."""
         manifest = store.load_manifest(self.dir)
         if self.speaks:
-            findings = check_files(self.dir, manifest["files"])
+            findings = check_files(self.dir, manifest.files)
             corrupt = [f for f in findings if f.problem == "corrupt"]
             if corrupt:
                 raise RunError(f"compile cache {self.dir} has {len(corrupt)} damaged file(s), e.g. "
@@ -174,8 +173,8 @@ class CompileCacheHook:
             if failed:
                 warn(f"{len(failed)} graph(s) in {self.dir} are cached as FAILED compiles and will not be "
                      f"retried (e.g. {failed[0].path}): precompile with --retry-failed")
-        record = manifest["configs"].get(self.fp)
-        if not self.require or (record and not record.get("pruned_files")):
+        record = manifest.configs.get(self.fp)
+        if not self.require or (record and not record.pruned_files):
             return
         raise RunError(f"--require-precompiled: this configuration is not precompiled in {self.dir}: "
                        f"{explain(manifest, self.config, str(self.dir))}. Precompile it first: {self.hint}")

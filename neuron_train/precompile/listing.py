@@ -46,24 +46,24 @@ def cache_listing(cache: Path, now: float | None = None) -> dict:
     entries = scan(cache)
     by_config: dict[str, list[Entry]] = {}
     for e in entries:
-        owners = {manifest["files"][f].get("recorded_by") for f in e.files if f in manifest["files"]}
+        owners = {manifest.files[f].recorded_by for f in e.files if f in manifest.files}
         for fp in owners:
             by_config.setdefault(fp, []).append(e)
     states: dict[str, int] = {}
     for e in entries:
         states[e.state] = states.get(e.state, 0) + 1
     configs = []
-    for fp, record in sorted(manifest["configs"].items(), key=lambda kv: kv[1].get("updated", "")):
+    for fp, record in sorted(manifest.configs.items(), key=lambda kv: kv[1].updated):
         mine = by_config.get(fp, [])
-        configs.append({"fingerprint": fp, "summary": describe_config(record["config"]),
-                        "graphs": len(record.get("graphs", {})), "entries": len(mine),
-                        "bytes": sum(e.size for e in mine), "updated": record.get("updated"),
-                        "host": record.get("host"), "pruned_files": record.get("pruned_files", 0)})
+        configs.append({"fingerprint": fp, "summary": describe_config(record.config),
+                        "graphs": len(record.graphs), "entries": len(mine),
+                        "bytes": sum(e.size for e in mine), "updated": record.updated,
+                        "host": record.host, "pruned_files": record.pruned_files})
     return {"cache_dir": str(cache.absolute()), "entries": len(entries), "bytes": sum(e.size for e in entries),
             "states": states, "oldest_age_s": now - min((e.mtime for e in entries), default=now),
             "newest_age_s": now - max((e.mtime for e in entries), default=now),
             "configs": configs,
-            "unrecorded": sum(1 for e in entries if recordable(e) and not any(f in manifest["files"] for f in e.files))}
+            "unrecorded": sum(1 for e in entries if recordable(e) and not any(f in manifest.files for f in e.files))}
 
 
 def format_listing(info: dict) -> str:

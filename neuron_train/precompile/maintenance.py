@@ -7,20 +7,23 @@ while a precompile or a run holds it (store.py).
 
 from __future__ import annotations
 
+import math
 import os
-import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import remove_path
+from neuron_train.precompile.manifest import FileRecord, Manifest, entry_of
 from neuron_train.precompile.store import (
     FAILED,
     INCOMPLETE,
     LOCKED,
     USE_LOCK,
     Entry,
-    entry_of,
+    cache_path,
     file_lock,
     load_manifest,
     scan,
@@ -56,30 +59,30 @@ def _failed_reason(cache: Path, entry: Entry) -> str:
     return first[:200] + ("..." if len(first) > 200 else "")
 
 
-def check_files(cache: Path, files: dict[str, dict]) -> list[Finding]:
+def check_files(cache: Path, files: dict[str, FileRecord]) -> list[Finding]:
     """Compare recorded files with the disk: missing, truncated or modified ones."""
     findings = []
     for rel, rec in sorted(files.items()):
-        path, entry = Path(cache) / rel, entry_of(rel)
+        path, entry = cache_path(cache, rel), entry_of(rel)
         name = f"{rel[len(entry) + 1:]}: " if rel != entry else ""  # the file within a Neuron entry
         if not path.is_file():
             findings.append(Finding(entry, "missing", f"{name}recorded but gone"))
             continue
         size = path.stat().st_size
-        if size != rec["size"]:
-            findings.append(Finding(entry, "corrupt", f"{name}{size} bytes, {rec['size']} when recorded "
+        if size != rec.size:
+            findings.append(Finding(entry, "corrupt", f"{name}{size} bytes, {rec.size} when recorded "
                                                       "(truncated or rewritten)"))
-        elif sha256_file(path) != rec["sha256"]:
+        elif sha256_file(path) != rec.sha256:
             findings.append(Finding(entry, "corrupt", f"{name}checksum differs from the manifest "
                                                       "(modified after it was recorded)"))
     return findings
 
 
-def verify(cache: Path, manifest: dict | None = None) -> list[Finding]:
+def verify(cache: Path, manifest: Manifest | None = None) -> list[Finding]:
     """All problems of a cache: damaged or missing recorded files, failed compiles, leftovers."""
     cache = Path(cache)
     manifest = manifest if manifest is not None else load_manifest(cache)
-    findings = check_files(cache, manifest["files"])
+    findings = check_files(cache, manifest.files)
     for entry in scan(cache):
         if entry.state == FAILED:
             findings.append(Finding(entry.path, FAILED, _failed_reason(cache, entry)))
@@ -88,7 +91,7 @@ def verify(cache: Path, manifest: dict | None = None) -> list[Finding]:
                                                         "(neuron_parallel_compile --command clear-locks)"))
         elif entry.state == INCOMPLETE:
             findings.append(Finding(entry.path, INCOMPLETE, "graph extracted but never compiled"))
-        elif not any(f in manifest["files"] for f in entry.files):
+        elif not any(f in manifest.files for f in entry.files):
             findings.append(Finding(entry.path, "unrecorded", "not in the manifest (compiled by a "
                                                               "run, not by precompile)"))
     return findings
@@ -109,52 +112,40 @@ def quarantine(cache: Path, findings: list[Finding]) -> Path | None:
         for rel in corrupt:
             dest = dest_root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(cache / rel, dest)
+            os.replace(cache_path(cache, rel), dest)
 
-        update_manifest(cache, lambda manifest: forget_entries(manifest, bad))
+        update_manifest(cache, lambda manifest: manifest.forget_entries(bad, utc_now()))
     return dest_root if corrupt else None
 
 
-def forget_entries(manifest: dict, gone: set[str]) -> None:
-    """Drop the records of removed entries; their configurations remember how many files they lost."""
-    lost: dict[str, int] = {}
-    for rel in [r for r in manifest["files"] if entry_of(r) in gone]:
-        by = manifest["files"].pop(rel).get("recorded_by", "")
-        lost[by] = lost.get(by, 0) + 1
-    for fp, n in lost.items():
-        if fp in manifest["configs"]:
-            record = manifest["configs"][fp]
-            record["pruned_files"] = record.get("pruned_files", 0) + n
-            record["pruned_at"] = utc_now()
-
-
 # ----------------------------------------------------------------------------- prune
+
+
+def _quantity(number: str) -> float | None:
+    """A finite number >= 0, or None ('nan', 'inf', '-1', 'lots' are not sizes or ages)."""
+    try:
+        value = float(number)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def parse_size(text: str) -> int:
     """'50G', '500M', '1.5T', '123' (bytes) -> bytes (binary units)."""
     raw = text.strip().upper().removesuffix("IB").removesuffix("B")
     unit = raw[-1:] if raw[-1:] in SIZE_UNITS else ""
-    number = raw[: len(raw) - len(unit)]
-    try:
-        value = float(number)
-    except ValueError:
-        raise UsageError(f"--max-size: expected a size like 500M, 20G or 1T, got {text!r}") from None
-    if value < 0:
-        raise UsageError(f"--max-size must be >= 0, got {text!r}")
+    value = _quantity(raw[: len(raw) - len(unit)])
+    if value is None:
+        raise UsageError(f"--max-size: expected a size >= 0 like 500M, 20G or 1T, got {text!r}")
     return int(value * SIZE_UNITS[unit])
 
 
 def parse_age(text: str) -> float:
     """'30d', '12h', '90m', '2w', '45s' -> seconds."""
     raw = text.strip().lower()
-    unit, number = raw[-1:], raw[:-1]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in AGE_UNITS or value < 0:
-        raise UsageError(f"--older-than: expected an age like 30d, 12h, 90m or 2w, got {text!r}")
+    unit, value = raw[-1:], _quantity(raw[:-1])
+    if unit not in AGE_UNITS or value is None:
+        raise UsageError(f"--older-than: expected an age >= 0 like 30d, 12h, 90m or 2w, got {text!r}")
     return value * AGE_UNITS[unit]
 
 
@@ -175,13 +166,23 @@ def select_prune(entries: list[Entry], *, now: float, older_than: float | None =
     return sorted(chosen, key=lambda e: e.mtime)
 
 
-def prune(cache: Path, chosen: list[Entry]) -> None:
-    """Delete entries and their records; configurations that lose entries are marked as pruned."""
+def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = lambda e: None) -> None:
+    """Delete entries and their records; configurations that lose entries are marked as pruned.
+
+    Takes the cache to itself first, so `announce` (called before each deletion) never reports a
+    deletion that a running precompile or training run then prevents.
+    """
     cache = Path(cache)
     gone = {e.path for e in chosen}
     with file_lock(cache / USE_LOCK, wait=False, purpose="prune needs the cache to itself"):
         for e in chosen:
-            target = cache / e.path
-            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+            announce(e)
+            _remove_entry(cache, e.path)
 
-        update_manifest(cache, lambda manifest: forget_entries(manifest, gone))
+        update_manifest(cache, lambda manifest: manifest.forget_entries(gone, utc_now()))
+
+
+def _remove_entry(cache: Path, rel: str) -> None:
+    """Delete one entry inside the cache: its folder is confined, the entry itself never followed."""
+    path = PurePosixPath(rel)
+    remove_path(cache_path(cache, str(path.parent)) / path.name)

@@ -11,7 +11,7 @@ One directory (`compile_cache/` by default) holds three things:
   devices other than Neuron. Its writer is not atomic and erases files it cannot load, so we never
   point it at `xla/` directly: a precompile writes into a private staging directory and
   `commit_staged` moves the files in, under the manifest lock;
-- `manifest.json`: our graph manifest. `configs` maps a configuration fingerprint to the settings
+- `manifest.json`: our graph manifest (typed records in manifest.py). `configs` maps a configuration fingerprint to the settings
   that determine its graphs and the graphs a precompile of it produced (the hook writes it);
   `files` holds the SHA-256 and size of every cache file we vouch for, so that a truncated or
   modified entry is found by `verify` and refused by a run instead of being loaded.
@@ -37,22 +37,25 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TypeVar
 
-from neuron_train.common.errors import RunError
-from neuron_train.common.fileio import write_json_atomic
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import confined, write_json_atomic
+from neuron_train.precompile.manifest import (
+    NEURON_MODULE_PREFIX,
+    NEURON_VERSION_PREFIX,
+    XLA_DIR,
+    FileRecord,
+    Manifest,
+    ManifestError,
+)
 
 DEFAULT_CACHE_DIR = "compile_cache"
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "neuron-train-graph-manifest"
-MANIFEST_VERSION = 1
 MANIFEST_LOCK = ".neuron_train.manifest.lock"
 USE_LOCK = ".neuron_train.use.lock"
-XLA_DIR = "xla"
 STAGING_DIR = ".staging"
-NEURON_VERSION_GLOB = "neuronxcc-*"
-NEURON_MODULE_GLOB = "MODULE_*"
 # Entry states. xla files have no state of their own; Neuron entries go extracted -> compiled/failed.
 COMPILED, FAILED, LOCKED, INCOMPLETE, FILE = "compiled", "failed", "locked", "incomplete", "file"
 
@@ -99,56 +102,47 @@ class CacheUse:
 # ----------------------------------------------------------------------------- manifest
 
 
-def empty_manifest() -> dict:
-    return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "configs": {}, "files": {}}
-
-
-def load_manifest(cache: Path) -> dict:
-    """The cache's manifest (an empty one when there is none yet)."""
+def load_manifest(cache: Path) -> Manifest:
+    """The cache's manifest (an empty one when there is none yet); `RunError` if it is damaged."""
     path = Path(cache) / MANIFEST
     if not path.exists():
-        return empty_manifest()
+        return Manifest()
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunError(f"{path} is damaged ({exc}): move it aside and precompile again") from None
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-        raise RunError(f"{path} is not a neuron-train graph manifest: move it aside or choose "
-                       "another cache directory")
-    if data.get("version") != MANIFEST_VERSION:
-        raise RunError(f"{path} has manifest version {data.get('version')}, this neuron-train "
-                       f"reads version {MANIFEST_VERSION}: precompile into a new cache directory")
-    data.setdefault("configs", {})
-    data.setdefault("files", {})
-    return data
+    try:
+        return Manifest.from_json(data, str(path))
+    except ManifestError as exc:
+        raise ManifestError(f"{exc}: the cache's manifest is damaged or was not written by neuron-train; "
+                            "move it aside (the cache's files are kept) and precompile again") from None
 
 
-def update_manifest(cache: Path, change: Callable[[dict], T]) -> T:
+def has_manifest(cache: Path) -> bool:
+    return (Path(cache) / MANIFEST).is_file()
+
+
+def update_manifest(cache: Path, change: Callable[[Manifest], T]) -> T:
     """Read, change and rewrite the manifest under the exclusive manifest lock (atomic rename)."""
     cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     with file_lock(cache / MANIFEST_LOCK):
         manifest = load_manifest(cache)
         result = change(manifest)
-        write_json_atomic(cache / MANIFEST, manifest)
+        write_json_atomic(cache / MANIFEST, manifest.to_json())
     return result
-
-
-def merge_manifest(into: dict, other: dict) -> None:
-    """Union of two manifests: configs' graphs and precompile ids merge; file records are added."""
-    for fp, record in other.get("configs", {}).items():
-        mine = into["configs"].setdefault(fp, {**record, "graphs": {}, "precompile_ids": []})
-        for h, graph in record.get("graphs", {}).items():
-            mine["graphs"].setdefault(h, graph)
-        mine["precompile_ids"] = sorted(set(mine.get("precompile_ids", []))
-                                        | set(record.get("precompile_ids", [])))
-        mine["updated"] = max(mine.get("updated", ""), record.get("updated", ""))
-    for rel, rec in other.get("files", {}).items():
-        into["files"].setdefault(rel, rec)
 
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def cache_path(cache: Path, rel: str) -> Path:
+    """`cache / rel` for a path read from a manifest or an archive, refused unless it stays inside."""
+    try:
+        return confined(Path(cache), rel, f"compile cache {cache}")
+    except UsageError as exc:
+        raise RunError(f"{exc} (a damaged or crafted manifest?)") from None
 
 
 # ----------------------------------------------------------------------------- entries
@@ -192,18 +186,12 @@ def scan(cache: Path) -> list[Entry]:
     xla = cache / XLA_DIR
     if xla.is_dir():
         entries += [_entry(cache, f, FILE, [f]) for f in sorted(xla.iterdir()) if f.is_file()]
-    for version_dir in sorted(cache.glob(NEURON_VERSION_GLOB)):
-        for module in sorted(version_dir.glob(NEURON_MODULE_GLOB)):
+    for version_dir in sorted(cache.glob(f"{NEURON_VERSION_PREFIX}*")):
+        for module in sorted(version_dir.glob(f"{NEURON_MODULE_PREFIX}*")):
             if module.is_dir():
                 files = sorted(p for p in module.rglob("*") if p.is_file())
                 entries.append(_entry(cache, module, neuron_state(module), files))
     return entries
-
-
-def entry_of(rel: str) -> str:
-    """The entry a cache file belongs to: the xla/ file itself, or its MODULE_ directory."""
-    parts = PurePosixPath(rel).parts
-    return "/".join(parts[:2])
 
 
 def sha256_file(path: Path) -> str:
@@ -214,9 +202,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_record(path: Path, recorded_by: str) -> dict:
-    return {"sha256": sha256_file(path), "size": path.stat().st_size, "recorded": utc_now(),
-            "recorded_by": recorded_by}
+def file_record(path: Path, recorded_by: str) -> FileRecord:
+    return FileRecord(sha256=sha256_file(path), size=path.stat().st_size, recorded=utc_now(),
+                      recorded_by=recorded_by)
 
 
 def recordable(entry: Entry) -> bool:
@@ -232,13 +220,13 @@ def record_entries(cache: Path, recorded_by: str) -> list[str]:
     """
     cache = Path(cache)
 
-    def add(manifest: dict) -> list[str]:
+    def add(manifest: Manifest) -> list[str]:
         added = []
         for entry in scan(cache):
-            new = [f for f in entry.files if f not in manifest["files"]]
+            new = [f for f in entry.files if f not in manifest.files]
             if recordable(entry) and new:
                 for rel in new:
-                    manifest["files"][rel] = file_record(cache / rel, recorded_by)
+                    manifest.files[rel] = file_record(cache / rel, recorded_by)
                 added.append(entry.path)
         return added
 
@@ -255,7 +243,7 @@ def commit_staged(cache: Path, staging: Path, recorded_by: str) -> int:
     target = cache / XLA_DIR
     target.mkdir(parents=True, exist_ok=True)
 
-    def commit(manifest: dict) -> int:
+    def commit(manifest: Manifest) -> int:
         moved = 0
         for f in sorted(p for p in staging.iterdir() if p.is_file()) if staging.is_dir() else []:
             dest = target / f.name
@@ -263,7 +251,7 @@ def commit_staged(cache: Path, staging: Path, recorded_by: str) -> int:
                 f.unlink()
                 continue
             os.replace(f, dest)  # same file system: atomic
-            manifest["files"][dest.relative_to(cache).as_posix()] = file_record(dest, recorded_by)
+            manifest.files[dest.relative_to(cache).as_posix()] = file_record(dest, recorded_by)
             moved += 1
         return moved
 

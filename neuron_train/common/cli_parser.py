@@ -1,0 +1,27 @@
+"""The argument parser of every `neuron-train` command: a usage error is one line, not a usage block.
+
+argparse prints the whole usage (45 lines for `train`) before the line that matters. This parser
+prints only that line and where the help is, and exits 2 like argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+
+class CommandParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose errors read `PROG: error: MESSAGE (see `PROG --help`)`.
+
+    Subcommand parsers made with `add_subparsers()` are of this class too (argparse's default).
+    `help_command` names the help to point at when it is not this parser's own (e.g. the train
+    options that `precompile` passes through).
+    """
+
+    def __init__(self, *args, help_command: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help_command = help_command
+
+    def error(self, message: str) -> NoReturn:
+        see = self.help_command or f"{self.prog} --help"
+        self.exit(2, f"{self.prog}: error: {message} (see `{see}`)\n")
