@@ -332,12 +332,13 @@ def test_a_damaged_image_is_refused_before_any_run_directory_exists(tmp_path, da
 
     Image.effect_noise((64, 64), 60).convert("RGB").save(big)  # enough bytes that half of it is cut
     damage(big)
-    cfg = run_cfg(tmp_path / "run", "--dataset", "folder", "--data-dir", str(root), "--batch-size", "2")
+    args = ["--dataset", "folder", "--data-dir", str(root), "--batch-size", "2"]
     with pytest.raises(UsageError) as err:
-        rundir.preflight(cfg)
+        rundir.preflight(run_cfg(tmp_path / "run", *args))
     msg = str(err.value)
     assert "1 of 32 images" in msg and "train/dog/7.jpg" in msg and reason in msg and "\n" not in msg
     assert not (tmp_path / "run").exists()  # nothing blocks the next run or --resume
+    rundir.preflight(run_cfg(tmp_path / "run", *args, "--no-check-images"))  # the user's call
 
 
 def test_intact_images_with_bytes_after_the_end_marker_pass(tmp_path):

@@ -5,7 +5,8 @@ input (UsageError), 1 refused or failed run (RunError). Everything that can be c
 torch_xla is checked before it starts (training/rundir.py). Under torchrun, the error line is also
 handed to torchrun (TORCHELASTIC_ERROR_FILE), whose failure report then shows it instead of
 "To enable traceback see ..."; errors found before start-up are printed by local rank 0 only
-(every rank finds the same one).
+(every rank finds the same one; the others exit a moment later, as torchrun stops all ranks at the
+first exit).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training import rundir
 from neuron_train.training.config import add_config_arguments, config_from_args
+
+_QUIET_RANK_GRACE_S = 3.0
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +79,7 @@ def _train(args: argparse.Namespace) -> int:
     except (UsageError, RunError) as exc:
         if os.environ.get("LOCAL_RANK", "0") != "0":  # the same line as local rank 0's: said once
             _tell_torchrun(exc)
+            time.sleep(_QUIET_RANK_GRACE_S)  # torchrun stops every rank at the first exit: let 0 print
             sys.exit(2 if isinstance(exc, UsageError) else 1)
         raise
     if plan.finished:

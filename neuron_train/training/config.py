@@ -64,6 +64,8 @@ class DataConfig:
     num_workers: int = opt(2, "DataLoader worker processes per rank")
     synthetic_size: int = opt(2048, "number of samples in the synthetic training set")
     batches_per_execution: int = opt(1, "batches traced into one XLA execution (MpDeviceLoader)")
+    check_images: bool = opt(True, "folder: check every image file before training (empty, unreadable "
+                             "header, cut short); ~0.25 ms a file, on rank 0")
 
     def validate(self) -> None:
         _need(self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}")

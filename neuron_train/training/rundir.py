@@ -92,7 +92,7 @@ def check_location(run_dir: Path) -> None:
 def _target_steps(cfg: RunConfig, world: int, *, images: bool) -> int:
     """The run's total optimizer steps; the data is checked on the way (images on rank 0 only)."""
     data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, cfg.train.seed)
-    if images and cfg.data.dataset == "folder":
+    if images and cfg.data.dataset == "folder" and cfg.data.check_images:
         check_images(data, Path(cfg.data.data_dir))
     t, n = cfg.train, len(data.train)
     per_epoch = train_batches_per_epoch(n, world, t.batch_size) // t.grad_accum
