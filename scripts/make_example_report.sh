@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Rebuild docs/example-report/: real measurements of THIS machine (CPU XLA device, labelled so)
 # plus imported, labelled rows of the Neuron SDK performance tables. Prints the figures.
+# Its inputs live beside it, in docs/example-report-inputs/: a report folder holds only the report
+# (it is replaced whole).
 #   scripts/make_example_report.sh            # measure again, then report
 #   scripts/make_example_report.sh --report   # only rebuild the report from the stored results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/example-report
-in=$out/inputs
+in=docs/example-report-inputs
 nt=(python -m neuron_train)
 export PJRT_DEVICE=CPU
 

@@ -124,7 +124,7 @@ def test_inf1_training_appears_as_unsupported(tmp_path):
     ("[1, 2]", "not a bench result"),
     (json.dumps({**INFER, "schema_version": 99}), "schema_version 99 is not supported"),
     (json.dumps({k: v for k, v in INFER.items() if k != "compile"}), "missing field 'compile.time_s'"),
-    (json.dumps({**INFER, "world_size": "1"}), "field 'world_size' has the wrong type"),
+    (json.dumps({**INFER, "world_size": "1"}), "field 'world_size' must be an integer >= 1, got '1'"),
     (json.dumps({**INFER, "mode": "serve"}), "mode must be one of train, infer"),
     (json.dumps({**INFER, "global_batch_size": 33}), "not a multiple of batch_size_per_device"),
 ])
@@ -348,7 +348,7 @@ def test_live_spot_prices_take_the_cheapest_zone():
 
 
 def test_money_is_readable_at_every_scale():
-    from neuron_train.cost.report import money
+    from neuron_train.cost.rows import money
 
     assert [money(v) for v in (344.0, 1.34375, 0.9066, 0.0287, 8.538e-06, None)] == [
         "$344.00", "$1.34", "$0.9066", "$0.02870", "$0.000008538", "n/a"]

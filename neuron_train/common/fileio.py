@@ -1,5 +1,6 @@
-"""File-system edges every command shares: atomic writes, outputs that never replace a file,
-paths confined to their root, and refusing S3 where only a local path makes sense.
+"""File-system edges every command shares: atomic writes (of a file, or of a whole folder),
+outputs that never replace a file, paths confined to their root, temporary names whose leftovers
+a later run can clean, and refusing S3 where only a local path makes sense.
 
 A result either appears whole under its final name or not at all: it is written to a temporary
 file in the same folder and renamed; on any failure the temporary file is removed.
@@ -63,6 +64,12 @@ def new_output(value: str | os.PathLike, flag: str, replace: bool = False, creat
     return path
 
 
+def not_utf8(path: Path, exc: UnicodeDecodeError) -> UsageError:
+    """The one line for a text input that is not UTF-8 (raise it `from None`)."""
+    return UsageError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+                      "save it as UTF-8")
+
+
 def is_s3(location: str) -> bool:
     return str(location).startswith("s3://")
 
@@ -122,3 +129,45 @@ def remove_path(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
+
+
+def recover_folder(out: Path) -> None:
+    """Clean up after a `publish_folder` of `out` killed on this host: a half-built folder is
+    deleted; an old folder moved aside is put back if the swap never finished, else deleted."""
+    out = Path(out)
+    for stale in stale_work_paths(out, "building"):
+        remove_path(stale)
+    for stale in stale_work_paths(out, "old"):
+        if out.exists() or out.is_symlink():
+            remove_path(stale)
+        else:
+            os.rename(stale, out)
+
+
+def publish_folder(out: Path, files: dict[str, bytes]) -> None:
+    """Make folder `out` hold exactly `files` (name -> bytes), whole or not at all.
+
+    The files are written into a folder beside `out`, which then takes its name; an existing `out`
+    is moved aside first and deleted after. A failure or a crash leaves the old folder or the new
+    one, never a mix of both (`recover_folder` finishes the job after a killed process).
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build, old = work_path(out, "building"), work_path(out, "old")
+    build.mkdir()
+    try:
+        for name, data in files.items():
+            write_bytes_atomic(build / name, data)
+        if not out.exists():
+            os.rename(build, out)
+            return
+        os.rename(out, old)
+        try:
+            os.rename(build, out)
+        except BaseException:
+            os.rename(old, out)  # put the old folder back
+            raise
+        remove_path(old)
+    finally:
+        if build.exists():
+            remove_path(build)

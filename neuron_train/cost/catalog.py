@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import datetime as dt
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import not_utf8
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "data" / "instances.yaml"
 PRICE_COLUMNS = ("instance_type", "usd_per_hour", "region", "date", "source")
@@ -98,8 +100,8 @@ def _parse_price(raw: Any, where: str, sources: dict[str, dict[str, str]]) -> Pr
         usd = float(raw["usd_per_hour"])
     except (TypeError, ValueError):
         raise UsageError(f"{where}: usd_per_hour must be a number, got {raw['usd_per_hour']!r}") from None
-    if usd <= 0:
-        raise UsageError(f"{where}: usd_per_hour must be > 0, got {usd}")
+    if not math.isfinite(usd) or usd <= 0:
+        raise UsageError(f"{where}: usd_per_hour must be a finite number > 0, got {raw['usd_per_hour']!r}")
     name, url = _source(str(raw["source"]), sources)
     return Price(usd, str(raw["region"]), str(raw["date"]), name, str(raw.get("url") or url),
                  str(raw.get("kind", "on-demand")))
@@ -142,8 +144,10 @@ def _parse_instance(name: str, raw: Any, where: str, sources: dict[str, dict[str
 
 def _read_mapping(path: Path) -> dict:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, exc) from None
     except (OSError, json.JSONDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"{path}: cannot read: {str(exc).strip().splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -162,13 +166,18 @@ def load_catalog(path: str | Path = CATALOG_PATH) -> Catalog:
 
 
 def _price_rows_from_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in PRICE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise UsageError(f"{path}: missing CSV column(s) {', '.join(missing)} "
-                             f"(expected {','.join(PRICE_COLUMNS)})")
-        return list(reader)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in PRICE_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise UsageError(f"{path}: missing CSV column(s) {', '.join(missing)} "
+                                 f"(expected {','.join(PRICE_COLUMNS)})")
+            return list(reader)
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, exc) from None
+    except csv.Error as exc:
+        raise UsageError(f"{path}: not a readable CSV file ({exc})") from None
 
 
 def apply_price_file(catalog: Catalog, path: str | Path) -> Catalog:

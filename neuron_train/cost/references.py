@@ -13,11 +13,13 @@ Token-throughput tables (LLM decoders) measure tokens, not samples, and are refu
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import not_utf8
 
 _INFER_THROUGHPUT = ("Throughput (inference/sec)", "Throughput (inference/second)", "Avg Throughput (/sec)")
 _TRAIN_THROUGHPUT = "Performance [seq/sec]"
@@ -43,10 +45,12 @@ class ReferenceRow:
 
 
 def _num(text: str | None) -> float | None:
+    """A finite number from a table cell ('1,955.4' -> 1955.4); None for empty, text, NaN, Infinity."""
     try:
-        return float(str(text).replace(",", "").strip())
+        value = float(str(text).replace(",", "").strip())
     except (TypeError, ValueError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def _int(text: str | None) -> int | None:
@@ -94,15 +98,34 @@ def _train_row(row: dict, source: str) -> ReferenceRow:
                         (row.get("Neuron Version") or "").strip(), source)
 
 
+def _row_problem(ref: ReferenceRow) -> str | None:
+    """What makes a parsed row unusable (every figure the report computes with must be sane)."""
+    if not ref.samples_per_sec or ref.samples_per_sec <= 0:
+        return "throughput is not a positive number"
+    if ref.nodes < 1:
+        return f"Nodes must be >= 1, got {ref.nodes}"
+    for name, value in (("batch size", ref.batch_size), ("image size", ref.img_size), ("world size", ref.world_size),
+                        ("latency", ref.latency_p50_ms)):
+        if value is not None and value <= 0:
+            return f"{name} must be > 0, got {value}"
+    return None
+
+
 def read_reference_csv(path: str | Path, model_filters: list[str] | None = None) -> list[ReferenceRow]:
     """Rows of one Neuron SDK performance CSV; `model_filters` keeps models containing any of them."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"--reference: no such file: {path}")
-    with path.open(newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        header = [h.strip() for h in reader.fieldnames or []]
-        rows = [{(k or "").strip(): (v or "") for k, v in r.items()} for r in reader]
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in reader.fieldnames or []]
+            rows = [{(k or "").strip(): (v or "") for k, v in r.items() if isinstance(v, str) or v is None}
+                    for r in reader]
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, exc) from None
+    except csv.Error as exc:
+        raise UsageError(f"{path}: not a readable CSV file ({exc})") from None
     infer_col = next((c for c in _INFER_THROUGHPUT if c in header), None)
     if infer_col and {"Model", "Inst. Type"} <= set(header):
         parse = lambda r: _infer_row(r, path.name, infer_col)  # noqa: E731
@@ -119,8 +142,9 @@ def read_reference_csv(path: str | Path, model_filters: list[str] | None = None)
         if filters and not any(f in row.get("Model", "").lower() for f in filters):
             continue
         ref = parse(row)
-        if not ref.samples_per_sec or ref.samples_per_sec <= 0:
-            raise UsageError(f"{path}:{i}: throughput is not a positive number")
+        problem = _row_problem(ref)
+        if problem:
+            raise UsageError(f"{path}:{i}: {problem}")
         out.append(ref)
     if not out:
         raise UsageError(f"{path}: no rows{' match ' + ', '.join(model_filters) if model_filters else ''}")

@@ -81,6 +81,11 @@ class Group:
         return units.pop() if len(units) == 1 else "samples"
 
 
+def device_text(kind: str) -> str:
+    """What ran a measured row, as the report names it."""
+    return "CPU (XLA device, not Neuron)" if kind == "CPU" else kind
+
+
 def money(value: float | None, digits: int = 4) -> str:
     """Dollars for people: cents above $1, else `digits` significant digits, never 1e-05."""
     if value is None:

@@ -1,46 +1,58 @@
 """The bench result file: one versioned JSON schema, written by `bench` and read by `report`.
 
-Every field is required (null only where its type allows it); `validate_result` is the one check
-both sides use, so a file `report` would refuse is never written.
+Every field is required (null only where its kind allows it) and every number is checked (type,
+finite, range) before the report draws anything; `validate_result` is the one check both sides
+use, so a file `report` would refuse is never written.
 """
 
 from __future__ import annotations
 
 from neuron_train.common.errors import UsageError
+from neuron_train.common.values import kind_problem
 
 SCHEMA_NAME = "neuron-train-bench-result"
 SCHEMA_VERSION = 1
 MODES = ("train", "infer")
-_NUM = (int, float)
-# dotted path -> accepted types. Every field is required (null only where the type allows it).
-RESULT_FIELDS: dict[str, type | tuple] = {
-    "schema": str, "schema_version": int, "created_at": str, "mode": str,
-    "instance_type": str, "instance_type_source": str,
-    "device.kind": str, "device.count": int,
-    "world_size": int,
-    "model.name": str, "model.parameters": int, "model.img_size": int, "model.num_classes": int,
-    "dataset.name": str, "dataset.train_samples": int,
-    "batch_size_per_device": int, "global_batch_size": int, "precision": str,
-    "warmup_steps": int, "measured_steps": int, "repeats": int,
-    "samples_per_sec.median": _NUM, "samples_per_sec.spread": _NUM, "samples_per_sec.values": list,
-    "step_time_ms.median": _NUM, "step_time_ms.spread": _NUM, "step_time_ms.values": list,
-    "compile.time_s": _NUM, "compile.graph_count": int,
-    "sweep": (list, type(None)), "host": dict, "versions": dict, "command": str, "config": dict,
+# dotted path -> kind (neuron_train.common.values). Every field is required; numbers are finite.
+RESULT_FIELDS: dict[str, str] = {
+    "schema": "str", "schema_version": "int>=1", "created_at": "str", "mode": "str",
+    "instance_type": "str", "instance_type_source": "str",
+    "device.kind": "str", "device.count": "int>=1",
+    "world_size": "int>=1",
+    "model.name": "str", "model.parameters": "int>=1", "model.img_size": "int>=1", "model.num_classes": "int>=1",
+    "dataset.name": "str", "dataset.train_samples": "int>=1",
+    "batch_size_per_device": "int>=1", "global_batch_size": "int>=1", "precision": "str",
+    "warmup_steps": "int>=0", "measured_steps": "int>=1", "repeats": "int>=1",
+    "samples_per_sec.median": "number>0", "samples_per_sec.spread": "number>=0",
+    "samples_per_sec.values": "number-list>0",
+    "step_time_ms.median": "number>0", "step_time_ms.spread": "number>=0", "step_time_ms.values": "number-list>0",
+    "compile.time_s": "number>=0", "compile.graph_count": "int>=0",
+    "sweep": "list?", "host": "object", "versions": "object", "command": "str", "config": "object",
 }
+# Optional fields the report reads: checked when present.
+OPTIONAL_FIELDS: dict[str, str] = {"host.cpu": "str?", "host.cpu_count": "int>=1?", "host.load_average_1m": "number>=0?"}
 SWEEP_STATUSES = ("ok", "oom", "failed")
+# A sweep row: every row has the first four; a row with status "ok" has all of them.
+SWEEP_FIELDS: dict[str, str] = {
+    "batch_size_per_device": "int>=1", "world_size": "int>=1", "status": "str", "reason": "str",
+    "samples_per_sec": "number>0", "step_time_ms": "number>0", "compile_time_s": "number>=0", "graph_count": "int>=0",
+}
+_SWEEP_ALWAYS = ("batch_size_per_device", "world_size", "status", "reason")
+_MISSING = object()
 
 
 def _lookup(data: dict, dotted: str):
     node = data
     for key in dotted.split("."):
         if not isinstance(node, dict) or key not in node:
-            raise KeyError(dotted)
+            return _MISSING
         node = node[key]
     return node
 
 
 def validate_result(data: object, where: str) -> dict:
-    """Check a parsed result file against the schema; raise UsageError naming the first problem."""
+    """Check a parsed result file against the schema; raise UsageError naming the file and the
+    first bad field (every number of it: type, finite, range)."""
     if not isinstance(data, dict):
         raise UsageError(f"{where}: not a bench result (expected a JSON object)")
     if data.get("schema") != SCHEMA_NAME:
@@ -49,14 +61,14 @@ def validate_result(data: object, where: str) -> dict:
     if data.get("schema_version") != SCHEMA_VERSION:
         raise UsageError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
                          f"(this neuron-train reads version {SCHEMA_VERSION})")
-    for dotted, kinds in RESULT_FIELDS.items():
-        try:
-            value = _lookup(data, dotted)
-        except KeyError:
-            raise UsageError(f"{where}: missing field '{dotted}'") from None
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise UsageError(f"{where}: field '{dotted}' has the wrong type ({type(value).__name__})")
-    problems = _semantic_problems(data)
+    for dotted, kind in {**RESULT_FIELDS, **OPTIONAL_FIELDS}.items():
+        value = _lookup(data, dotted)
+        if value is _MISSING and dotted in RESULT_FIELDS:
+            raise UsageError(f"{where}: missing field '{dotted}'")
+        problem = None if value is _MISSING else kind_problem(value, kind)
+        if problem:
+            raise UsageError(f"{where}: field '{dotted}' {problem}")
+    problems = _semantic_problems(data) + _sweep_problems(data["sweep"] or [])
     if problems:
         raise UsageError(f"{where}: {problems[0]}")
     return data
@@ -66,19 +78,27 @@ def _semantic_problems(d: dict) -> list[str]:
     p = []
     if d["mode"] not in MODES:
         p.append(f"mode must be one of {', '.join(MODES)}, got {d['mode']!r}")
-    if d["samples_per_sec"]["median"] <= 0 or d["step_time_ms"]["median"] <= 0:
-        p.append("samples_per_sec and step_time_ms medians must be > 0")
-    if min(d["world_size"], d["batch_size_per_device"], d["repeats"], d["device"]["count"]) < 1:
-        p.append("world_size, batch_size_per_device, repeats and device.count must be >= 1")
     if d["global_batch_size"] % (d["batch_size_per_device"] * d["world_size"]) != 0:
         p.append(f"global_batch_size {d['global_batch_size']} is not a multiple of batch_size_per_device "
                  f"x world_size ({d['batch_size_per_device']} x {d['world_size']})")
     if len(d["samples_per_sec"]["values"]) != d["repeats"]:
         p.append(f"samples_per_sec.values has {len(d['samples_per_sec']['values'])} entries for "
                  f"{d['repeats']} repeats")
-    for row in d["sweep"] or []:
-        if not isinstance(row, dict) or row.get("status") not in SWEEP_STATUSES:
-            p.append(f"sweep rows need a status in {', '.join(SWEEP_STATUSES)}")
-            break
     return p
 
+
+def _sweep_problems(rows: list) -> list[str]:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return [f"field 'sweep[{i}]' must be a JSON object"]
+        if row.get("status") not in SWEEP_STATUSES:
+            return [f"field 'sweep[{i}].status' must be one of {', '.join(SWEEP_STATUSES)}, got {row.get('status')!r}"]
+        for key, kind in SWEEP_FIELDS.items():
+            if key not in row:
+                if key in _SWEEP_ALWAYS or row["status"] == "ok":
+                    return [f"missing field 'sweep[{i}].{key}'"]
+                continue
+            problem = kind_problem(row[key], kind)
+            if problem:
+                return [f"field 'sweep[{i}].{key}' {problem}"]
+    return []

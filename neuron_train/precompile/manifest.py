@@ -16,13 +16,13 @@ know are kept (`extra`) and written back unchanged.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
 from typing import Any
 
 from neuron_train.common.errors import RunError
+from neuron_train.common.values import kind_problem
 
 MANIFEST_FORMAT = "neuron-train-graph-manifest"
 MANIFEST_VERSION = 1
@@ -176,21 +176,9 @@ def _kind(value: object) -> str:
 
 
 def _check(value: object, kind: str, where: str, what: str) -> Any:
-    """`value` if it is of `kind` (str, int>=0, number>=0, str-list, object; '?' suffix: or null)."""
-    if kind.endswith("?") and value is None:
-        return None
-    base = kind.rstrip("?")
-    ok = {"str": lambda v: isinstance(v, str),
-          "int>=0": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-          "number>=0": lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                  and math.isfinite(v) and v >= 0),
-          "str-list": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-          "object": lambda v: isinstance(v, dict)}[base](value)
-    if not ok:
-        expected = {"str": "a string", "int>=0": "an integer >= 0", "number>=0": "a finite number >= 0",
-                    "str-list": "a list of strings", "object": "a JSON object"}[base]
-        raise ManifestError(f"{where}: {what} must be {expected}{' or null' if kind.endswith('?') else ''}, "
-                            f"got {value!r:.60}")
+    problem = kind_problem(value, kind)
+    if problem:
+        raise ManifestError(f"{where}: {what} {problem}")
     return value
 
 

@@ -1,0 +1,44 @@
+"""Field kinds for the JSON files we read back (graph manifests, bench results): a value is checked
+against a short kind name, so a file's schema is a table of `field -> kind` and every problem is
+reported the same way. Numbers are always finite (JSON readers accept NaN and Infinity).
+
+Kinds: "str", "int>=0", "int>=1", "number>=0", "number>0", "str-list", "number-list>0", "object",
+"list"; a trailing "?" also accepts null.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_KINDS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int>=0": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+    "int>=1": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "number>=0": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
+    "number>0": (lambda v: _number(v) and v > 0, "a finite number > 0"),
+    "str-list": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "number-list>0": (lambda v: isinstance(v, list) and all(_number(x) and x > 0 for x in v),
+                      "a list of finite numbers > 0"),
+    "object": (lambda v: isinstance(v, dict), "a JSON object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+}
+
+
+def kind_problem(value: object, kind: str) -> str | None:
+    """None if `value` is of `kind`, else what it must be ("must be an integer >= 1, got '3'")."""
+    if kind.endswith("?") and value is None:
+        return None
+    test, expected = _KINDS[kind.rstrip("?")]
+    if test(value):
+        return None
+    shown = "null" if value is None else repr(value)
+    return f"must be {expected}{' or null' if kind.endswith('?') else ''}, got {shown[:60]}"

@@ -1,0 +1,252 @@
+"""The report's text: table cells, CSV, provenance and method, the block list both renderings share,
+and its Markdown and self-contained HTML renderings (charts are in charts.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_train import __version__
+from neuron_train.cost.catalog import Price
+from neuron_train.cost.rows import Group, Row, device_text, money
+
+
+def _fmt(value: float | None, spec: str = ",.1f", prefix: str = "") -> str:
+    return "n/a" if value is None else f"{prefix}{value:{spec}}"
+
+
+TABLE_HEADER = ("Instance", "Source of the figure", "Device", "Configuration", "Throughput /s (± spread)",
+                "Compile s (graphs)", "Price (USD/h)", "Samples per $", "vs baseline", "$ per 1M",
+                "$ per epoch", "Note")
+
+
+def _price_text(row: Row) -> str:
+    p = row.price
+    if p is None:
+        return "no price"
+    nodes = f" x {row.nodes}" if row.nodes > 1 else ""
+    return f"{money(p.usd_per_hour)}{nodes} {p.kind}, {p.region}, {p.date}"
+
+
+def table_cells(row: Row) -> list[str]:
+    name = row.instance_type + (" (baseline)" if row.is_baseline else "")
+    if row.origin == "unsupported":
+        return [name, row.provenance, row.device, "", "not supported", "", "", "", "", "", "", row.note]
+    spread = f" (± {row.spread:,.1f})" if row.spread else ""
+    compiled = (f"{row.compile_time_s:.1f} ({row.graph_count})" if row.compile_time_s is not None
+                else "n/a")
+    return [name, row.provenance, row.device, row.config_text,
+            f"{_fmt(row.samples_per_sec)} {row.unit}{spread}", compiled,
+            _price_text(row), _fmt(row.samples_per_dollar, ",.0f"),
+            _fmt(row.relative, ".2f") + ("x" if row.relative else ""), money(row.usd_per_million),
+            money(row.usd_per_epoch), row.note]
+
+
+def group_summary(group: Group) -> str:
+    ok = [r for r in group.rows if r.samples_per_sec]
+    fastest = max(ok, key=lambda r: r.samples_per_sec)
+    text = (f"fastest: {fastest.instance_type} ({fastest.samples_per_sec:,.1f} {group.unit}/s, "
+            f"{fastest.origin})")
+    priced = [r for r in ok if r.samples_per_dollar]
+    if priced:
+        best = max(priced, key=lambda r: r.samples_per_dollar)
+        text += (f"; most {group.unit} per dollar: {best.instance_type} ({best.samples_per_dollar:,.0f} "
+                 f"per $, {best.relative:.2f}x the baseline {group.baseline.instance_type})")
+    return text
+
+
+CSV_COLUMNS = ("workload", "instance_type", "origin", "device", "mode", "model", "img_size", "precision",
+               "framework", "batch_size_per_device", "world_size", "instances", "samples_per_sec",
+               "spread", "unit", "compile_time_s", "graph_count", "usd_per_hour", "price_kind",
+               "price_region", "price_date", "price_source", "samples_per_dollar", "relative_to_baseline",
+               "baseline_instance", "usd_per_million_samples", "epoch_samples", "usd_per_epoch",
+               "provenance", "note")
+
+
+def write_csv(groups: list[Group]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for g in groups:
+        for r in g.rows:
+            p = r.price
+            writer.writerow([g.title, r.instance_type, r.origin, r.device, r.mode, r.model, r.img_size or "",
+                             r.precision, r.framework, r.batch_size or "", r.world_size or "", r.nodes,
+                             _num(r.samples_per_sec), _num(r.spread), r.unit, _num(r.compile_time_s),
+                             r.graph_count if r.graph_count is not None else "",
+                             _num(r.usd_per_hour), p.kind if p else "", p.region if p else "",
+                             p.date if p else "", p.source if p else "", _num(r.samples_per_dollar),
+                             _num(r.relative), g.baseline.instance_type if g.baseline else "",
+                             _num(r.usd_per_million), g.epoch_samples or "", _num(r.usd_per_epoch),
+                             r.provenance, r.note])
+    return buf.getvalue()
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+@dataclass
+class Context:
+    """What the report says about where its numbers come from."""
+
+    created: str
+    results: list[tuple[Path, dict]]
+    references: list[Path]
+    prices: list[tuple[str, Price]]
+    cpu_measured: bool
+
+    def footer(self) -> str:
+        parts = []
+        if self.results:
+            hosts = sorted({r["host"].get("cpu", "?") for _, r in self.results
+                            if r["device"]["kind"] == "CPU"})
+            others = sorted({r["device"]["kind"] for _, r in self.results} - {"CPU"})
+            cpu = [f"the CPU XLA device of {', '.join(hosts)} (not Neuron hardware)"] if hosts else []
+            where = cpu + others
+            parts.append(f"Measured here: {len(self.results)} bench file(s) on {' and '.join(where)}")
+        if self.references:
+            parts.append("Imported: " + ", ".join(p.name for p in self.references)
+                         + " (Neuron SDK performance tables)")
+        sources = sorted({f"{p.kind} {p.region}, {p.source}" for _, p in self.prices})
+        parts.append("Prices: " + ("; ".join(sources) if sources else "none"))
+        return " · ".join(parts)
+
+
+def _load_text(host: dict) -> str:
+    load = host.get("load_average_1m")
+    return f", load average {load:g} at the end" if load is not None else ""
+
+
+def provenance_lines(ctx: Context) -> list[str]:
+    lines = []
+    for path, r in ctx.results:
+        v = r["versions"]
+        lines.append(f"Measured here: `{path.name}`: {r['mode']} on {r['instance_type']} "
+                     f"({r['instance_type_source']}), {device_text(r['device']['kind'])} x "
+                     f"{r['world_size']}, host {r['host'].get('cpu', '?')} ({r['host'].get('cpu_count')} "
+                     f"CPUs{_load_text(r['host'])}), {r['created_at']}, torch {v.get('torch', '?')}, "
+                     f"torch-xla {v.get('torch-xla', '?')}; command: `{r['command']}`")
+    for path in ctx.references:
+        lines.append(f"Imported: `{path.name}` (Neuron SDK performance table, published figures, "
+                     "not measured here)")
+    for name, p in ctx.prices:
+        url = f" <{p.url}>" if p.url else ""
+        lines.append(f"Price of {name}: ${p.usd_per_hour:g}/h {p.kind}, {p.region}, read {p.date}, "
+                     f"{p.source}{url}")
+    return lines
+
+
+CPU_WARNING = ("Rows measured on the CPU XLA device are real measurements of the machine that ran "
+               "`neuron-train bench`, not of Neuron hardware: read them as the local baseline of the "
+               "workflow, never as Trainium or Inferentia numbers.")
+METHOD = ("Throughput is the median over repeats of steady-state samples/s (warm-up steps and "
+          "compile time excluded; spread = half the 10th-90th percentile range, or half the range "
+          "for fewer than 3 repeats). Samples per $ = samples/s x 3600 / (USD per hour x instances). "
+          "vs baseline = samples per $ / the baseline's, within one workload. $ per 1M = USD per hour "
+          "/ (samples/s x 3600) x 1e6. $ per epoch = epoch samples / (samples/s x 3600) x USD per hour.")
+
+
+SWEEP_HEADER = ("Batch per device", "Processes", "Status", "Throughput /s", "Reason")
+
+
+def sweep_tables(ctx: Context) -> list[tuple[str, list[list[str]]]]:
+    """The configurations each `bench --sweep` tried, failures and out-of-memory included."""
+    tables = []
+    for path, r in ctx.results:
+        if r["sweep"]:
+            rows = [[str(x.get("batch_size_per_device", "")), str(x.get("world_size", "")),
+                     str(x.get("status", "")), _fmt(x.get("samples_per_sec")), x.get("reason", "")]
+                    for x in r["sweep"]]
+            tables.append((f"{path.name} ({r['mode']} on {r['instance_type']}, "
+                           f"{device_text(r['device']['kind'])})", rows))
+    return tables
+
+
+def report_blocks(groups: list[Group], ctx: Context, charts: dict[str, str]) -> list[tuple[str, object]]:
+    """The report as a list of (kind, content) blocks, rendered to Markdown and to HTML alike."""
+    blocks: list[tuple[str, object]] = [
+        ("h1", "Price-performance report"),
+        ("p", f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results)} bench "
+              f"result(s) and {len(ctx.references)} reference table(s).")]
+    if ctx.cpu_measured:
+        blocks.append(("warn", CPU_WARNING))
+    blocks += [("h2", "Summary"), ("ul", [(g.title, group_summary(g)) for g in groups
+                                          if any(r.samples_per_sec for r in g.rows)])]
+    for g in groups:
+        facts = [f"baseline: {g.baseline.instance_type}" if g.baseline else "no baseline"]
+        if g.baseline_note:
+            facts.append(g.baseline_note)
+        facts.append(f"epoch: {g.epoch_samples:,} {g.unit}" if g.epoch_samples
+                     else "epoch size unknown (pass --epoch-samples)")
+        blocks += [("h2", g.title), ("p", "; ".join(facts) + "."),
+                   ("table", (TABLE_HEADER, [table_cells(r) for r in g.rows]))]
+    blocks.append(("h2", "Charts"))
+    blocks += [("img", (name, title)) for name, title in charts.items()]
+    sweeps = sweep_tables(ctx)
+    if sweeps:
+        blocks.append(("h2", "Configurations tried (--sweep)"))
+        for caption, rows in sweeps:
+            blocks += [("p", caption), ("table", (SWEEP_HEADER, rows))]
+    blocks += [("h2", "Provenance"), ("ul", [("", line) for line in provenance_lines(ctx)]),
+               ("h2", "Method"), ("p", METHOD)]
+    return blocks
+
+
+def render_markdown(blocks: list[tuple[str, object]]) -> str:
+    out: list[str] = []
+    for kind, content in blocks:
+        if kind in ("h1", "h2"):
+            out += [f"{'#' * int(kind[1])} {content}", ""]
+        elif kind == "p":
+            out += [content, ""]
+        elif kind == "warn":
+            out += [f"> {content}", ""]
+        elif kind == "ul":
+            out += [f"- **{lead}**: {text}." if lead else f"- {text}" for lead, text in content] + [""]
+        elif kind == "table":
+            header, rows = content
+            out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows] + [""]
+        elif kind == "img":
+            out += [f"![{content[1]}]({content[0]})", ""]
+    return "\n".join(out)
+
+
+_CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
+        "table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0 1.5em}"
+        "th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}"
+        "th{background:#f0f0f0}.warn{background:#fff4e0;border-left:4px solid #e08a00;padding:0.6em}"
+        "img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}")
+
+
+def render_html(blocks: list[tuple[str, object]], images: dict[str, bytes]) -> str:
+    """One self-contained page: the charts are inlined as base64 PNGs, no external file or link."""
+    import base64
+
+    e = lambda text: html.escape(str(text).replace("`", ""))  # noqa: E731
+    out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>Price-performance report</title>",
+           f"<style>{_CSS}</style></head><body>"]
+    for kind, content in blocks:
+        if kind in ("h1", "h2", "p"):
+            out.append(f"<{kind}>{e(content)}</{kind}>")
+        elif kind == "warn":
+            out.append(f"<p class='warn'>{e(content)}</p>")
+        elif kind == "ul":
+            out.append("<ul>" + "".join(f"<li><b>{e(lead)}</b>: {e(text)}.</li>" if lead
+                                        else f"<li>{e(text)}</li>" for lead, text in content) + "</ul>")
+        elif kind == "table":
+            header, rows = content
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                                 for row in rows) + "</table>")
+        elif kind == "img":
+            data = base64.b64encode(images[content[0]]).decode()
+            out.append(f"<figure><img alt='{e(content[1])}' src='data:image/png;base64,{data}'>"
+                       f"<figcaption>{e(content[1])}</figcaption></figure>")
+    out += ["</body></html>", ""]
+    return "\n".join(out)
