@@ -18,12 +18,12 @@ from neuron_train.cost.bench import (
     MeasureFailed,
     Measurement,
     Plan,
-    classify_failure,
     detect_instance_type,
     resolve_instance_type,
     sweep,
     validate_result,
 )
+from neuron_train.cost.measure import classify_failure
 
 
 @pytest.fixture(autouse=True)

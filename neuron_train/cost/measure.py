@@ -1,0 +1,210 @@
+"""One measurement for `neuron-train bench`: a training run of our loop (in its own process group,
+read back from its summary.json) or a timed compiled forward pass; failures classified as
+out-of-memory or other, with the line that says why.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from neuron_train.training.config import RunConfig, config_to_argv
+from neuron_train.training.metrics import median_and_spread
+
+RUN_SCRIPT = Path(__file__).resolve().parent.parent / "run.py"
+
+
+@dataclass
+class Measurement:
+    samples_per_sec: float
+    step_time_ms: float
+    compile_time_s: float
+    graph_count: int
+    measured_steps: int
+    world_size: int
+    global_batch_size: int
+    device_kind: str
+    device_info: dict = field(default_factory=dict)   # e.g. the tracer that compiled the forward
+    details: dict = field(default_factory=dict)       # e.g. the training run's final loss
+
+
+class MeasureFailed(Exception):
+    """A configuration that could not be measured: status 'oom' or 'failed', with the reason."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+_OOM_PATTERNS = (
+    re.compile(r"RESOURCE_EXHAUSTED"),                                 # XLA / PJRT
+    re.compile(r"Failed to allocate [\d.]+\s*[KMGT]?B"),                # Neuron runtime (TDRV)
+    re.compile(r"out of memory", re.IGNORECASE),                        # CUDA, generic
+    re.compile(r"can't allocate memory|MemoryError"),                   # torch CPU allocator, Python
+    re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9"),              # torchrun: child killed
+)
+
+
+def classify_failure(returncode: int, output: str) -> MeasureFailed:
+    """Out-of-memory or another failure, with the line that says why (from a run's output)."""
+    if returncode in (-9, 137):
+        return MeasureFailed("oom", "killed by SIGKILL (most likely the host's out-of-memory killer)")
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    for pattern in _OOM_PATTERNS:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return MeasureFailed("oom", line[:300])
+    errors = [ln for ln in lines if "error" in ln.lower() or ln.startswith("neuron-train")]
+    reason = (errors or lines or [f"exit code {returncode}"])[-1]
+    return MeasureFailed("failed", reason[:300])
+
+
+def _run_command(cfg: RunConfig, nproc: int, out_dir: Path) -> list[str]:
+    argv = [*config_to_argv(cfg), "--output-dir", str(out_dir), "--no-progress", "--no-tensorboard"]
+    if nproc == 1:
+        return [sys.executable, str(RUN_SCRIPT), *argv]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            str(RUN_SCRIPT), *argv]
+
+
+def measure_train(cfg: RunConfig, nproc: int, workdir: Path) -> Measurement:
+    """One run of our training loop in a fresh process group; reads its summary.json."""
+    out_dir = Path(tempfile.mkdtemp(prefix=f"train-b{cfg.train.batch_size}-n{nproc}-", dir=workdir))
+    cmd = _run_command(cfg, nproc, out_dir / "run")
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (out_dir / "output.log").write_text(proc.stdout)
+    summary_path = out_dir / "run" / "summary.json"
+    if proc.returncode != 0:
+        raise classify_failure(proc.returncode, proc.stdout)
+    if not summary_path.is_file():
+        raise MeasureFailed("failed", f"the run exited 0 but wrote no summary.json ({shlex.join(cmd)})")
+    s = json.loads(summary_path.read_text())
+    if not s.get("samples_per_sec") or not s.get("step_time_ms_median"):
+        raise MeasureFailed("failed", f"no steady-state steps measured ({s.get('measured_steps', 0)} "
+                                      "after warm-up): raise --max-steps")
+    return Measurement(s["samples_per_sec"], s["step_time_ms_median"], s["compile_time_s"],
+                       s["compile_count"], s["measured_steps"], s["world_size"], s["global_batch_size"],
+                       s["device"], details={k: s.get(k) for k in ("final_loss", "eval_accuracy",
+                                                                   "xla_execute_ms_median")})
+
+
+# Neuron compiler casting per precision (explicit: the compiler's default changed across releases).
+_NEURONX_CAST = {"fp32": ["--auto-cast", "none"],
+                 "bf16-autocast": ["--auto-cast", "matmult", "--auto-cast-type", "bf16"],
+                 "bf16": ["--auto-cast", "none"],
+                 "xla-use-bf16": ["--auto-cast", "all", "--auto-cast-type", "bf16"],
+                 "xla-downcast-bf16": ["--auto-cast", "all", "--auto-cast-type", "bf16"]}
+
+
+def _neuron_tracer(instance_type: str) -> str:
+    """inf1 (NeuronCore-v1) traces with torch-neuron; trn1/inf2 with torch-neuronx."""
+    if instance_type.startswith("inf1.") or importlib.util.find_spec("torch_neuronx") is None:
+        return "torch-neuron"
+    return "torch-neuronx"
+
+
+class InferBench:
+    """A forward pass compiled once per batch size and timed in a fixed-shape loop (no gradients)."""
+
+    def __init__(self, cfg: RunConfig, num_classes: int, instance_type: str):
+        import torch
+
+        from neuron_train.common.neuron_env import neuron_device_present
+        from neuron_train.training.models import build_model
+
+        self.cfg, self.torch = cfg, torch
+        model = build_model(cfg.model.name, num_classes=num_classes, img_size=cfg.model.img_size,
+                            pretrained=cfg.model.pretrained).eval()
+        self.dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
+        self.model = model.to(self.dtype)
+        self.on_neuron = neuron_device_present()
+        self.tracer = _neuron_tracer(instance_type) if self.on_neuron else "torch-xla"
+        self.traced: dict[int, object] = {}   # Neuron: one compiled module per batch size
+        self.warmed: set[int] = set()          # batch sizes whose graphs are compiled already
+
+    def _input(self, batch: int):
+        img = self.cfg.model.img_size
+        # Random images, as in the reference study: the data pipeline is not what is measured.
+        return self.torch.randn(batch, 3, img, img, generator=self.torch.Generator().manual_seed(0)
+                                ).to(self.dtype)
+
+    def measure(self, batch: int, steps: int, warmup: int) -> Measurement:
+        try:
+            if self.on_neuron:
+                return self._measure_neuron(batch, steps, warmup)  # pragma: no cover (Neuron only)
+            return self._measure_xla(batch, steps, warmup)
+        except (RuntimeError, MemoryError) as exc:
+            raise classify_failure(1, f"{type(exc).__name__}: {exc}") from None
+
+    def _timed(self, run_once, batch: int, steps: int, warmup: int) -> tuple[float, float]:
+        for _ in range(warmup):
+            run_once()
+        times = []
+        start = time.perf_counter()
+        for _ in range(steps):
+            t = time.perf_counter()
+            run_once()
+            times.append(time.perf_counter() - t)
+        total = time.perf_counter() - start
+        return batch * steps / total, median_and_spread(times)[0] * 1e3
+
+    def _measure_xla(self, batch: int, steps: int, warmup: int) -> Measurement:
+        import torch_xla
+        import torch_xla.debug.metrics as met
+        import torch_xla.runtime as xr
+
+        from neuron_train.training.loop import autocast
+
+        device = torch_xla.device()
+        model = self.model.to(device)
+        x = self._input(batch)
+        compiles0 = met.counter_value("UncachedCompile") or 0
+        ctime0 = (met.metric_data("CompileTime") or (0, 0, []))[1]
+
+        def run_once():
+            # What a server does, and what the Neuron SDK's harness times when it calls a traced
+            # model with host tensors: batch in from the host, logits back to the host.
+            with self.torch.no_grad(), autocast(self.cfg.train.precision):
+                out = model(x.to(device))
+            torch_xla.sync()
+            return out.cpu()  # a host read: waits until the device has run the step
+
+        sps, step_ms = self._timed(run_once, batch, steps, 0 if batch in self.warmed else max(warmup, 1))
+        self.warmed.add(batch)
+        graphs = (met.counter_value("UncachedCompile") or 0) - compiles0
+        ctime = ((met.metric_data("CompileTime") or (0, 0, []))[1] - ctime0) / 1e9
+        return Measurement(sps, step_ms, ctime, graphs, steps, 1, batch, xr.device_type(),
+                           {"tracer": self.tracer})
+
+    def _measure_neuron(self, batch: int, steps: int, warmup: int) -> Measurement:  # pragma: no cover
+        """Neuron hardware only: trace for the NeuronCores, then call the traced module."""
+        x = self._input(batch)
+        start = time.perf_counter()
+        if batch not in self.traced:
+            if self.tracer == "torch-neuron":
+                import torch_neuron  # noqa: F401  inf1 (NeuronCore-v1): registers torch.neuron
+                self.traced[batch] = self.torch.neuron.trace(self.model, example_inputs=[x])
+            else:
+                import torch_neuronx
+                self.traced[batch] = torch_neuronx.trace(
+                    self.model, x, compiler_args=_NEURONX_CAST[self.cfg.train.precision])
+            compile_s, graphs = time.perf_counter() - start, 1
+        else:
+            compile_s, graphs = 0.0, 0
+        traced = self.traced[batch]
+        with self.torch.no_grad():  # the first calls load the model onto the NeuronCores
+            sps, step_ms = self._timed(lambda: traced(x), batch, steps,
+                                       0 if batch in self.warmed else max(warmup, 1))
+        self.warmed.add(batch)
+        return Measurement(sps, step_ms, compile_s, graphs, steps, 1, batch, "NEURON",
+                           {"tracer": self.tracer, "compiler_args": " ".join(
+                               _NEURONX_CAST[self.cfg.train.precision])
+                            if self.tracer == "torch-neuronx" else ""})
