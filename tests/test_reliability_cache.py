@@ -162,7 +162,7 @@ GOOD = record(b"x")
      "compile_time_s must be a finite number"),
     ("list", manifest_json({}, {"fp": {"config": {}, "graphs": {}, "pruned_files": True}}), "pruned_files"),
     ("list", manifest_json({"xla/1": {**GOOD, "recorded_by": []}}), "recorded_by must be a string"),
-    ("list", [1, 2], "the manifest must be a JSON object"),
+    ("list", [1, 2], "not a neuron-train graph manifest (not a JSON object)"),
 ])
 def test_a_damaged_manifest_is_one_line_and_exit_1(tmp_path, capsys, action, manifest, message):
     cache = make_cache(tmp_path / "cache", {"xla/1": b"x"}, manifest)
@@ -175,7 +175,7 @@ def test_a_damaged_manifest_is_one_line_and_exit_1(tmp_path, capsys, action, man
     ({"format": "neuron-train-graph-manifest", "version": 1, "configs": {}}, "has no 'files' field"),
     ({**manifest_json({}), "configs": []}, "configs must be a JSON object"),
     (manifest_json({"xla/1": {**GOOD, "sha256": 5}}), "sha256 must be a string"),
-    ({**manifest_json({}), "version": 7}, "manifest version 7"),
+    ({**manifest_json({}), "version": 7}, "version 7 is not supported (this neuron-train reads version 1)"),
 ])
 def test_a_damaged_archive_manifest_is_one_line(tmp_path, capsys, manifest, message):
     archive = make_archive(tmp_path / "a.tar.gz", {store.MANIFEST: json.dumps(manifest).encode()})

@@ -2,6 +2,8 @@
 against a short kind name, so a file's schema is a table of `field -> kind` and every problem is
 reported the same way. Numbers are always finite (JSON readers accept NaN and Infinity).
 
+`header_problem` checks the name and version a file gives itself.
+
 Kinds: "str", "int>=0", "int>=1", "number>=0", "number>0", "str-list", "number-list>0", "object",
 "list"; a trailing "?" also accepts null.
 """
@@ -42,3 +44,14 @@ def kind_problem(value: object, kind: str) -> str | None:
         return None
     shown = "null" if value is None else repr(value)
     return f"must be {expected}{' or null' if kind.endswith('?') else ''}, got {shown[:60]}"
+
+
+def header_problem(data: object, name_key: str, name: str, version_key: str, version: int) -> str | None:
+    """None if `data` is a JSON object naming itself `name` at `version`, else what is wrong."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if data.get(name_key) != name:
+        return f"{name_key} is {data.get(name_key)!r}, expected {name!r}"
+    if data.get(version_key) != version:
+        return f"{version_key} {data.get(version_key)!r} is not supported (this neuron-train reads version {version})"
+    return None

@@ -8,7 +8,7 @@ use, so a file `report` would refuse is never written.
 from __future__ import annotations
 
 from neuron_train.common.errors import UsageError
-from neuron_train.common.values import kind_problem
+from neuron_train.common.values import header_problem, kind_problem
 
 SCHEMA_NAME = "neuron-train-bench-result"
 SCHEMA_VERSION = 1
@@ -53,14 +53,9 @@ def _lookup(data: dict, dotted: str):
 def validate_result(data: object, where: str) -> dict:
     """Check a parsed result file against the schema; raise UsageError naming the file and the
     first bad field (every number of it: type, finite, range)."""
-    if not isinstance(data, dict):
-        raise UsageError(f"{where}: not a bench result (expected a JSON object)")
-    if data.get("schema") != SCHEMA_NAME:
-        raise UsageError(f"{where}: not a bench result (schema is {data.get('schema')!r}, "
-                         f"expected {SCHEMA_NAME!r})")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise UsageError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
-                         f"(this neuron-train reads version {SCHEMA_VERSION})")
+    problem = header_problem(data, "schema", SCHEMA_NAME, "schema_version", SCHEMA_VERSION)
+    if problem:
+        raise UsageError(f"{where}: not a bench result ({problem})")
     for dotted, kind in {**RESULT_FIELDS, **OPTIONAL_FIELDS}.items():
         value = _lookup(data, dotted)
         if value is _MISSING and dotted in RESULT_FIELDS:

@@ -22,7 +22,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from neuron_train.common.errors import RunError
-from neuron_train.common.values import kind_problem
+from neuron_train.common.values import header_problem, kind_problem
 
 MANIFEST_FORMAT = "neuron-train-graph-manifest"
 MANIFEST_VERSION = 1
@@ -88,13 +88,10 @@ class Manifest:
     @classmethod
     def from_json(cls, data: object, where: str) -> Manifest:
         """Records from parsed JSON; `ManifestError` ("{where}: ...") at the first bad field."""
-        top = _mapping(data, where, "the manifest")
-        if top.get("format") != MANIFEST_FORMAT:
-            raise ManifestError(f"{where}: not a neuron-train graph manifest (format "
-                                f"{top.get('format')!r})")
-        if top.get("version") != MANIFEST_VERSION:
-            raise ManifestError(f"{where}: manifest version {top.get('version')!r}, this neuron-train "
-                                f"reads version {MANIFEST_VERSION}")
+        problem = header_problem(data, "format", MANIFEST_FORMAT, "version", MANIFEST_VERSION)
+        if problem:
+            raise ManifestError(f"{where}: not a neuron-train graph manifest ({problem})")
+        top: dict = data  # a JSON object: header_problem checked it
         configs = _mapping(_required(top, "configs", where, "the manifest"), where, "configs")
         files = _mapping(_required(top, "files", where, "the manifest"), where, "files")
         return cls(configs={fp: _config_record(raw, where, f"configs[{fp!r}]") for fp, raw in configs.items()},
