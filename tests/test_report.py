@@ -139,13 +139,15 @@ def test_malformed_result_is_rejected_in_one_line(tmp_path, capsys, content, exp
 
 
 def test_mismatched_workloads_are_rejected(tmp_path, capsys):
+    """One model measured at two image sizes is refused (another model is a group of its own:
+    test_byos.py renders a script's result next to our loop's)."""
     a = result(tmp_path, "a.json", instance="trn1.2xlarge", sps=1000.0)
     other = copy.deepcopy(INFER)
-    other["model"] = {**other["model"], "name": "vit-micro"}
+    other["model"] = {**other["model"], "img_size": 64}
     b = result(tmp_path, "b.json", other, instance="inf2.xlarge", sps=800.0)
     assert run_report(a, b, "--out", tmp_path / "rep") == 2
     err = capsys.readouterr().err
-    assert "b.json measures vit-micro" in err and "a.json measures vit-digits" in err
+    assert "b.json measures vit-digits at 64 px" in err and "a.json measures vit-digits at 32 px" in err
     assert "one workload per mode" in err
 
 

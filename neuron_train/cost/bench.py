@@ -24,8 +24,10 @@ from pathlib import Path
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import new_output, write_json_atomic
 from neuron_train.common.neuron_env import library_versions
-from neuron_train.cost.measure import InferBench, MeasureFailed, Measurement, measure_train
+from neuron_train.cost import script_bench
+from neuron_train.cost.measure import InferBench, MeasureFailed, Measurement, Workload, measure_train
 from neuron_train.cost.schema import MODES, SCHEMA_NAME, SCHEMA_VERSION, validate_result
+from neuron_train.precompile.script import checked_command
 from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args, config_to_argv
 from neuron_train.training.metrics import median_and_spread
 
@@ -147,9 +149,8 @@ def _stat(values: list[float]) -> dict:
     return {"median": median, "spread": spread, "values": values}
 
 
-def build_result(*, cfg: RunConfig, mode: str, instance: tuple[str, str], runs: list[Measurement],
-                 sweep_rows: list[dict] | None, parameters: int, num_classes: int, train_samples: int,
-                 warmup: int, command: str) -> dict:
+def build_result(*, workload: Workload, mode: str, instance: tuple[str, str], runs: list[Measurement],
+                 sweep_rows: list[dict] | None, warmup: int, command: str) -> dict:
     first = runs[0]
     compiled = [r for r in runs if r.graph_count > 0] or runs
     return {
@@ -158,11 +159,11 @@ def build_result(*, cfg: RunConfig, mode: str, instance: tuple[str, str], runs: 
         "mode": mode, "instance_type": instance[0], "instance_type_source": instance[1],
         "device": {"kind": first.device_kind, "count": first.world_size, **first.device_info},
         "world_size": first.world_size,
-        "model": {"name": cfg.model.name, "parameters": parameters, "img_size": cfg.model.img_size,
-                  "num_classes": num_classes},
-        "dataset": {"name": cfg.data.dataset, "train_samples": train_samples},
-        "batch_size_per_device": cfg.train.batch_size, "global_batch_size": first.global_batch_size,
-        "precision": cfg.train.precision, "warmup_steps": warmup,
+        "model": {"name": workload.model, "parameters": workload.parameters, "img_size": workload.img_size,
+                  "num_classes": workload.num_classes},
+        "dataset": {"name": workload.dataset, "train_samples": workload.train_samples},
+        "batch_size_per_device": workload.batch_size, "global_batch_size": first.global_batch_size,
+        "precision": workload.precision, "warmup_steps": warmup,
         "measured_steps": first.measured_steps, "repeats": len(runs),
         "samples_per_sec": _stat([r.samples_per_sec for r in runs]),
         "step_time_ms": _stat([r.step_time_ms for r in runs]),
@@ -170,24 +171,33 @@ def build_result(*, cfg: RunConfig, mode: str, instance: tuple[str, str], runs: 
                     "graph_count": max(r.graph_count for r in compiled)},
         "details": first.details,
         "sweep": sweep_rows, "host": host_metadata(), "versions": library_versions(_VERSIONED),
-        "command": command, "config": cfg.to_dict(),
+        "command": command, "config": workload.config,
     }
+
+
+def loop_workload(cfg: RunConfig, parameters: int, num_classes: int, train_samples: int) -> Workload:
+    return Workload(cfg.model.name, parameters, cfg.model.img_size, num_classes, cfg.data.dataset, train_samples,
+                    cfg.train.batch_size, cfg.train.precision, cfg.to_dict())
 
 
 # --- the command ---------------------------------------------------------------------------------
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.usage = ("neuron-train bench --mode train|infer [options] [TRAIN OPTIONS] --output FILE.json\n"
+                    "       neuron-train bench [--samples-per-step N] [--steps N] [options] --output FILE.json "
+                    "-- COMMAND [ARGS...]")
     parser.description = ("Benchmark the configured model on this machine (train: our training loop; "
-                          "infer: a compiled forward pass) and write one result file for "
-                          "'neuron-train report'. Takes every train option.")
+                          "infer: a compiled forward pass), or any PyTorch/XLA training COMMAND given after "
+                          "--, and write one result file for 'neuron-train report'. Takes every train option.")
     g = parser.add_argument_group("bench options")
-    g.add_argument("--mode", choices=MODES, required=True, help="what to measure")
+    g.add_argument("--mode", choices=MODES, help="what to measure (required without a COMMAND; with one, "
+                   "what it does: default train)")
     g.add_argument("--output", required=True, metavar="FILE.json", help="result file to write")
     g.add_argument("--instance-type", metavar="TYPE",
                    help="instance type to record when the EC2 metadata service is unreachable "
                         "(default: detected on EC2, else 'local')")
-    g.add_argument("--repeats", type=int, default=3, help="measurements of the chosen configuration; "
-                   "the result gives their median and spread (default: 3)")
+    g.add_argument("--repeats", type=int, help="measurements of the chosen configuration; the result gives "
+                   "their median and spread (default: 3; 1 for a COMMAND, which runs again for each)")
     g.add_argument("--nproc", type=int, default=1,
                    help="train: data-parallel processes, one per NeuronCore (default: 1)")
     g.add_argument("--sweep", action="store_true",
@@ -199,7 +209,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    help="process counts for --sweep in train mode (default: --nproc)")
     g.add_argument("--force", action="store_true", help="replace an existing --output file (checked "
                    "before measuring; the file is replaced whole, once the result is complete)")
+    c = parser.add_argument_group("a COMMAND's options (docs/bench.md: Bring your own script)")
+    c.add_argument("--samples-per-step", type=int, metavar="N", help="samples one process's step trains on "
+                   "(default: the leading dimension of the input batch each step copies to the device)")
+    c.add_argument("--steps", type=int, default=script_bench.DEFAULT_STEPS, metavar="N",
+                   help=f"steady steps to measure before the command is stopped (default "
+                   f"{script_bench.DEFAULT_STEPS}; 0: run it to its end)")
+    c.add_argument("--workload", metavar="NAME", help="the name the report groups the result under "
+                   "(default: the script's file name)")
+    c.add_argument("--train-samples", type=int, metavar="N", help="samples in one epoch of the script's "
+                   "data, for the report's cost per epoch (default: not known, not shown)")
     add_config_arguments(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: a training command to measure")
 
 
 def _plan(args: argparse.Namespace, cfg: RunConfig) -> Plan:
@@ -280,9 +301,57 @@ def _measure(plan: Plan, cfg: RunConfig, instance_type: str, num_classes: int, m
     return rows, runs, (nproc, bs)
 
 
+def _script_command(args: argparse.Namespace) -> list[str] | None:
+    """The COMMAND after `--`, or None (our loop); refused with options that only fit our loop."""
+    if not args.command:
+        if args.mode is None:
+            raise UsageError("--mode train|infer is required (or give a training command after --)")
+        return None
+    command = checked_command(args.command, "neuron-train bench [options] --output FILE.json -- COMMAND")
+    if args.nproc != 1 or args.sweep or args.sweep_batch_sizes or args.sweep_nprocs:
+        raise UsageError("--nproc and --sweep are for neuron-train's own loop: a COMMAND starts its own "
+                         "processes (e.g. `-- torchrun --nproc_per_node=W my_train.py`) and batch size")
+    if getattr(args, "config", None) or any("." in key for key in vars(args)):  # unset train flags are absent
+        raise UsageError("train options (--model, --batch-size, --config, ...) describe neuron-train's own "
+                         "loop: a COMMAND is measured as it runs; drop them")
+    for flag, value, low in (("--samples-per-step", args.samples_per_step, 1), ("--steps", args.steps, 0),
+                             ("--train-samples", args.train_samples, 1)):
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    return command
+
+
+def _main_script(args: argparse.Namespace, command: list[str], output: Path) -> int:
+    repeats = args.repeats or 1
+    if repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {repeats}")
+    instance = resolve_instance_type(args.instance_type)
+    mode = args.mode or "train"
+    _check_mode_fits(mode, instance[0])
+    figures = []
+    for i in range(repeats):
+        figures.append(script_bench.measure_command(command, steps=args.steps, samples_flag=args.samples_per_step,
+                                                    echo=True))
+        print(f"bench: run {i + 1} of {repeats}: {script_bench.describe(figures[-1])}", flush=True)
+    workload = script_bench.script_workload(command, figures[0], name=args.workload,
+                                            train_samples=args.train_samples)
+    line = shlex.join(["neuron-train", "bench", "--mode", mode, "--steps", str(args.steps), "--repeats",
+                       str(repeats), *(["--samples-per-step", str(args.samples_per_step)]
+                                       if args.samples_per_step else []), "--", *command])
+    result = build_result(workload=workload, mode=mode, instance=instance,
+                          runs=[script_bench.to_measurement(f) for f in figures], sweep_rows=None,
+                          warmup=figures[0].warmup_steps, command=line)
+    return _finish(result, output)
+
+
 def main(args: argparse.Namespace) -> int:
     # Checked before anything is measured: a late failure would lose the measurement.
     output = new_output(args.output, "--output", replace=args.force, create_folder=True)
+    command = _script_command(args)
+    if command is not None:
+        return _main_script(args, command, output)
+    if args.repeats is None:
+        args.repeats = 3
     cfg = config_from_args(args)
     if cfg.train.output_dir:
         raise UsageError("bench keeps its runs in a temporary folder: drop --output-dir")
@@ -308,16 +377,19 @@ def main(args: argparse.Namespace) -> int:
     cfg.train.batch_size = bs
     command = shlex.join(["neuron-train", "bench", "--mode", plan.mode, "--nproc", str(nproc),
                           "--repeats", str(plan.repeats), *config_to_argv(cfg)])
-    result = build_result(cfg=cfg, mode=plan.mode, instance=instance, runs=runs,
-                          sweep_rows=rows if args.sweep else None, parameters=parameters,
-                          num_classes=num_classes, train_samples=train_samples,
+    result = build_result(workload=loop_workload(cfg, parameters, num_classes, train_samples), mode=plan.mode,
+                          instance=instance, runs=runs, sweep_rows=rows if args.sweep else None,
                           warmup=cfg.train.warmup_measure_steps, command=command)
+    return _finish(result, output)
+
+
+def _finish(result: dict, output: Path) -> int:
     validate_result(result, "bench")  # a file report would refuse is never written
     _write_result(output, result)
     sps = result["samples_per_sec"]
-    log(f"bench: {sps['median']:.1f} samples/s (± {sps['spread']:.1f}) on {result['device']['kind']} "
-        f"x {result['world_size']}, compile {result['compile']['time_s']:.1f} s in "
-        f"{result['compile']['graph_count']} graph(s) (not counted) -> {output}")
+    print(f"bench: {sps['median']:.1f} samples/s (± {sps['spread']:.1f}) on {result['device']['kind']} "
+          f"x {result['world_size']}, compile {result['compile']['time_s']:.1f} s in "
+          f"{result['compile']['graph_count']} graph(s) (not counted) -> {output}", flush=True)
     if result["device"]["kind"] == "CPU":
-        log("bench: measured on the CPU XLA device of this machine; the report labels it as such")
+        print("bench: measured on the CPU XLA device of this machine; the report labels it as such", flush=True)
     return 0

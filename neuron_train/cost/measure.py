@@ -36,6 +36,22 @@ class Measurement:
     details: dict = field(default_factory=dict)       # e.g. the training run's final loss
 
 
+@dataclass
+class Workload:
+    """What a result measured, as the result file and the report name it (our loop's model and
+    dataset, or a script's command)."""
+
+    model: str
+    parameters: int | None     # None: not known (for a script: no optimizer step seen)
+    img_size: int | None       # None: not an image model, or not known
+    num_classes: int | None    # None: not known
+    dataset: str
+    train_samples: int | None  # None: not known (the report then shows no cost per epoch)
+    batch_size: int            # per device
+    precision: str
+    config: dict               # the settings or the command that reproduce it
+
+
 class MeasureFailed(Exception):
     """A configuration that could not be measured: status 'oom' or 'failed', with the reason."""
 

@@ -54,11 +54,12 @@ def load_result(path: str | Path) -> dict:
 
 
 def check_same_workload(results: list[tuple[Path, dict]]) -> None:
-    """All measured results of one mode must measure the same model, image size and dataset."""
-    first: dict[str, tuple[Path, tuple]] = {}
+    """Results of one mode and model must measure it at the same image size and on the same dataset
+    (other models, e.g. a script measured by `bench -- COMMAND`, are groups of their own)."""
+    first: dict[tuple[str, str], tuple[Path, tuple]] = {}
     for path, r in results:
         key = (r["model"]["name"], r["model"]["img_size"], r["dataset"]["name"])
-        seen_path, seen = first.setdefault(r["mode"], (path, key))
+        seen_path, seen = first.setdefault((r["mode"], key[0]), (path, key))
         if key != seen:
             raise UsageError(
                 f"{path} measures {key[0]} at {key[1]} px on {key[2]} but {seen_path} measures "

@@ -19,8 +19,9 @@ RESULT_FIELDS: dict[str, str] = {
     "instance_type": "str", "instance_type_source": "str",
     "device.kind": "str", "device.count": "int>=1",
     "world_size": "int>=1",
-    "model.name": "str", "model.parameters": "int>=1", "model.img_size": "int>=1", "model.num_classes": "int>=1",
-    "dataset.name": "str", "dataset.train_samples": "int>=1",
+    # null: not known (a script measured by `bench -- COMMAND` says only what it can see)
+    "model.name": "str", "model.parameters": "int>=1?", "model.img_size": "int>=1?", "model.num_classes": "int>=1?",
+    "dataset.name": "str", "dataset.train_samples": "int>=1?",
     "batch_size_per_device": "int>=1", "global_batch_size": "int>=1", "precision": "str",
     "warmup_steps": "int>=0", "measured_steps": "int>=1", "repeats": "int>=1",
     "samples_per_sec.median": "number>0", "samples_per_sec.spread": "number>=0",

@@ -35,18 +35,24 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     command = _command(args)
     json_path = _json_path(args.json)
+    extension = getattr(args, "extension", None)  # runner.RunExtension, set by cli.py
     with tempfile.TemporaryDirectory(prefix="neuron-train-check-graphs-") as folder:
+        env = instrumented_env(Path(folder), args.warmup_steps)
+        env.update(extension.env(Path(folder)) if extension else {})
         try:
-            code = subprocess.call(command, env=instrumented_env(Path(folder), args.warmup_steps))
+            code = subprocess.call(command, env=env)
         except OSError as exc:  # not executable, a directory, ...
             raise UsageError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
         records = load_records(Path(folder))
+        extra, passed = extension.finish(Path(folder), records, code) if extension else ("", True)
     report = merge_records(records, command, code, args.warmup_steps, args.max_graphs)
     print("\n== neuron-train check-graphs ==", flush=True)
     print(format_report(report), flush=True)
+    if extra:
+        print(extra, flush=True)
     if json_path is not None:
         _write_atomic(json_path, json.dumps(report, indent=2, default=str))
-    return 0 if report["stable"] else 1
+    return 0 if report["stable"] and passed else 1
 
 
 def _command(args: argparse.Namespace) -> list[str]:

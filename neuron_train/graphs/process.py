@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
+import importlib.util
 import os
 import shutil
 import sysconfig
@@ -23,6 +25,10 @@ ENV_DIR = "NEURON_TRAIN_GRAPHS_DIR"          # set by check-graphs: every proces
 ENV_WARMUP = "NEURON_TRAIN_GRAPHS_WARMUP"    # check-graphs --warmup-steps
 ENV_XLA_FLAGS = "NEURON_TRAIN_GRAPHS_XLA_FLAGS"  # XLA_FLAGS as the user set them, before our dump
 RECORD_PREFIX = "record."                    # <dir>/record.<pid>.json: one process's summary
+# "module:function,...": called with each instrumented process's recorder once it exists (precompile
+# and bench add their probe this way; the checker never imports them). Their files are
+# instrumentation, never the user's line.
+ENV_EXTENSIONS = "NEURON_TRAIN_GRAPHS_EXTENSIONS"
 
 
 @dataclass
@@ -77,7 +83,24 @@ def internal_predicate() -> Callable[[str], bool]:
             os.path.dirname(torch.__file__), os.path.dirname(torch_xla.__file__)}
     here = os.path.dirname(os.path.abspath(__file__))  # neuron_train/graphs: the instrumentation
     package = os.path.dirname(here)                    # the rest of neuron_train is user code
-    return internal_file_predicate(tuple(sorted(libs)), keep=(package + os.sep,), always=(here + os.sep,))
+    return internal_file_predicate(tuple(sorted(libs)), keep=(package + os.sep,),
+                                   always=(here + os.sep, *_extension_files()))
+
+
+def _extensions() -> list[tuple[str, str]]:
+    specs = [s.strip().partition(":") for s in os.environ.get(ENV_EXTENSIONS, "").split(",") if s.strip()]
+    return [(module, function) for module, _, function in specs]
+
+
+def _extension_files() -> tuple[str, ...]:
+    origins = (importlib.util.find_spec(module) for module, _ in _extensions())
+    return tuple(spec.origin for spec in origins if spec is not None and spec.origin)
+
+
+def run_extensions(recorder) -> None:
+    """Hand this process's recorder to each extension named in ENV_EXTENSIONS."""
+    for module, function in _extensions():
+        getattr(importlib.import_module(module), function)(recorder)
 
 
 @contextlib.contextmanager

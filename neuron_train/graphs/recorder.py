@@ -29,6 +29,7 @@ from neuron_train.graphs.process import (
     DebugFiles,
     internal_predicate,
     prepare_process,
+    run_extensions,
 )
 from neuron_train.graphs.records import SCALAR_READ, Graph, HostRead, Window
 
@@ -235,13 +236,15 @@ def start_instrumented_process() -> Recorder:
     _RECORDER = Recorder(files, int(os.environ.get(ENV_WARMUP, "2")), phase="main")
     hooks.install(_RECORDER, count_syncs=True)
     atexit.register(write_record, _RECORDER, Path(os.environ[ENV_DIR]))
+    run_extensions(_RECORDER)
     return _RECORDER
 
 
 def write_record(recorder: Recorder, folder: Path) -> None:
     """One process's summary for check-graphs to merge (atomic: temp file + rename)."""
     record = {"pid": os.getpid(), "argv": sys.argv, "rank": os.environ.get("RANK"),
-              "local_rank": os.environ.get("LOCAL_RANK"), **recorder.summary()}
+              "local_rank": os.environ.get("LOCAL_RANK"), **recorder.summary(),
+              "input_shapes": {h: [p.shape for p in hlo.params] for h, hlo in _HLO.items()}}
     path = folder / f"{RECORD_PREFIX}{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, default=str))

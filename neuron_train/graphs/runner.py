@@ -6,12 +6,24 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Protocol
 
 from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, RECORD_PREFIX
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"
 DEFAULT_WARMUP = 2
 _INSTRUMENT_DIR = Path(__file__).resolve().parent / "_instrument"
+
+
+class RunExtension(Protocol):
+    """What another product adds to a check-graphs run (e.g. precompile coverage): cli.py hands it
+    over as `args.extension`, so the checker never imports it."""
+
+    def env(self, folder: Path) -> dict[str, str]:
+        """Variables to set for the command (`folder` is where its processes write records)."""
+
+    def finish(self, folder: Path, records: list[dict], exit_code: int) -> tuple[str, bool]:
+        """After the command: the text to print below the report, and whether it passed."""
 
 
 def instrumented_env(folder: Path, warmup_steps: int) -> dict[str, str]:

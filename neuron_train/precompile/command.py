@@ -1,31 +1,27 @@
 """`neuron-train precompile`: compile every graph of a run ahead of it, then prove the run needed no more.
 
-The precompile run is the training loop in "graph tour" mode (NEURON_EXTRACT_GRAPHS_ONLY, set by
-neuron_parallel_compile on Neuron and by us elsewhere): a few train steps, one eval batch, no
-checkpoints or metrics written. On Neuron, neuron_parallel_compile then compiles the extracted
-graphs in parallel into the Neuron cache. Everywhere, the loop records a graph manifest in the cache
-directory (store.py): each graph's fingerprint, the phase that produced it, and the settings that
-determine graphs.
+Two kinds of run, one machinery (the manifest records of hook.record_graphs, coverage.py, store.py):
 
-A later real run with `--compile-cache DIR` compares the graphs it compiles with that manifest:
-it reports its coverage (100% = it compiled nothing precompile did not foresee) and, with
-`--require-precompiled`, stops before its first step when no precompiled configuration matches
-(naming the difference, e.g. "batch size 64 here, 32 in the manifest"), and at the first graph the
-manifest lacks. `CompileCacheHook` is the small object the loop calls; the rest are pure functions.
+- neuron-train's own loop (`-- TRAIN_ARGS`, e.g. `-- --model vit-nano`): the loop in "graph tour"
+  mode (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile on Neuron and by us elsewhere): a
+  few train steps, one eval batch, no checkpoints or metrics written. It records the settings that
+  determine its graphs and each graph's fingerprint and phase. A later `train --compile-cache DIR`
+  reports its coverage and, with `--require-precompiled`, refuses a configuration that was not
+  precompiled (naming the difference, e.g. "batch size 64 here, 32 in the manifest");
+- any other command (`-- python my_train.py ARGS`, `-- torchrun ... my_train.py`): the command
+  itself is the tour (script_precompile.py), checked later by `check-graphs --compile-cache DIR`.
+
+On Neuron, neuron_parallel_compile compiles the extracted graphs in parallel into the Neuron cache.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shlex
 import shutil
-import subprocess
 import sys
 import uuid
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,28 +35,19 @@ from neuron_train.precompile.hook import PRECOMPILE_ENV, cache_flags, network_fs
 from neuron_train.precompile.listing import describe_config
 from neuron_train.precompile.maintenance import check_files
 from neuron_train.precompile.manifest import Manifest
+from neuron_train.precompile.script import RETRIES_ENV, checked_command, parse_compile_summary, stream
+from neuron_train.precompile.script_precompile import (
+    DEFAULT_STEPS,
+    execute_script_plan,
+    format_script_plan,
+    plan_script,
+    script_device,
+)
 from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args
 
-RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
-# Parsed by the Neuron compiler wrapper and not passed to neuronx-cc (Neuron Persistent Cache
-# docs): they do not change the compiled graphs, so they are not part of a configuration.
 RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
-# The settings that determine a run's graphs, with the words used to name a difference.
-# A graph compiled for other compiler flags, compiler or framework versions, or another device is
-# another cache entry: graph hashes only cover each other within the same compile environment.
-# ----------------------------------------------------------------------------- configurations
-
-
-# ----------------------------------------------------------------------------- coverage
-
-
-# ----------------------------------------------------------------------------- environment
-
-
-# ----------------------------------------------------------------------------- the loop's hook
-
-
-# ----------------------------------------------------------------------------- the command
+USAGE = ("neuron-train precompile [options] -- TRAIN_ARGS ...   (neuron-train's own loop)\n"
+         "       neuron-train precompile [options] -- COMMAND [ARGS...]   (any PyTorch/XLA script)")
 
 
 @dataclass(frozen=True)
@@ -125,53 +112,24 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def parse_compile_summary(log: str) -> dict:
-    """neuron_parallel_compile's closing summary: totals and the graphs that failed to compile."""
-    totals = {}
-    for key, pattern in (("graphs", r"Total graphs: (\d+)"),
-                         ("compiled", r"Total successful compilations: (\d+)"),
-                         ("failed", r"Total failed compilations: (\d+)")):
-        found = re.findall(pattern, log)
-        if found:
-            totals[key] = int(found[-1])
-    report = _summary_json(log)
-    failed = sorted(path for path, r in report.get("compilation_report", {}).items()
-                    if not r.get("status"))
-    return {**totals, "failed_graphs": failed} if totals or report else {}
-
-
-def _summary_json(log: str) -> dict:
-    """The JSON object printed after '||NEURON_PARALLEL_COMPILE||: {', one 'INFO:' line per line."""
-    lines = log.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.rstrip().endswith("||NEURON_PARALLEL_COMPILE||: {")]
-    if not starts:
-        return {}
-    body, depth = ["{"], 1
-    for line in lines[starts[-1] + 1:]:
-        text = re.sub(r"^\s*INFO:\s?", "", line)
-        body.append(text)
-        depth += text.count("{") - text.count("}")
-        if depth <= 0:
-            break
-    try:
-        data = json.loads("\n".join(body))
-    except json.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "neuron-train precompile [options] -- TRAIN_ARGS ..."
+    parser.usage = USAGE
     parser.description = ("Precompile every graph of a training run into the compile cache and record "
                           "a graph manifest there. TRAIN_ARGS are the arguments of the real "
-                          "`neuron-train train` run, unchanged.")
+                          "`neuron-train train` run, unchanged; or give any PyTorch/XLA command "
+                          "(`-- python my_train.py ARGS`, `-- torchrun ... my_train.py ARGS`), then check "
+                          "its real run with `neuron-train check-graphs --compile-cache DIR -- COMMAND`.")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and environment; run nothing")
     parser.add_argument("--cache-dir", metavar="DIR", help=f"compile cache directory (default: --compile-cache "
                         f"in TRAIN_ARGS, else {store.DEFAULT_CACHE_DIR}); one per host")
+    parser.add_argument("--steps", type=int, metavar="N", help=f"COMMAND: stop the tour once every call site "
+                        f"is warm and at least N steps ran (default {DEFAULT_STEPS}; 0: run the command to its "
+                        "end); TRAIN_ARGS: the same as --precompile-steps N")
     parser.add_argument("--num-parallel", type=int, metavar="N", help="graphs neuron_parallel_compile "
                         "compiles at once (default: its own choice; lower it when hosts run out of memory)")
-    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="W", help="processes of the real "
-                        "run (torchrun --nproc_per_node); the world size is part of every graph (default: 1)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="W", help="TRAIN_ARGS only: processes "
+                        "of the real run (torchrun --nproc_per_node); the world size is part of every graph "
+                        "(default: 1). A COMMAND starts its own processes")
     parser.add_argument("--retries", type=int, default=1, metavar="N", help=f"retries of a failed compile "
                         f"({RETRIES_ENV}; default: 1)")
     parser.add_argument("--retry-failed", action="store_true", help="recompile graphs the cache holds as "
@@ -179,7 +137,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", choices=("auto", "neuron", "cpu"), default="auto", help="neuron: under "
                         "neuron_parallel_compile; cpu: the graph tour alone (default: neuron when a Neuron "
                         "device is present)")
-    parser.add_argument("train_args", nargs="*", metavar="TRAIN_ARGS", help="after --: the real run's arguments")
+    parser.add_argument("train_args", nargs="*", metavar="TRAIN_ARGS | COMMAND",
+                        help="after --: the real run's arguments, or the command to precompile")
+
+
+def is_command(train_args: list[str]) -> bool:
+    """`-- python my_train.py ...` (a command) rather than `-- --model ...` (our loop's flags)."""
+    return bool(train_args) and not train_args[0].startswith("-")
 
 
 def _train_config(train_args: list[str]) -> RunConfig:
@@ -189,13 +153,14 @@ def _train_config(train_args: list[str]) -> RunConfig:
     return config_from_args(parser.parse_args(train_args))
 
 
-def _resolve_cache(cli_dir: str | None, cfg: RunConfig) -> Path:
-    chosen = cli_dir or cfg.compile.compile_cache or store.DEFAULT_CACHE_DIR
+def _resolve_cache(cli_dir: str | None, cfg: RunConfig | None) -> Path:
+    in_args = cfg.compile.compile_cache if cfg is not None else None
+    chosen = cli_dir or in_args or store.DEFAULT_CACHE_DIR
     if is_s3(chosen):
         raise UsageError("the compile cache must be a local directory; move it to and from S3 with "
                          "`neuron-train cache pack/unpack s3://...`")
-    if cli_dir and cfg.compile.compile_cache and Path(cli_dir).resolve() != Path(cfg.compile.compile_cache).resolve():
-        raise UsageError(f"--cache-dir {cli_dir} and --compile-cache {cfg.compile.compile_cache} in TRAIN_ARGS "
+    if cli_dir and in_args and Path(cli_dir).resolve() != Path(in_args).resolve():
+        raise UsageError(f"--cache-dir {cli_dir} and --compile-cache {in_args} in TRAIN_ARGS "
                          "differ: the real run must use the cache precompile fills")
     return Path(chosen).absolute()
 
@@ -207,22 +172,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--num-parallel must be >= 1, got {args.num_parallel}")
     if args.retries < 0:
         raise UsageError(f"--retries must be >= 0, got {args.retries}")
-
-
-def _stream(command: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run `command`, echoing its output as it comes; returns (exit code, the output's tail)."""
-    tail: deque[str] = deque(maxlen=4000)
-    try:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", bufsize=1)
-    except FileNotFoundError:
-        raise RunError(f"{command[0]} not found on PATH: it comes with torch-neuronx (activate the "
-                       "Neuron venv, e.g. /opt/aws_neuronx_venv_pytorch_*)") from None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        tail.append(line)
-    return proc.wait(), "".join(tail)
+    if args.steps is not None and args.steps < 0:
+        raise UsageError(f"--steps must be >= 0, got {args.steps}")
 
 
 def _report(manifest: Manifest, run_id: str, cache: Path, added: list[str], summary: dict) -> str:
@@ -274,7 +225,7 @@ def _execute(plan: Plan) -> tuple[str, dict]:
     run_id = plan.env[PRECOMPILE_ENV]
     use = store.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
     try:
-        code, log = _stream(plan.command, {**os.environ, **plan.env})
+        code, log = stream(plan.command, {**os.environ, **plan.env})
         summary = parse_compile_summary(log) if plan.target == "neuron" else {}
         if code != 0:
             failed = f"; {summary['failed']} graph(s) failed to compile" if summary.get("failed") else ""
@@ -287,14 +238,48 @@ def _execute(plan: Plan) -> tuple[str, dict]:
         use.release()
 
 
-def main(args: argparse.Namespace) -> int:
-    _validate(args)
-    cfg = _train_config(args.train_args)
-    cache = _resolve_cache(args.cache_dir, cfg)
+def _target(args: argparse.Namespace) -> str:
     from neuron_train.common.neuron_env import neuron_device_present
 
-    target = args.target if args.target != "auto" else ("neuron" if neuron_device_present() else "cpu")
-    plan = build_plan(cfg, args.train_args, cache=cache, target=target, world=args.nproc_per_node,
+    return args.target if args.target != "auto" else ("neuron" if neuron_device_present() else "cpu")
+
+
+def _loop_args(args: argparse.Namespace) -> list[str]:
+    """TRAIN_ARGS, with --steps as the loop's own --precompile-steps."""
+    if args.steps is None:
+        return list(args.train_args)
+    if any(a.split("=")[0] == "--precompile-steps" for a in args.train_args):
+        raise UsageError("--steps and --precompile-steps in TRAIN_ARGS both set the tour's length: keep one")
+    return [*args.train_args, "--precompile-steps", str(args.steps)]
+
+
+def _main_script(args: argparse.Namespace) -> int:
+    script = checked_command(args.train_args, USAGE.splitlines()[1].strip())
+    if args.nproc_per_node != 1:
+        raise UsageError("--nproc-per-node is for neuron-train's own loop: a COMMAND starts its own processes "
+                         "(e.g. `-- torchrun --nproc_per_node=W my_train.py`)")
+    cache = _resolve_cache(args.cache_dir, None)
+    plan = plan_script(script, cache=cache, target=_target(args), steps=DEFAULT_STEPS if args.steps is None
+                       else args.steps, num_parallel=args.num_parallel, retries=args.retries,
+                       retry_failed=args.retry_failed, env=os.environ)
+    if message := network_fs_warning(cache):
+        warn(message)
+    print(format_script_plan(plan), flush=True)
+    if args.dry_run:
+        return 0
+    _preflight(cache, args.retry_failed)
+    print(execute_script_plan(plan, script_device()), flush=True)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    _validate(args)
+    if is_command(args.train_args):
+        return _main_script(args)
+    train_args = _loop_args(args)
+    cfg = _train_config(train_args)
+    cache = _resolve_cache(args.cache_dir, cfg)
+    plan = build_plan(cfg, train_args, cache=cache, target=_target(args), world=args.nproc_per_node,
                       num_parallel=args.num_parallel, retries=args.retries, retry_failed=args.retry_failed,
                       env=os.environ, run_id=uuid.uuid4().hex[:12])
     if message := network_fs_warning(cache):

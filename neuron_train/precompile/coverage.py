@@ -2,14 +2,20 @@
 
 A *configuration* is the set of settings that determine which graphs a run compiles (plain JSON
 values) and its fingerprint; the manifest (store.py) records the graph hashes each precompiled
-configuration produced. Coverage compares the graphs a run compiled with those records and names
-what differs ("batch size 64 here, 32 in the manifest").
+configuration produced. For neuron-train's own loop it is the run's settings (`graph_config`); for
+any other script, its command line and compile environment (`script_config`). Coverage compares
+the graphs a run compiled with those records and names what differs: per configuration ("batch
+size 64 here, 32 in the manifest") and per graph, against the precompiled graph of the same call
+site ("input 0: f32[16,784] here, f32[32,784] in the manifest").
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
+from collections import Counter
 from collections.abc import Mapping
 
 from neuron_train.common.neuron_env import compiler_flags, library_versions
@@ -28,10 +34,15 @@ LABELS = {
     "grad_clip": "gradient clipping", "sift": "sifting", "sift_keep": "sift keep fraction",
     "sift_beta": "sift beta", "sift_history": "sift history", "teacher_model": "teacher model",
     "teacher_bf16": "teacher bf16", "device": "device", "neuron_cc_flags": "NEURON_CC_FLAGS",
+    "script": "command",
 }
 
 
 COMPILE_ENV_KEYS = ("device", "neuron_cc_flags", "versions")
+# What a graph record keeps besides phase, step and compile time (GraphRecord.extra): its call site
+# (innermost user line, then the stack), the checker's kind, and its input shapes (from the HLO).
+GRAPH_DETAILS = ("where", "site", "kind", "input_shapes")
+MAX_NAMED = 3   # shape differences named per graph
 
 
 def graph_library_versions() -> dict[str, str]:
@@ -61,6 +72,13 @@ def graph_config(cfg: RunConfig, *, world_size: int, num_classes: int, device: s
         "teacher_model": teacher, "teacher_bf16": cfg.distill.teacher_bf16 if teacher else None,
         "device": device, "neuron_cc_flags": compiler_flags(env), "versions": dict(sorted(versions.items())),
     }
+
+
+def script_config(command: list[str], *, device: str, env: Mapping[str, str]) -> dict:
+    """What determines a script's graphs, as far as can be seen from outside: its command line and
+    the compile environment (a graph hash covers another run's graph only within the same one)."""
+    return {"script": shlex.join(command), "device": device, "neuron_cc_flags": compiler_flags(env),
+            "versions": dict(sorted(graph_library_versions().items()))}
 
 
 def fingerprint(config: dict) -> str:
@@ -96,6 +114,8 @@ def nearest_config(manifest: Manifest, config: dict) -> tuple[str | None, list[s
     """The precompiled configuration closest to `config` (fewest differences) and the differences."""
     best: tuple[str | None, list[str]] = (None, [])
     for fp, record in manifest.configs.items():
+        if ("script" in record.config) != ("script" in config):
+            continue  # our loop's settings and a script's command line do not compare
         diffs = differences(config, record.config)
         if best[0] is None or len(diffs) < len(best[1]):
             best = (fp, diffs)
@@ -123,9 +143,12 @@ def explain(manifest: Manifest, config: dict, cache_dir: str) -> str:
         if record.pruned_files:
             return (f"this configuration was precompiled, but {record.pruned_files} of its cache files "
                     f"were pruned on {record.pruned_at}: precompile it again")
+        steps = "--steps" if "script" in config else "--precompile-steps"
         return ("this configuration was precompiled, but the precompile run did not reach these graphs "
-                "(a code path its graph tour missed): raise --precompile-steps and precompile again")
+                f"(a code path its graph tour missed): raise {steps} and precompile again")
     nearest, diffs = nearest_config(manifest, config)
+    if nearest is None:
+        return f"nothing of this kind was precompiled into {cache_dir}"
     return "; ".join(diffs) + f" (compared with precompiled configuration {nearest})"
 
 
@@ -138,8 +161,7 @@ def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_
         if g.get("hash"):
             seen.setdefault(g["hash"], g)
     unidentified = sum(1 for g in graphs if not g.get("hash"))
-    missing = [{k: g.get(k) for k in ("hash", "phase", "step", "cause", "where")}
-               for h, g in seen.items() if h not in known]
+    missing = [_missing(g, manifest, config) for h, g in seen.items() if h not in known]
     precompiled = set(manifest.configs[fp].graphs) if fp in manifest.configs else set()
     covered = len(seen) - len(missing)
     if unidentified and not seen:
@@ -155,15 +177,82 @@ def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_
     return report
 
 
+def _missing(graph: dict, manifest: Manifest, config: dict) -> dict:
+    nearest, difference = nearest_graph(graph, manifest, config)
+    return {**{k: graph.get(k) for k in ("hash", "phase", "step", "cause", "where")},
+            "nearest": nearest, "difference": difference}
+
+
+def same_site(a: str | None, b: str | None) -> bool:
+    """Two call sites (file:line) are the same line, also when the script moved to another folder."""
+    if not a or not b:
+        return False
+    return a == b or os.path.basename(a) == os.path.basename(b)
+
+
+def shape_changes(here: list[str] | None, there: list[str] | None) -> list[str] | None:
+    """How two graphs' input shapes differ (None when either is unknown)."""
+    if here is None or there is None:
+        return None
+    if len(here) == len(there):
+        return [f"input {i}: {a} here, {b} in the manifest" for i, (a, b) in enumerate(zip(here, there, strict=True)) if a != b]
+    only_here = ", ".join((Counter(here) - Counter(there)).elements())
+    only_there = ", ".join((Counter(there) - Counter(here)).elements())
+    return [f"{len(here)} inputs here, {len(there)} in the manifest"
+            + (f" ({only_here or 'none'} here, {only_there or 'none'} in the manifest)" if only_here or only_there
+               else "")]
+
+
+def _shapes(value) -> list[str] | None:
+    """Input shapes read from a manifest: a list of strings, else unknown."""
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def nearest_graph(graph: dict, manifest: Manifest, config: dict) -> tuple[str | None, str]:
+    """The precompiled graph of the same call site closest to `graph`, and what differs from it.
+
+    Only graphs of the same compile environment count (others are another cache entry whatever
+    their shapes); closest = fewest input shape differences.
+    """
+    where = graph.get("where") or ""
+    same_env = [(h, g) for r in manifest.configs.values() if same_compile_env(r.config, config)
+                for h, g in r.graphs.items()]
+    if not any(g.extra.get("where") for _, g in same_env):
+        return None, ""  # nothing to compare with: no call sites recorded in this environment
+    candidates = [(h, g) for h, g in same_env if isinstance(g.extra.get("where"), str)
+                  and same_site(g.extra["where"], where)]
+    if not candidates:
+        return None, (f"no precompiled graph comes from {where}: the precompile run never reached that line"
+                      if where else "")
+    shapes = graph.get("input_shapes")
+
+    def distance(candidate) -> int:
+        changes = shape_changes(shapes, _shapes(candidate[1].extra.get("input_shapes")))
+        return len(changes) if changes is not None else 1 << 20
+
+    nearest, record = min(candidates, key=distance)
+    changes = shape_changes(shapes, _shapes(record.extra.get("input_shapes")))
+    if changes is None:
+        return nearest, f"differs from {nearest[:12]} of the same line (input shapes not recorded)"
+    if not changes:
+        return nearest, (f"same input shapes as {nearest[:12]} of the same line: a constant or the program "
+                         "differs (a Python scalar 0 or 1, a branch, a loop length)")
+    more = f" (+{len(changes) - MAX_NAMED} more)" if len(changes) > MAX_NAMED else ""
+    return nearest, "; ".join(changes[:MAX_NAMED]) + more
+
+
 def format_coverage(report: dict) -> str:
     if report["coverage"] is None:
         return (f"precompile coverage unknown: {report['unidentified']} graph(s) compiled without a "
                 "fingerprint (graph hashes unavailable)")
     line = (f"precompile coverage {report['coverage']:.0%} ({report['covered']}/{report['graphs']} "
             f"graphs in {report['cache_dir']}/{MANIFEST})")
-    if report["missing"]:
-        first = report["missing"][0]
-        line += (f": {len(report['missing'])} graph(s) not precompiled, first {first['hash'][:12]} "
-                 f"({first['phase']}, step {first['step']}): {report['explanation']}")
-    return line
-
+    if not report["missing"]:
+        return line
+    first = report["missing"][0]
+    lines = [line + f": {len(report['missing'])} graph(s) not precompiled, first {first['hash'][:12]} "
+             f"({first['phase']}, step {first['step']}): {report['explanation']}"]
+    for g in report["missing"]:
+        lines.append(f"  not precompiled: {g['hash'][:12]} at {g['where'] or '?'} (step {g['step']})"
+                     + (f": {g['difference']}" if g.get("difference") else ""))
+    return "\n".join(lines)

@@ -16,6 +16,7 @@ from neuron_train.common.fileio import is_s3, write_json_atomic
 from neuron_train.common.neuron_env import EXTRACT_ENV, NETWORK_FS, neuron_cache_location, path_facts
 from neuron_train.precompile import store
 from neuron_train.precompile.coverage import (
+    GRAPH_DETAILS,
     coverage_report,
     covering_hashes,
     explain,
@@ -135,22 +136,8 @@ class CompileCacheHook:
         xr.initialize_cache(str(self.staging), readonly=False)
 
     def _record(self, graphs: list[dict]) -> None:
-        now = store.utc_now()
-
-        def add(manifest: Manifest) -> None:
-            record = manifest.configs.setdefault(self.fp, ConfigRecord(config=self.config, created=now))
-            for g in graphs:
-                if g.get("hash"):
-                    record.graphs.setdefault(g["hash"], GraphRecord(phase=g.get("phase"), step=g.get("step"),
-                                                                    compile_time_s=g.get("compile_time_s")))
-            unidentified = sum(1 for g in graphs if not g.get("hash"))
-            record.unidentified_graphs = max(record.unidentified_graphs, unidentified)
-            if self.precompile_id and self.precompile_id not in record.precompile_ids:
-                record.precompile_ids.append(self.precompile_id)
-            record.updated, record.host, record.tour_steps = now, socket.gethostname(), self.tour_steps
-            record.pruned_files, record.pruned_at = 0, None  # precompiled again: its entries are rebuilt
-
-        store.update_manifest(self.dir, add)
+        record_graphs(self.dir, self.fp, self.config, graphs, precompile_id=self.precompile_id,
+                      tour_steps=self.tour_steps)
         if self.staging is not None:
             store.commit_staged(self.dir, self.staging, self.fp)
 
@@ -224,6 +211,30 @@ class CompileCacheHook:
             return report["coverage"]
         finally:
             self.use.release()
+
+
+def record_graphs(cache: Path, fp: str, config: dict, graphs: list[dict], *, precompile_id: str | None,
+                  tour_steps: int) -> None:
+    """Add a graph tour's graphs to the manifest under configuration `fp` (our loop's tour and any
+    script's precompile both record through here): hash, phase, step, compile time, and the details
+    coverage compares later (call site, kind, input shapes) when the tour knew them."""
+    now = store.utc_now()
+
+    def add(manifest: Manifest) -> None:
+        record = manifest.configs.setdefault(fp, ConfigRecord(config=config, created=now))
+        for g in graphs:
+            if g.get("hash"):
+                record.graphs.setdefault(g["hash"], GraphRecord(
+                    phase=g.get("phase"), step=g.get("step"), compile_time_s=g.get("compile_time_s"),
+                    extra={k: g[k] for k in GRAPH_DETAILS if g.get(k)}))
+        unidentified = sum(1 for g in graphs if not g.get("hash"))
+        record.unidentified_graphs = max(record.unidentified_graphs, unidentified)
+        if precompile_id and precompile_id not in record.precompile_ids:
+            record.precompile_ids.append(precompile_id)
+        record.updated, record.host, record.tour_steps = now, socket.gethostname(), tour_steps
+        record.pruned_files, record.pruned_at = 0, None  # precompiled again: its entries are rebuilt
+
+    store.update_manifest(cache, add)
 
 
 def precompile_hint(cfg: RunConfig, cache: Path, world: int) -> str:

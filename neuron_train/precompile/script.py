@@ -1,0 +1,170 @@
+"""Run any PyTorch/XLA command with the graph checker and the probe armed in each of its processes.
+
+One runner for `neuron-train precompile -- CMD` (mode "tour"), `check-graphs --compile-cache DIR
+-- CMD` (mode "check") and `bench -- CMD` (mode "bench"): the checker's instrumentation
+(graphs/_instrument) writes each process's graphs (`record.<pid>.json`), the probe
+(script_probe.py) its step windows and why it stopped (`probe.<pid>.json`). A command that fails,
+never imports torch_xla, or stops for another reason than the one asked for is one clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.graphs import runner as graph_runner
+from neuron_train.graphs.process import ENV_EXTENSIONS
+from neuron_train.precompile import script_probe as probe
+
+PROBE_EXTENSION = "neuron_train.precompile.script_probe:arm"
+TAIL_LINES = 4000
+RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
+
+
+@dataclass
+class ScriptRun:
+    command: list[str]
+    exit_code: int
+    records: list[dict]      # the graph checker's, one per process that imported torch_xla
+    probes: list[dict]       # the probe's, one per process that imported torch_xla
+    tail: str                # the command's last output lines
+
+    def stop(self, reason: str) -> dict | None:
+        """The first process that stopped for `reason` ('tour', 'bench', 'uncovered')."""
+        return next((p["stop"] for p in self.probes if p.get("stop") and p["stop"]["reason"] == reason), None)
+
+    def graphs(self) -> list[dict]:
+        """Every graph compiled, once per hash (processes compile the same graphs), with its input
+        shapes and the phase a script's tour saw it in."""
+        seen: dict[str, dict] = {}
+        for record in self.records:
+            for g in record["graphs"]:
+                if g.get("hash") and g["hash"] not in seen:
+                    seen[g["hash"]] = {**g, "phase": script_phase(g),
+                                       "input_shapes": record.get("input_shapes", {}).get(g["hash"])}
+        return list(seen.values())
+
+    def steps(self) -> int:
+        return max((len(p["windows"]) for p in self.probes), default=0)
+
+    @property
+    def line(self) -> str:
+        return shlex.join(self.command)
+
+
+def script_phase(graph: dict) -> str:
+    """Where in a script's run a graph came from: its call site's first step(s) (optimizer state,
+    an accumulator's first batch), its steady step (ran again), a late call site, a recompilation."""
+    if graph.get("kind") in ("late", "recompile"):
+        return graph["kind"]
+    return "steady" if graph.get("executions", 0) > 1 else "first step"
+
+
+def checked_command(command: list[str], usage: str) -> list[str]:
+    """The command after `--`, refused (exit 2) when missing or not runnable."""
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError(f"no command given: {usage}")
+    if shutil.which(command[0]) is None:
+        raise UsageError(f"command not found: {command[0]} (give the program to run, e.g. `python my_train.py`)")
+    return command
+
+
+def stream(command: list[str], env: dict[str, str], echo: bool = True) -> tuple[int, str]:
+    """Run `command`, echoing its output as it comes; returns (exit code, the output's tail)."""
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", bufsize=1)
+    except FileNotFoundError:
+        hint = (": it comes with torch-neuronx (activate the Neuron venv, e.g. /opt/aws_neuronx_venv_pytorch_*)"
+                if command[0] == "neuron_parallel_compile" else "")
+        raise RunError(f"{command[0]} not found on PATH{hint}") from None
+    except OSError as exc:  # not executable, a directory, ...
+        raise UsageError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if echo:
+            sys.stdout.write(line)
+        tail.append(line)
+    return proc.wait(), "".join(tail)
+
+
+def probe_vars(mode: str, steps: int = 0) -> dict[str, str]:
+    """Variables that arm the probe in `mode` on top of the checker's instrumentation."""
+    return {ENV_EXTENSIONS: PROBE_EXTENSION, probe.MODE_ENV: mode, probe.STEPS_ENV: str(steps)}
+
+
+def load_probes(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{probe.PROBE_PREFIX}*.json"))]
+
+
+def run_script(command: list[str], folder: Path, *, mode: str, steps: int,
+               extra_env: dict[str, str] | None = None, echo: bool = True) -> ScriptRun:
+    """Run `command` instrumented; records and probes are read from `folder` (a fresh directory)."""
+    env = {**graph_runner.instrumented_env(folder, graph_runner.DEFAULT_WARMUP), **probe_vars(mode, steps),
+           **(extra_env or {})}
+    code, tail = stream(command, env, echo)
+    return ScriptRun(command, code, graph_runner.load_records(folder), load_probes(folder), tail)
+
+
+def last_line(tail: str) -> str:
+    """The command's own last words (its error), for a one-line report."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip() and not ln.startswith("neuron-train:")]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
+    """Refuse a run that never reached torch_xla, or failed without being stopped by us."""
+    stopped = any(run.stop(r) for r in stopped_ok)
+    if run.exit_code != 0 and not stopped:
+        where = f" at step {run.steps()}" if run.probes else ""
+        raise RunError(f"{run.line} failed (exit code {run.exit_code}){where}: {last_line(run.tail)}; "
+                       f"{what}")
+    if not run.records:
+        raise RunError(f"{run.line} never imported torch_xla (no process of it ran an XLA graph): "
+                       "give a PyTorch/XLA training command, e.g. `python my_train.py`")
+
+
+def parse_compile_summary(log: str) -> dict:
+    """neuron_parallel_compile's closing summary: totals and the graphs that failed to compile."""
+    totals = {}
+    for key, pattern in (("graphs", r"Total graphs: (\d+)"),
+                         ("compiled", r"Total successful compilations: (\d+)"),
+                         ("failed", r"Total failed compilations: (\d+)")):
+        found = re.findall(pattern, log)
+        if found:
+            totals[key] = int(found[-1])
+    report = _summary_json(log)
+    failed = sorted(path for path, r in report.get("compilation_report", {}).items()
+                    if not r.get("status"))
+    return {**totals, "failed_graphs": failed} if totals or report else {}
+
+
+def _summary_json(log: str) -> dict:
+    """The JSON object printed after '||NEURON_PARALLEL_COMPILE||: {', one 'INFO:' line per line."""
+    lines = log.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.rstrip().endswith("||NEURON_PARALLEL_COMPILE||: {")]
+    if not starts:
+        return {}
+    body, depth = ["{"], 1
+    for line in lines[starts[-1] + 1:]:
+        text = re.sub(r"^\s*INFO:\s?", "", line)
+        body.append(text)
+        depth += text.count("{") - text.count("}")
+        if depth <= 0:
+            break
+    try:
+        data = json.loads("\n".join(body))
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,148 @@
+"""`neuron-train precompile [--cache-dir DIR] [--steps N] [--dry-run] -- CMD`: any script's graphs.
+
+The command (`python my_train.py ...`, `torchrun ... my_train.py ...`) runs once as a *graph tour*:
+on Neuron under `neuron_parallel_compile` (graph extraction, then a parallel compile into DIR), on
+other devices directly, with torch_xla's persistent cache staged privately. The probe
+(script_probe.py) ends each process once every call site it has seen is warm and N steps have
+passed, so a 100-epoch script is not run in full. Every graph the tour compiled goes into the
+manifest with its hash, call site, phase and input shapes (coverage.record_graphs, the function
+our own loop's tour uses); a failed tour records nothing and leaves no staged file behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_train.common.errors import RunError
+from neuron_train.common.neuron_env import neuron_device_present
+from neuron_train.precompile import script_probe as probe
+from neuron_train.precompile import store
+from neuron_train.precompile.coverage import fingerprint, script_config
+from neuron_train.precompile.hook import cache_flags, record_graphs
+from neuron_train.precompile.script import (
+    RETRIES_ENV,
+    ScriptRun,
+    parse_compile_summary,
+    require_ran,
+    run_script,
+)
+
+DEFAULT_STEPS = 5
+
+
+def script_device() -> str:
+    """The device kind a script's processes will get: what our loop records as backend.kind."""
+    if neuron_device_present():
+        return "NEURON"
+    return os.environ.get("PJRT_DEVICE", "CPU").upper()
+
+
+@dataclass(frozen=True)
+class ScriptPlan:
+    target: str                 # 'neuron' (under neuron_parallel_compile) or 'cpu' (the tour directly)
+    cache: Path
+    script: list[str]           # the user's command
+    command: list[str]          # what runs
+    env: dict[str, str]         # set on top of the current environment (besides the instrumentation)
+    steps: int
+    notes: list[str]
+
+    @property
+    def real_run(self) -> str:
+        return shlex.join(["neuron-train", "check-graphs", "--compile-cache", str(self.cache),
+                           "--require-precompiled", "--", *self.script])
+
+
+def plan_script(script: list[str], *, cache: Path, target: str, steps: int, num_parallel: int | None,
+                retries: int, retry_failed: bool, env) -> ScriptPlan:
+    """The exact command and environment of a script's precompile (pure: nothing runs)."""
+    flags, note = cache_flags(env, cache)
+    if retry_failed:
+        flags += " --retry_failed_compilation"  # a wrapper flag (Neuron Persistent Cache docs)
+    changes = {"NEURON_CC_FLAGS": flags}
+    notes = [n for n in (note,) if n]
+    if target == "neuron":
+        command = ["neuron_parallel_compile", *(["--num_parallel", str(num_parallel)] if num_parallel else []),
+                   *script]
+        changes[RETRIES_ENV] = str(retries)
+    else:
+        command = list(script)
+        if num_parallel:
+            notes.append("--num-parallel only applies to neuron_parallel_compile (Neuron)")
+    return ScriptPlan(target, cache, list(script), command, changes, steps, notes)
+
+
+def format_script_plan(plan: ScriptPlan) -> str:
+    env_words = [f"{k}={v}" for k, v in plan.env.items()]
+    stop = (f"every call site warm and at least {plan.steps} steps" if plan.steps
+            else "the command's own end (--steps 0)")
+    lines = [f"target       {plan.target}"
+             + (" (neuron_parallel_compile: extract graphs, then compile them in parallel)"
+                if plan.target == "neuron" else " (graph tour on this device; no neuron_parallel_compile)"),
+             f"cache        {plan.cache}",
+             f"tour stops   at {stop}",
+             "command",
+             f"  {shlex.join(['env', *env_words, *plan.command])}",
+             "  (with neuron-train's graph instrumentation in each Python process)",
+             "then run",
+             f"  {plan.real_run}"]
+    return "\n".join(lines + [f"note         {n}" for n in plan.notes])
+
+
+def execute_script_plan(plan: ScriptPlan, device: str) -> str:
+    """Run the tour holding the cache's use lock; record its graphs; returns the report."""
+    run_id = uuid.uuid4().hex[:12]
+    use = store.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
+    staging = plan.cache / store.STAGING_DIR / f"tour-{run_id}"
+    try:
+        with tempfile.TemporaryDirectory(prefix="neuron-train-precompile-") as folder:
+            extra = {**plan.env, **({probe.STAGING_ENV: str(staging)} if plan.target != "neuron" else {})}
+            run = run_script(plan.command, Path(folder), mode="tour", steps=plan.steps, extra_env=extra)
+        summary = parse_compile_summary(run.tail) if plan.target == "neuron" else {}
+        require_ran(run, f"nothing was recorded in {plan.cache}", stopped_ok=("tour",))
+        if summary.get("failed"):
+            raise RunError(f"{summary['failed']} graph(s) failed to compile (cached as failed): fix the cause, "
+                           "then precompile again with --retry-failed")
+        return _record(plan, run, run_id, device)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # committed files were moved out; the rest goes
+        use.release()
+
+
+def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str) -> str:
+    graphs = run.graphs()
+    if not graphs:
+        raise RunError(f"{run.line} imported torch_xla but compiled no graph before it ended: "
+                       "nothing to precompile")
+    config = script_config(plan.script, device=device, env={**os.environ, **plan.env})
+    fp = fingerprint(config)
+    record_graphs(plan.cache, fp, config, graphs, precompile_id=run_id, tour_steps=run.steps())
+    vouched = 0
+    for p in run.probes:
+        if p.get("staging"):
+            vouched += store.commit_staged(plan.cache, Path(p["staging"]), fp)
+    if plan.target == "neuron":
+        vouched += len(store.record_entries(plan.cache, fp))
+    return _report(plan, run, fp, graphs, vouched)
+
+
+def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[dict], vouched: int) -> str:
+    sites = {g.get("where") or "?" for g in graphs}
+    stop = run.stop("tour")
+    ended = (f"stopped after step {stop['step']}: every call site warm" if stop
+             else f"the command ended by itself after {run.steps()} steps")
+    lines = [f"precompiled  {run.line} (configuration {fp})",
+             f"graphs       {len(graphs)} recorded in {plan.cache}/{store.MANIFEST}, from {len(sites)} call "
+             f"site(s)"]
+    for g in graphs:
+        lines.append(f"  {g['hash'][:12]}  {g.get('where') or '?'}  (step {g.get('step')}, "
+                     f"{(g.get('compile_time_s') or 0):.1f} s to compile)")
+    lines += [f"tour         {ended}", f"cache        {vouched} cache file(s) vouched for",
+              f"then run     {plan.real_run}"]
+    return "\n".join(lines)

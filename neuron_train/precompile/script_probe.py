@@ -1,0 +1,378 @@
+"""Inside each Python process of a user's command: step times, batch sizes, and when to stop.
+
+`neuron-train precompile -- CMD`, `check-graphs --compile-cache DIR -- CMD` and `bench -- CMD` run
+the command with the graph checker armed in every process (graphs/_instrument); the checker calls
+`arm` right after torch_xla is imported (graphs' extension hook), so this module sees what the
+checker sees and adds:
+
+- a wrapper over `torch_xla.sync` (outside the checker's own): each sync that ran a graph ends a
+  *step window*, timed on return (after the step's closures) and labelled with its call site (the
+  innermost user line above the sync) and whether anything compiled in it;
+- host-to-device copies (`Tensor.to`, and `_xla_tensors_from_aten` behind MpDeviceLoader): the
+  shape of the largest one per window gives the samples per step;
+- the tour's and bench's stop: once every call site is warm and N steps have passed, the process
+  exits cleanly (SystemExit at the sync's return, so atexit writes every record);
+- with --require-precompiled, a thread that reads torch_xla's compile log: torch_xla logs a
+  graph's hash after lowering it and before the compiler runs, so a graph the manifest lacks stops
+  the process while its compile has only started.
+
+Everything is written to `probe.<pid>.json` next to the checker's `record.<pid>.json`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MODE_ENV = "NEURON_TRAIN_PROBE_MODE"          # tour | check | bench
+STEPS_ENV = "NEURON_TRAIN_PROBE_STEPS"        # tour: steps before stopping; bench: measured steps
+COVERED_ENV = "NEURON_TRAIN_PROBE_COVERED"    # check: a JSON list of the graph hashes precompiled
+STAGING_ENV = "NEURON_TRAIN_PROBE_STAGING"    # tour: folder for torch_xla's persistent cache files
+PROBE_PREFIX = "probe."
+MODES = ("tour", "check", "bench")
+STOP_EXIT = 3          # --require-precompiled stopped the process before an uncovered compile
+MAX_WINDOWS = 20000    # steps kept per process (a bench or a tour stops long before)
+WATCH_INTERVAL_S = 0.02
+HLO_DUMP_WAIT_S = 0.3
+
+
+@dataclass
+class StepWindow:
+    """One sync that ran a graph, and what happened since the previous one."""
+
+    step: int              # the checker's step number (syncs that ran a graph)
+    t: float               # time.perf_counter() when the sync returned
+    site: str              # the innermost user line above the sync
+    compiled: int          # graphs compiled in this window
+    batch: list[int] | None = None   # shape of the largest host-to-device copy in this window
+
+
+@dataclass
+class Stop:
+    reason: str            # "tour" (all call sites warm) | "bench" (enough steady steps) | "uncovered"
+    step: int
+    graph: str = ""        # uncovered: the graph's hash
+    where: str = ""        # uncovered: its call site
+    seconds_into_compile: float | None = None  # uncovered: compile start (logged) -> stop
+    compiles_started: int = 0     # uncovered: compiles torch_xla had begun (its log) ...
+    compiles_finished: int = 0    # ... and finished (CompileTime samples): fewer = stopped mid-compile
+
+
+@dataclass
+class ProbeRecord:
+    pid: int
+    mode: str
+    steps_wanted: int
+    windows: list[StepWindow] = field(default_factory=list)
+    stop: Stop | None = None
+    parameters: int = 0            # elements in the optimizers' parameters
+    staging: str = ""              # tour: this process's torch_xla persistent cache files
+    device: str = ""               # torch_xla's device type, once a step ran
+    note: str = ""
+
+
+class Probe:
+    def __init__(self, recorder, mode: str, folder: Path):
+        import torch_xla
+
+        self.rec, self.mode, self.folder = recorder, mode, folder
+        self.xlac = torch_xla._XLAC
+        self.record = ProbeRecord(os.getpid(), mode, int(os.environ.get(STEPS_ENV, "0") or 0))
+        self.lock = threading.Lock()
+        self.compiles = self._compile_count()
+        self.copy: tuple[int, list[int]] | None = None   # (elements, shape) of the largest copy
+        self.seen_params: set[int] = set()
+        self.written = False
+        self.sites = Sites()
+
+    # ----- inputs ------------------------------------------------------------------------------
+    def _compile_count(self) -> int:
+        return self.xlac._xla_counter_value("UncachedCompile") or 0
+
+    def note_copy(self, tensor) -> None:
+        """A tensor that arrived on the XLA device from the host."""
+        try:
+            size, shape = tensor.numel(), list(tensor.shape)
+        except (AttributeError, RuntimeError):
+            return
+        with self.lock:
+            if shape and (self.copy is None or size > self.copy[0]):
+                self.copy = (size, shape)
+
+    def note_parameters(self, optimizer) -> None:
+        if id(optimizer) in self.seen_params:
+            return
+        self.seen_params.add(id(optimizer))
+        self.record.parameters += sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+
+    def step_ended(self, site: str) -> None:
+        """After a sync that ran a graph (main thread or not): close the window, maybe stop."""
+        compiles = self._compile_count()
+        with self.lock:
+            copy, self.copy = self.copy, None
+        window = StepWindow(self.rec.sync_steps, time.perf_counter(), site, compiles - self.compiles,
+                            copy[1] if copy else None)
+        self.compiles = compiles
+        if len(self.record.windows) < MAX_WINDOWS:
+            self.record.windows.append(window)
+        self.sites.add(window)
+        reason = self.sites.stop_reason(self.mode, self.record.steps_wanted)
+        if reason and threading.current_thread() is threading.main_thread():
+            self.record.stop = Stop(reason, window.step)
+            print(f"neuron-train: {STOP_WORDS[reason]} after step {window.step}: stopping "
+                  f"{Path(sys.argv[0]).name} here", file=sys.stderr, flush=True)
+            raise SystemExit(0)  # atexit writes this record and the checker's
+
+    # ----- output ------------------------------------------------------------------------------
+    def write(self) -> None:
+        if self.written:
+            return
+        self.written = True
+        if self.record.windows:
+            import torch_xla.runtime as xr
+
+            self.record.device = xr.device_type() or ""
+        path = self.folder / f"{PROBE_PREFIX}{os.getpid()}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self.record)))
+        os.replace(tmp, path)
+
+
+STOP_WORDS = {"tour": "graph tour complete (every call site warm)",
+              "bench": "enough steady steps measured"}
+
+
+# ----- arming ------------------------------------------------------------------------------------
+def arm(recorder) -> None:
+    """The graph checker's extension hook: called in each process right after torch_xla's import."""
+    from neuron_train.graphs.process import ENV_DIR
+
+    mode = os.environ.get(MODE_ENV, "")
+    if mode not in MODES:
+        return
+    probe = Probe(recorder, mode, Path(os.environ[ENV_DIR]))
+    atexit.register(probe.write)  # registered after the checker's: runs before it
+    if mode in ("tour", "bench"):
+        _wrap_sync(probe)
+        _watch_copies(probe)
+        _watch_optimizers(probe)
+    if mode == "tour":
+        _stage_cache(probe)
+    if mode == "check" and os.environ.get(COVERED_ENV):
+        covered = set(json.loads(Path(os.environ[COVERED_ENV]).read_text()))
+        CompileWatch(probe, covered).start()
+
+
+_in_sync = threading.local()
+
+
+def _wrap_sync(probe: Probe) -> None:
+    """Outside the checker's own wrapper: it has counted the step when this one sees it."""
+    import torch_xla
+
+    from neuron_train.graphs.hooks import caller_line
+
+    module = sys.modules["torch_xla.torch_xla"]
+    inner = module.sync
+
+    def sync(*args, **kwargs):
+        if getattr(_in_sync, "on", False):
+            return inner(*args, **kwargs)
+        before = probe.rec.sync_steps
+        _in_sync.on = True
+        try:
+            result = inner(*args, **kwargs)
+        finally:
+            _in_sync.on = False
+        if probe.rec.sync_steps != before:
+            probe.step_ended(caller_line(probe.rec.analyzer.is_internal, sys._getframe(1)) or "?")
+        return result
+
+    sync.__doc__ = inner.__doc__
+    module.sync = sync
+    torch_xla.sync = sync
+
+
+def _watch_copies(probe: Probe) -> None:
+    """Host-to-device copies: `Tensor.to` and the bulk copy MpDeviceLoader uses."""
+    import torch
+    import torch_xla
+
+    to = torch.Tensor.to
+
+    def copy_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out is not self and out.device.type == "xla" and self.device.type != "xla":
+            probe.note_copy(out)
+        return out
+
+    copy_to.__doc__ = to.__doc__
+    torch.Tensor.to = copy_to
+    from_aten = torch_xla._XLAC._xla_tensors_from_aten
+
+    def tensors_from_aten(tensors, *args, **kwargs):
+        for t in tensors:
+            probe.note_copy(t)
+        return from_aten(tensors, *args, **kwargs)
+
+    torch_xla._XLAC._xla_tensors_from_aten = tensors_from_aten
+
+
+def _watch_optimizers(probe: Probe) -> None:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: probe.note_parameters(optimizer))
+
+
+def _stage_cache(probe: Probe) -> None:
+    """torch_xla's persistent cache (devices other than Neuron), in a private staging folder the
+    precompile command moves into the cache when the tour succeeded (store.commit_staged)."""
+    staging = os.environ.get(STAGING_ENV)
+    if not staging or os.environ.get("PJRT_DEVICE", "").upper() == "NEURON":
+        return  # Neuron caches NEFFs itself, in NEURON_CC_FLAGS --cache_dir
+    if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
+        probe.record.note = "the command sets XLA_PERSISTENT_CACHE_PATH itself: its cache files stay there"
+        return
+    folder = Path(staging) / f"{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    # What xr.initialize_cache does; read when the first graph compiles, which is still to come.
+    os.environ["XLA_PERSISTENT_CACHE_PATH"] = str(folder)
+    os.environ["XLA_PERSISTENT_CACHE_READ_ONLY"] = "0"
+    probe.record.staging = str(folder)
+
+
+class CompileWatch(threading.Thread):
+    """--require-precompiled: reads torch_xla's compile log while the program runs.
+
+    torch_xla writes a graph's "Compilation Analysis" (its hash and Python frames) after lowering
+    it and before calling the compiler, and releases the GIL while compiling: this thread sees an
+    uncovered graph within WATCH_INTERVAL_S of its compile's start and ends the process there.
+    """
+
+    def __init__(self, probe: Probe, covered: set[str]):
+        super().__init__(name="neuron-train-require-precompiled", daemon=True)
+        self.probe, self.covered = probe, covered
+        self.log = probe.rec.files.log
+        self.offset = probe.rec.log_size()
+        self.started = 0
+        self.finished0 = self._finished()
+
+    def _finished(self) -> int:
+        data = self.probe.xlac._xla_metric_data("CompileTime")
+        return int(data[0]) if data else 0
+
+    def run(self) -> None:
+        from neuron_train.graphs.log import parse_debug_log
+
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            try:
+                with open(self.log, "rb") as f:
+                    f.seek(self.offset)
+                    text = f.read().decode("latin-1")
+                    written = os.fstat(f.fileno()).st_mtime
+            except FileNotFoundError:
+                continue
+            events, used = parse_debug_log(text)
+            self.offset += used
+            for event in (e for e in events if e.kind == "compile"):
+                self.started += 1
+                if event.graph_hash and event.graph_hash not in self.covered:
+                    self.stop(event, time.time() - written)
+
+    def stop(self, event, since_compile_start: float) -> None:
+        from neuron_train.graphs.log import user_frames
+        from neuron_train.graphs.recorder import write_record
+
+        rec = self.probe.rec
+        frames = user_frames(event.frames, rec.analyzer.is_internal)
+        where = frames[0].where if frames else ""
+        self.probe.record.stop = Stop("uncovered", rec.sync_steps, event.graph_hash, where,
+                                      round(since_compile_start, 3), self.started,
+                                      self._finished() - self.finished0)
+        print(f"neuron-train: --require-precompiled: graph {event.graph_hash[:12]} at {where or '?'} is not "
+              "precompiled: stopping before its compile finishes", file=sys.stderr, flush=True)
+        try:
+            time.sleep(HLO_DUMP_WAIT_S)  # XLA dumps the graph's HLO as its compile starts: its input shapes
+            write_record(rec, self.probe.folder)
+            self.probe.write()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(STOP_EXIT)
+
+
+# ----- the stop rule ---------------------------------------------------------------------------
+@dataclass
+class SiteState:
+    first: int                 # index of its first window
+    visits: int = 0
+    quiet_run: int = 0         # windows in a row, up to the last one, that compiled nothing
+    steady: list[tuple[int, float]] = field(default_factory=list)  # (closing window, seconds)
+
+    @property
+    def warm(self) -> bool:
+        return self.quiet_run >= 2
+
+
+class Sites:
+    """Call-site states, updated one step window at a time (the in-process stop and the parent's
+    analysis fold the same windows through this one class).
+
+    A steady interval runs from one window of a site to the next window, of the same site, that
+    compiled nothing, while that site was already warm: intervals spanning another site's windows
+    (an evaluation) or a compile are left out.
+    """
+
+    def __init__(self):
+        self.by_site: dict[str, SiteState] = {}
+        self.count = 0
+        self.last: StepWindow | None = None
+
+    def add(self, w: StepWindow) -> None:
+        s = self.by_site.setdefault(w.site, SiteState(first=self.count))
+        if self.last is not None and self.last.site == w.site and not w.compiled and s.warm:
+            s.steady.append((self.count, w.t - self.last.t))
+        s.visits += 1
+        s.quiet_run = s.quiet_run + 1 if not w.compiled else 0
+        self.count += 1
+        self.last = w
+
+    def main_site(self) -> tuple[str, SiteState] | None:
+        """The step's call site: the most steady intervals, then the most windows."""
+        if not self.by_site:
+            return None
+        return max(self.by_site.items(), key=lambda kv: (len(kv[1].steady), kv[1].visits))
+
+    def tour_complete(self, steps: int) -> bool:
+        """N steps done and every call site warm (two windows in a row compiled nothing).
+
+        A site seen once (set-up, a once-per-epoch evaluation) holds the tour until as many steps
+        have run after it as before it, so a once-per-epoch site is seen a second time (its second
+        visit may compile another graph, e.g. an accumulator that starts as a Python number).
+        """
+        if self.count < max(steps, 1):
+            return False
+        return all(s.warm or (s.visits == 1 and self.count - 1 - s.first >= s.first)
+                   for s in self.by_site.values())
+
+    def stop_reason(self, mode: str, steps: int) -> str | None:
+        if mode == "tour" and steps > 0 and self.tour_complete(steps):
+            return "tour"
+        main = self.main_site()
+        if mode == "bench" and steps > 0 and main and len(main[1].steady) >= steps:
+            return "bench"
+        return None
+
+
+def fold(windows: list[StepWindow]) -> Sites:
+    sites = Sites()
+    for w in windows:
+        sites.add(w)
+    return sites
