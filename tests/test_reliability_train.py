@@ -79,12 +79,12 @@ def test_resume_of_a_finished_run_changes_nothing_unless_the_target_grew(tmp_pat
     save_checkpoint(out, 2)
     (out / "summary.json").write_text('{"final_loss": 0.25}\n')
     before = snapshot(out)
-    plan = rundir.preflight(run_cfg(out, "--max-steps", "2", "--resume"))
-    assert plan.finished and "is finished" in plan.finished and "--max-steps" in plan.finished
+    finished = rundir.preflight(run_cfg(out, "--max-steps", "2", "--resume"))
+    assert "is finished: its checkpoint is at step 2" in finished and "larger --max-steps" in finished
     rundir.release_unused()
     assert snapshot(out) == before and not (out / ".lock").exists()
     grown = run_cfg(out, "--max-steps", "3", "--resume")
-    assert rundir.preflight(grown).finished is None
+    assert rundir.preflight(grown) is None
     assert grown.checkpoint.resume == str(ckpt.checkpoint_dir(out) / "step-00000002.pt")
 
 

@@ -75,15 +75,16 @@ def _tell_torchrun(exc: Exception) -> None:
 def _train(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
-        plan = rundir.preflight(cfg)  # before torch_xla starts: refusals take seconds, not ~20 s
+        finished = rundir.preflight(cfg)  # before torch_xla starts: refusals take seconds, not ~20 s
     except (UsageError, RunError) as exc:
         if os.environ.get("LOCAL_RANK", "0") != "0":  # the same line as local rank 0's: said once
             _tell_torchrun(exc)
             time.sleep(_QUIET_RANK_GRACE_S)  # torchrun stops every rank at the first exit: let 0 print
             sys.exit(2 if isinstance(exc, UsageError) else 1)
         raise
-    if plan.finished:
-        print(plan.finished, flush=True)
+    if finished:
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(finished, flush=True)
         return 0
     from neuron_train.training.device import init_backend, prepare_environment
 

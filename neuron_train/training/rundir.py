@@ -40,28 +40,21 @@ _locks: dict[Path, tuple[int, bool]] = {}  # run dir -> (lock file descriptor, t
 _created: set[Path] = set()    # run dirs this process created (removed again when left empty)
 
 
-@dataclass
-class Preflight:
-    """What the checks before start-up found."""
-
-    run_dir: Path | None          # None: the default runs/<model>-<time>, named by rank 0 at start-up
-    finished: str | None = None   # the run already reached its target: this line, and nothing changes
-
-
-def preflight(cfg: RunConfig) -> Preflight:
+def preflight(cfg: RunConfig) -> str | None:
     """Every check that needs no torch_xla; then rank 0 creates and locks the run directory.
 
-    May rewrite `cfg.checkpoint.resume` from "latest" to the file chosen (the newest good one)."""
+    Returns a line when `--resume` finds the run finished (nothing to do, nothing changed). May
+    rewrite `cfg.checkpoint.resume` from "latest" to the file chosen (the newest good one)."""
     rank, world = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
     run_dir = Path(cfg.train.output_dir) if cfg.train.output_dir else None
     check_location(run_dir or Path("runs"))
     check_model_name(cfg.model.name)
     total = _target_steps(cfg, world, images=rank == 0)
     if extracting_graphs():  # neuron_parallel_compile's extraction writes nothing: no directory
-        return Preflight(run_dir)
+        return None
     plan = _plan_resume(cfg, run_dir, world, total) if cfg.checkpoint.resume is not None else None
     if plan and plan.finished:
-        return Preflight(run_dir, plan.finished)
+        return plan.finished
     if run_dir is not None and rank == 0:
         _create_and_lock(run_dir)  # a run in progress there is refused now, before anything is said
     if plan is None:
@@ -72,7 +65,7 @@ def preflight(cfg: RunConfig) -> Preflight:
             _note(rank, line)
         if plan.info is not None:
             cfg.checkpoint.resume = str(plan.info.path)  # the file every rank loads; kept in the config
-    return Preflight(run_dir)
+    return None
 
 
 def check_location(run_dir: Path) -> None:
