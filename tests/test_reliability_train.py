@@ -153,7 +153,7 @@ def test_temp_files_of_a_process_killed_mid_save_are_removed_at_the_next_start(t
     out = tmp_path / "run"
     save_checkpoint(out, 4)
     d = ckpt.checkpoint_dir(out)
-    for name in (".step-00000008.pt.tmp-99999", ".step-00000008.optim-rank1.pt.tmp-99998"):
+    for name in (".step-00000008.pt.tmp-otherhost-99999", ".step-00000008.optim-rank1.pt.tmp-99998"):
         (d / name).write_bytes(b"PK\x03\x04 cut short")
     (out / ".summary.json.k2j4.tmp").write_text("{")
     cfg = run_cfg(out, "--max-steps", "8", "--resume")
@@ -387,7 +387,7 @@ def test_a_read_only_output_dir_is_one_line(tmp_path):
 def test_a_non_utf8_config_file_is_one_line(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_bytes(b"train:\n  epochs: 1  # caf\xe9\n")
-    with pytest.raises(UsageError, match=r"is not UTF-8 text \(byte 0xe9 on line 2\): save it as UTF-8"):
+    with pytest.raises(UsageError, match=r"run.yaml: not UTF-8 text \(byte 0xe9 at offset 25\): save it as UTF-8"):
         load_config_file(str(f))
 
 

@@ -7,7 +7,7 @@ run code, and every file that cannot be loaded is said in one line (never with a
 unsafely: a file we did not write must not run code).
 
 A save that fails removes its temporary file (a full disk names the last good checkpoint); one
-killed mid-save leaves `.step-N.pt.tmp-PID`, removed at the run's next start (`remove_stale_temps`).
+killed mid-save leaves `.step-N.pt.tmp-HOST-PID`, removed at the run's next start (`remove_stale_temps`).
 A damaged newest checkpoint is skipped for the newest good one (`newest_good`).
 """
 
@@ -26,10 +26,11 @@ import torch
 from torch.utils._pytree import tree_map
 
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import work_path
 
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
-_TEMP = re.compile(r"^\.step-\d{8}(\.optim-rank\d+)?\.pt\.tmp-\d+$")
+_TEMP = re.compile(r"^\.step-\d{8}(\.optim-rank\d+)?\.pt\.tmp-(.+-)?\d+$")  # work_path names, and older ones
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled magic number of old torch.save files
 
 
@@ -79,7 +80,7 @@ def shard_file(checkpoint: Path, rank: int) -> Path:
 def _write_atomic(final: Path, state: dict) -> None:
     """`state` as `final`, whole or not at all: on any failure the temporary file is removed."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp = work_path(final, "tmp")  # .step-N.pt.tmp-HOST-PID
     try:
         with open(tmp, "wb") as fh:
             torch.save({"format": FORMAT, **state}, fh)

@@ -19,6 +19,7 @@ import tomllib
 import yaml
 
 from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import not_utf8, write_text_atomic
 
 PRECISIONS = ("fp32", "bf16-autocast", "bf16", "xla-use-bf16", "xla-downcast-bf16")
 DATASETS = ("digits", "synthetic", "folder")
@@ -314,9 +315,7 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
     except OSError as exc:
         raise UsageError(f"--config: cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        line = exc.object[:exc.start].count(b"\n") + 1
-        raise UsageError(f"--config: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on "
-                         f"line {line}): save it as UTF-8") from None
+        raise not_utf8(p, exc) from None
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)
@@ -385,4 +384,4 @@ def config_to_argv(cfg: RunConfig) -> list[str]:
 
 
 def save_config(cfg: RunConfig, path: os.PathLike) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
