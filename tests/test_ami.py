@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import hcl2
 import pytest
 import tomllib
+import yaml
 
 from neuron_train.ops.doctor import load_pins
 
@@ -34,6 +36,13 @@ PINNED = PINS["releases"][PINS["neuron_sdk"]]
 
 def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the kernel's choice), instead of one derived from the pid."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- shell lint
@@ -389,11 +398,12 @@ def test_sbatch_refuses_a_shared_or_overridden_compile_cache(slurm, change, args
     assert "torchrun" not in res.stdout
 
 
+@pytest.mark.slow  # two torchrun agents
 def test_torchrun_c10d_gives_rank_0_to_the_smallest_local_addr(tmp_path):
     """The rule the batch script relies on to know rank 0's host before the rendezvous."""
     worker = tmp_path / "w.py"
     worker.write_text("import os\nprint('WORKER', os.environ['RANK'], os.environ['MASTER_ADDR'], flush=True)\n")
-    port = 29000 + os.getpid() % 1000
+    port = free_port("127.0.0.10")
 
     def agent(addr: str) -> subprocess.Popen:
         return subprocess.Popen(
@@ -413,7 +423,7 @@ def test_sbatch_trains_across_two_nodes_on_cpu(slurm, tmp_path):
     """The real script, torchrun and training loop over two loopback nodes (CPU XLA, gloo)."""
     run_dir = tmp_path / "run"
     env = {**slurm, "NEURON_TRAIN_PROCS_PER_NODE": "1", "NEURON_TRAIN_DOCTOR": "0", "PJRT_DEVICE": "CPU",
-           "LOGLEVEL": "INFO", "NEURON_TRAIN_RDZV_PORT": str(30000 + os.getpid() % 1000)}
+           "LOGLEVEL": "INFO", "NEURON_TRAIN_RDZV_PORT": str(free_port("127.0.0.10"))}
     res = sbatch(env, "--max-steps", "2", "--output-dir", str(run_dir), "--no-progress", "--num-workers", "0",
                  "--no-tensorboard", timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
@@ -421,4 +431,26 @@ def test_sbatch_trains_across_two_nodes_on_cpu(slurm, tmp_path):
     assert summary["world_size"] == 2 and summary["steps"] == 2
     assert re.search(r"\[trn-2\] .*group_rank=0", res.stdout)  # rank 0 on the smallest address
     assert re.search(r"\[trn-1\] .*group_rank=1", res.stdout)
-    assert (Path(slurm["NEURON_TRAIN_CACHE_DIR"])).is_dir()
+    # The run used the per-host cache the script chose (not a directory the test merely named).
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["compile"]["compile_cache"] == \
+        slurm["NEURON_TRAIN_CACHE_DIR"]
+
+
+def test_sbatch_preflight_stops_the_job_on_a_node_that_fails_doctor(slurm, tmp_path):
+    """The real `neuron-train doctor --multi-node --require-neuron` runs on every node before
+    torchrun. This machine has no Neuron device: a bad node for a Neuron job. The job must stop with
+    each node's report and never start torchrun (a stand-in torchrun records any call)."""
+    bindir = Path(slurm["PATH"].split(":")[0])
+    called = tmp_path / "torchrun-called"
+    (bindir / "torchrun").write_text("#!/usr/bin/env bash\n# Stand-in: records that the job went past "
+                                     f'the preflight.\necho "$@" >> "{called}"\n')
+    (bindir / "torchrun").chmod(0o755)
+    env = {**slurm, "PATH": f"{bindir}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    assert "NEURON_TRAIN_DOCTOR" not in env and "NEURON_TRAIN_DRY_RUN" not in env  # the defaults
+    res = sbatch(env, "--max-steps", "2", timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    for host in HOSTS:
+        assert f"[{host}] slurm_train: error: {host}: neuron-train doctor found a problem" in out, out
+        assert re.search(rf"^\[{host}\] {host}:\s+FAIL\s+devices", out, re.M), out
+    assert not called.exists(), called.read_text()

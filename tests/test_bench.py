@@ -82,6 +82,26 @@ def test_train_sweep_runs_our_loop_and_records_a_failed_size(tmp_path):
     assert "CPU XLA device" in proc.stdout
 
 
+@pytest.mark.slow
+def test_train_with_two_processes_measures_a_two_rank_run(tmp_path):
+    """--nproc 2 runs our loop under torchrun: the result's world size and global batch come from
+    the run's own summary, so a bench that quietly ran one process would say world size 1."""
+    out = tmp_path / "two.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "neuron_train", "bench", "--mode", "train", "--nproc", "2", "--repeats", "1",
+         "--model", "vit-nano", "--batch-size", "8", "--max-steps", "5", "--warmup-measure-steps", "2",
+         "--eval-every", "100", "--num-workers", "0", "--output", str(out)],
+        cwd=ROOT, env=cpu_env(AWS_EC2_METADATA_DISABLED="true"), capture_output=True, text=True,
+        timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = validate_result(json.loads(out.read_text()), str(out))
+    assert (r["mode"], r["world_size"], r["device"]["count"]) == ("train", 2, 2)
+    assert (r["batch_size_per_device"], r["global_batch_size"]) == (8, 16)
+    assert r["measured_steps"] == 3 and r["samples_per_sec"]["median"] > 0
+    assert math.isfinite(r["details"]["final_loss"])
+    assert "--nproc 2" in r["command"]
+
+
 def test_sweep_stops_growing_the_batch_after_out_of_memory():
     tried = []
 

@@ -96,6 +96,7 @@ def gloo_results(tmp_path_factory):
     return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
 
 
+@pytest.mark.slow  # the fixture spawns two processes
 def test_gloo_zero1_matches_one_process_adamw_with_global_norm_clipping(gloo_results):
     for r in gloo_results:
         assert r["diff"] < 1e-6, r["diff"]
@@ -104,6 +105,7 @@ def test_gloo_zero1_matches_one_process_adamw_with_global_norm_clipping(gloo_res
         assert any(reference_norm > 0.5 for _, reference_norm in r["norms"])  # clipping happened
 
 
+@pytest.mark.slow  # the fixture spawns two processes
 def test_gloo_zero1_keeps_half_the_optimizer_state_per_rank(gloo_results):
     assert sum(p.numel() for p in _net().parameters()) == 114  # 85 weights + 29 biases/norm scales
     for r in gloo_results:
@@ -115,6 +117,7 @@ def test_gloo_zero1_keeps_half_the_optimizer_state_per_rank(gloo_results):
         assert r["bytes"]["optimizer_state_bytes"] < 0.52 * full
 
 
+@pytest.mark.slow  # the fixture spawns two processes
 def test_gloo_zero1_refuses_the_shard_of_another_rank(gloo_results):
     assert "saved by rank 1 of 2" in gloo_results[0]["refusal"]
     assert "saved by rank 0 of 2" in gloo_results[1]["refusal"]

@@ -35,10 +35,18 @@ def prepare_environment(precision: str) -> str:
         precision = from_env[0]
     if precision in _LEGACY_BF16_ENV:
         os.environ[_LEGACY_BF16_ENV[precision]] = "1"
-    if precision != "fp32" and os.environ["PJRT_DEVICE"] == "NEURON":
-        # bf16 weights without stochastic rounding lose small updates (Neuron's documented fix).
-        os.environ.setdefault("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
+    for name, value in neuron_precision_env(precision, os.environ["PJRT_DEVICE"]).items():
+        os.environ.setdefault(name, value)  # a value the user set wins
     return precision
+
+
+def neuron_precision_env(precision: str, pjrt_device: str) -> dict[str, str]:
+    """The Neuron runtime variables `precision` needs on `pjrt_device` (none off Neuron).
+
+    bf16 weights without stochastic rounding lose small updates (Neuron's documented fix)."""
+    if precision != "fp32" and pjrt_device == "NEURON":
+        return {"NEURON_RT_STOCHASTIC_ROUNDING_EN": "1"}
+    return {}
 
 
 def env_int(name: str, default: int) -> int:
