@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env
 
-from neuron_train.graphs import hlo_diff, records
+from neuron_train.graphs import format_report, hlo_diff, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, internal_file_predicate, parse_debug_log
 
@@ -69,12 +69,12 @@ def test_clean_script_is_stable(clean_run):
 
 
 RECOMPILES = [
-    ("ragged_batch.py", records.NEW_INPUT_SHAPE, "TO_DEVICE", "f32[8,4] -> f32[6,4]"),
+    ("ragged_batch.py", records.NEW_INPUT_SHAPE, "LOADER", "f32[8,4] -> f32[6,4]"),
     ("nonzero.py", records.DATA_DEPENDENT, "NONZERO", "aten::nonzero ran on the CPU"),
     ("masked_index.py", records.DATA_DEPENDENT, "MASK", "aten::nonzero ran on the CPU"),
     ("slice_length.py", records.GRAPH_STRUCTURE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
     ("lr_special_scalar.py", records.NEW_CONSTANT, "STEP", "['lr'] = 1.0"),
-    ("eval_batch_size.py", records.NEW_INPUT_SHAPE, "EVAL_TO_DEVICE", "f32[6,4] -> f32[4,4]"),
+    ("eval_batch_size.py", records.NEW_INPUT_SHAPE, "EVAL_LOADER", "f32[6,4] -> f32[4,4]"),
 ]
 
 
@@ -115,7 +115,7 @@ def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     assert late["cause"] == records.NEW_CALL_SITE and late["where"] == line_of("eval_batch_size.py", "EVAL_SYNC")
     [ragged] = report["recompiles"]  # the ragged last eval batch, apart from the late graph
     assert ragged["hash"] != late["hash"] and ragged["cause"] == records.NEW_INPUT_SHAPE
-    assert ragged["where"] == line_of("eval_batch_size.py", "EVAL_TO_DEVICE")
+    assert ragged["where"] == line_of("eval_batch_size.py", "EVAL_LOADER")
     reads = [h for h in report["host_syncs"] if not h["executes_graph"]]
     assert reads and reads[0]["cause"] == records.HOST_READ and not reads[0]["every_step"]
 
@@ -143,7 +143,7 @@ def test_torchrun_processes_are_merged(tmp_path):
     assert report["distinct_graphs"] == 2 and report["compile_count"] == 4  # both ranks compiled both
     assert sum(g["executions"] for g in report["graphs"]) == 12  # 6 steps in each rank
     [recompile] = report["recompiles"]
-    assert recompile["where"] == line_of("ragged_batch.py", "TO_DEVICE")
+    assert recompile["where"] == line_of("ragged_batch.py", "LOADER")
 
 
 def test_failing_command_is_not_stable(tmp_path):
@@ -212,7 +212,7 @@ def test_graph_watch_fails_at_the_first_recompilation():
     proc = run_watch("fail")
     assert proc.returncode == 1
     assert (f"recompilation after warm-up at step 2 (train): {records.NEW_INPUT_SHAPE} at "
-            f"{line_of('watch_api.py', 'TRAIN_BATCH')}") in proc.stderr
+            f"{line_of('watch_api.py', 'TRAIN_LOADER')}") in proc.stderr
 
 
 def test_assert_graph_stable_in_a_users_test():
@@ -291,19 +291,208 @@ def test_hlo_same_graph_is_unknown():
 
 
 # ----- classification (pure) ------------------------------------------------------------------
-def window(step: int, *events: XlaEvent, phase: str = "train") -> records.Window:
-    return records.Window(step=step, is_step=True, events=[(e, phase) for e in events],
-                         unlogged_compiles=0, compile_times=[], hlo={}, reads=[], fallbacks={},
-                         scalar_reads=0, scalars=[], phase=phase)
+LIBS = internal_file_predicate(("/lib/",))
+SYNC = Frame("sync", "/lib/torch_xla/torch_xla.py", 87)
+CLEAR, STEP = Frame("_compile", "/lib/torch_xla/torch_xla.py", 182), Frame("_compile", "/lib/torch_xla/torch_xla.py", 214)
+ACCESS = "most likely user code trying to access tensor value before torch_xla.sync"
 
 
-def sync_event(kind: str, graph_hash: str, line: int) -> XlaEvent:
-    return XlaEvent(kind=kind, cause="user torch_xla.sync", graph_hash=graph_hash,
-                    frames=[Frame("sync", "/lib/torch_xla/torch_xla.py", 87), Frame("main", "/u/t.py", line)])
+def window(step: int, *events: XlaEvent, phase: str = "train", **extra) -> records.Window:
+    fields = dict(unlogged_compiles=0, compile_times=[], hlo={}, reads=[], fallbacks={}, scalar_reads=0,
+                  scalars=[])
+    return records.Window(step=step, is_step=True, events=[(e, phase) for e in events], phase=phase,
+                          **{**fields, **extra})
+
+
+def sync_event(kind: str, graph_hash: str, line: int, cause: str = "user torch_xla.sync",
+               inner: Frame = SYNC) -> XlaEvent:
+    return XlaEvent(kind=kind, cause=cause, graph_hash=graph_hash, frames=[inner, Frame("main", "/u/t.py", line)])
+
+
+def ran(graph_hash: str, line: int = 10, **kw) -> list[XlaEvent]:
+    """A sync at `line` that compiled `graph_hash` and ran it."""
+    return [sync_event("compile", graph_hash, line, **kw), sync_event("execute", graph_hash, line, **kw)]
+
+
+def run_site(analyzer: Analyzer, *graphs: str, start: int = 1, **extra) -> list[records.Graph]:
+    """One step per graph at the same sync line; compiles a graph the first time it runs."""
+    found = []
+    for step, graph in enumerate(graphs, start):
+        events = ran(graph) if graph not in analyzer.graphs else [sync_event("execute", graph, 10)]
+        found += analyzer.observe(window(step, *events, **extra))
+    return found
+
+
+@pytest.mark.parametrize("graphs,recompiled", [
+    ("AB" + "B" * 4, ""),        # the first optimizer step (state created), then the steady step
+    ("ABAB" + "AB" * 3, ""),     # two graphs in turn: no new compile once both ran
+    ("A" * 5 + "R" + "A" * 5 + "R", "R"),  # a ragged last batch: once per epoch, compiled once
+    ("AABC", "BC"),              # warm after the first repeat: every later new graph counts
+    ("ABCDE", "DE"),             # a new graph every step never repeats: warm after three
+])
+def test_a_call_site_is_warm_once_it_runs_a_graph_again(graphs, recompiled):
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    found = run_site(analyzer, *graphs)
+    assert "".join(g.hash for g in found) == recompiled
+    assert all(analyzer.graphs[g].kind == "warmup" for g in graphs[:2])
+
+
+def test_graphs_of_an_optimizers_first_two_steps_are_warmup():
+    """Gradient accumulation: micro-step F, F again (warm), then the optimizer's first two steps."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    assert run_site(analyzer, "F", "F") == []
+    assert run_site(analyzer, "O", start=3, optimizer_steps=[1]) == []
+    assert run_site(analyzer, "P", start=4, optimizer_steps=[2]) == []
+    [late] = run_site(analyzer, "Q", start=5, optimizer_steps=[3])
+    assert late.hash == "Q" and late.kind == "recompile"
+
+
+def test_warmup_steps_count_every_early_graph():
+    analyzer = Analyzer(warmup_steps=3, is_internal=LIBS)
+    assert run_site(analyzer, "A", "A", "B") == []  # B: a warm site, but inside --warmup-steps 3
+    assert [g.hash for g in run_site(analyzer, "C", start=4)] == ["C"]
+
+
+def test_a_site_first_seen_when_steady_compiles_late_graphs():
+    """An eval loop's accumulator (`correct = 0; correct += ...`): two graphs, neither a defect."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    run_site(analyzer, "A", "A")
+    for step, graph in ((3, "E"), (4, "F"), (5, "F")):
+        events = ran(graph, 20) if graph not in analyzer.graphs else [sync_event("execute", graph, 20)]
+        assert analyzer.observe(window(step, *events, phase="eval")) == []
+    assert [analyzer.graphs[g].kind for g in "AEF"] == ["warmup", "late", "late"]
+    assert analyzer.graphs["E"].cause == records.NEW_CALL_SITE and analyzer.summary()["stable"]
+
+
+def test_library_frames_tell_two_syncs_on_one_line_apart():
+    """torch_xla.compile syncs twice per call (pending work, then the step), both on the user's line."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    for n in range(1, 5):
+        assert analyzer.observe(window(n, *ran("S", inner=CLEAR), *ran("G", inner=STEP))) == []
+    assert len(analyzer.sites) == 2 and all(site.warm for site in analyzer.sites.values())
+
+
+def test_a_read_that_splits_the_step_is_reported_once():
+    """`if loss > x:` first runs at step 3: its own graph, and a step graph without the forward."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    run_site(analyzer, "A", "A")
+    read = window(3, *ran("R", 12, cause=ACCESS, inner=Frame("__bool__", "/lib/torch/_tensor.py", 1)),
+                  *ran("B"), reads=[records.HostRead("bool", "/u/t.py:12", "train")])
+    assert analyzer.observe(read) == []
+    split = analyzer.graphs["B"]
+    assert (split.kind, split.cause, split.where) == ("late", records.VALUE_BRANCH, "/u/t.py:12")
+
+
+def test_reads_in_a_step_closure_are_not_host_syncs():
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    closure = Frame("_run_step_closures", "/lib/torch_xla/core/xla_model.py", 1027)
+    for n in range(1, 5):
+        events = [sync_event("execute", "A", 10), sync_event("execute", "N", 30, cause=ACCESS, inner=closure)]
+        analyzer.observe(window(n, *events))
+    assert analyzer.summary()["host_syncs"] == []
+
+
+def summary_of_shapes(*shapes: str, outputs: tuple[str, ...] = ()) -> hlo_diff.HloSummary:
+    params = [hlo_diff.Instr("parameter", s, index=i) for i, s in enumerate(shapes)]
+    return hlo_diff.HloSummary(params, [hlo_diff.Instr("add", "f32[]")], list(outputs))
+
+
+def test_a_new_batch_shape_names_its_dataloader_and_the_shapes_by_step():
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    loader = records.LoaderOrigin("L1", "/u/t.py:5", batch_size=48, drop_last=False, samples=1280)
+    full, ragged = summary_of_shapes("f32[48,784]"), summary_of_shapes("f32[32,784]")
+    analyzer.observe(window(1, *ran("A"), hlo={0: full}, loaders=[loader],
+                            batches=[records.Batch("L1", ["f32[48,784]"]), records.Batch("L1", ["f32[32,784]"])]))
+    run_site(analyzer, "A", "A", start=2)
+    [recompile] = analyzer.observe(window(4, *ran("R"), hlo={0: ragged}))
+    assert (recompile.cause, recompile.where) == (records.NEW_INPUT_SHAPE, "/u/t.py:5")
+    assert "DataLoader at /u/t.py:5 (batch_size 48, drop_last=False, 1280 samples: each pass ends " \
+           "with a batch of 32)" in recompile.detail
+    assert recompile.detail.endswith("input 0 by step: 1-3 f32[48,784], 4 f32[32,784]")
+
+
+def test_a_collate_fn_is_named_for_the_shape_it_makes():
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    loader = records.LoaderOrigin("L1", "/u/t.py:5", batch_size=4, drop_last=False, samples=48,
+                                  collate="pad", collate_where="/u/t.py:2")
+    analyzer.observe(window(1, *ran("A"), hlo={0: summary_of_shapes("s64[4,32]")}, loaders=[loader],
+                            batches=[records.Batch("L1", ["s64[4,32]", "s64[4,29]"])]))
+    run_site(analyzer, "A", start=2)
+    [recompile] = analyzer.observe(window(3, *ran("B"), hlo={0: summary_of_shapes("s64[4,29]")}))
+    assert recompile.where == "/u/t.py:2" and "collate_fn pad (/u/t.py:2)" in recompile.detail
+
+
+def test_an_input_made_by_a_graph_just_recompiled_follows_its_cause():
+    """A slice before torch_xla.compile's step: the slice's graph changes, then the step's input."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    s8, s16 = summary_of_shapes("s64[4,32]", outputs=("s64[4,8]",)), summary_of_shapes("s64[4,32]", outputs=("s64[4,16]",))
+    for n, (s, g, hlo_s, hlo_g) in enumerate([("S", "G", s8, summary_of_shapes("s64[4,8]"))] * 2 +
+                                             [("T", "H", s16, summary_of_shapes("s64[4,16]"))]):
+        analyzer.observe(window(2 * n + 1, *ran(s, inner=CLEAR), hlo={0: hlo_s}))
+        analyzer.observe(window(2 * n + 2, *ran(g, inner=STEP), hlo={0: hlo_g}))
+    slice_graph, step_graph = analyzer.graphs["T"], analyzer.graphs["H"]
+    assert slice_graph.kind == step_graph.kind == "recompile"
+    assert (step_graph.cause, step_graph.where) == (slice_graph.cause, slice_graph.where)
+    assert len(analyzer.summary()["problems"]) == 1
+
+
+def test_an_unlogged_compile_says_why_it_has_no_hash():
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    refused = records.Refused(records.HostRead("item", "/u/t.py:9", "main"), "Unexpected execution ...")
+    w = window(1, *ran("A"), refused=[refused])
+    w.unlogged_compiles = 1
+    analyzer.observe(w)
+    summary = analyzer.summary()
+    [blind] = [g for g in summary["graphs"] if not g["hash"]]
+    assert blind["detail"].startswith("no hash: torch_xla compiled it for the read at /u/t.py:9")
+    assert "no hash: torch_xla compiled it" in format_report({**summary, "command_tail": []})
+    [problem] = summary["problems"]
+    assert problem.startswith(f"{records.HOST_ACCESS}: .item() at /u/t.py:9 inside torch_xla.compile")
+
+
+def test_a_failed_commands_last_line_is_its_error():
+    from neuron_train.graphs.runner import last_error
+
+    tail = ["Traceback (most recent call last):", '  File "t.py", line 3', "ValueError: bad", "",
+            "neuron-train check-graphs: note"]
+    assert last_error(tail) == "ValueError: bad" and last_error([]) == ""
+
+
+def test_uncaught_errors_are_printed_without_the_checkers_frames():
+    from neuron_train.graphs import hooks
+    from neuron_train.graphs.frames import HERE
+
+    ours = compile("def through(f):\n    return f()\n", HERE + "stand_in.py", "exec")  # a frame "in" graphs/
+    space: dict = {}
+    exec(ours, space)
+
+    def user():
+        raise ValueError("the user's own error")
+
+    try:
+        space["through"](user)
+    except ValueError as exc:
+        tb = hooks._strip(exc, exc.__traceback__)
+    files = []
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert files and not any(f.startswith(HERE) for f in files) and files[-1] == __file__
+
+
+def test_hooks_import_no_analyzer_or_recorder():
+    """The recorder hands itself to the hooks: they never import it (or the analyzer) back."""
+    import ast
+
+    for name in ("hooks", "loaders", "frames"):
+        tree = ast.parse((ROOT / "neuron_train" / "graphs" / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in imported if m.endswith((".analyzer", ".recorder", ".api", ".explain"))}, name
 
 
 def test_analyzer_late_graph_then_recompilation():
-    analyzer = Analyzer(warmup_steps=1, is_internal=internal_file_predicate(("/lib/",)))
+    analyzer = Analyzer(warmup_steps=1, is_internal=LIBS)
     assert analyzer.observe(window(1, sync_event("compile", "a", 10), sync_event("execute", "a", 10))) == []
     assert analyzer.observe(window(2, sync_event("execute", "a", 10))) == []
     late = analyzer.observe(window(3, sync_event("compile", "e", 20), sync_event("execute", "e", 20),

@@ -1,8 +1,18 @@
-"""Classification, pure Python: step windows in, graphs, recompilations, late graphs and host syncs out.
+"""Classification, pure Python: step windows in; graphs, recompilations, late graphs, host syncs out.
 
-A *call site* is the user's stack that ran a graph (the step's sync, an eval loop's sync, a line
-that read a value). After the warm-up, a second graph at a known call site is a *recompilation*; the
-first graph of a new call site (the first evaluation) is a *late graph* that precompile must cover.
+The rule, per call site. A *call site* is the stack that ran a graph: a training loop's sync,
+an eval loop's sync, each of torch_xla.compile's two syncs, a line that read a value. A site is
+*warm* once it runs a graph it has run before (or has run WARMUP_GRAPHS different ones: a site
+whose every step is a new graph never repeats one). A new graph at a warm site is a *recompilation*, the
+defect the checker exists for. The graphs a site compiles before it is warm are its *warm-up*
+(an optimizer creates its state in its first step; an eval accumulator starts as a Python 0):
+reported, never a defect; so are the graphs compiled in an optimizer's first two steps. A site
+first seen once the run is steady (some site warm) compiles *late graphs*: not a defect either, but
+precompile must cover them. A step is a sync that ran a graph; syncs with nothing pending (a
+loader's first fetch, torch_xla.compile clearing pending work, a rendezvous) are not steps.
+
+With compiles logged but not executions (PT_XLA_DEBUG_LEVEL=1, the cheap mode of a training run)
+there is nothing to judge warmth by: every graph after `warmup_steps` steps counts.
 """
 
 from __future__ import annotations
@@ -11,23 +21,26 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
+from neuron_train.graphs.explain import Context, Loaders, explain
+from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, user_frames
-from neuron_train.graphs.records import (
-    DATA_DEPENDENT,
-    GRAPH_STRUCTURE,
-    HOST_ACCESS,
-    HOST_READ,
-    HOST_READS,
-    NEW_CALL_SITE,
-    NEW_CONSTANT,
-    NEW_INPUT_SHAPE,
-    READ_CAUSES,
-    UNKNOWN,
-    WARMUP,
-    Graph,
-    Window,
-)
+from neuron_train.graphs.records import NEW_CALL_SITE, UNKNOWN, WARMUP, Graph, Window
 from neuron_train.graphs.report import short
+
+OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
+WARMUP_GRAPHS = 3           # distinct graphs a site may run before it repeats one (first optimizer
+                            # step, an accumulator's first value, a first LR of exactly 0)
+RUNS_KEPT = 64              # runs remembered per call site (for "input N by step")
+
+
+@dataclass
+class Site:
+    seen: set[str] = field(default_factory=set)               # graphs this site has run
+    graphs: list[str] = field(default_factory=list)           # compiled or run here, first time first
+    warm: bool = False
+    late: bool = False                                        # first seen once the run was steady
+    last: str = ""                                            # the graph it ran last
+    runs: list[tuple[object, str]] = field(default_factory=list)  # (step, graph) of recent runs
 
 
 @dataclass
@@ -36,19 +49,29 @@ class Analyzer:
 
     warmup_steps: int
     is_internal: Callable[[str], bool]
+    executions_logged: bool = True
     steps: int = 0
     steady_steps: int = 0
     last_step: int | None = None
     graphs: dict[str, Graph] = field(default_factory=dict)
     hlo: dict[str, hlo_diff.HloSummary] = field(default_factory=dict)  # graph hash -> its HLO
-    sites: dict[tuple, list[str]] = field(default_factory=dict)
-    last_at_site: dict[tuple, str] = field(default_factory=dict)
+    sites: dict[tuple, Site] = field(default_factory=dict)
     executions: dict[str, int] = field(default_factory=dict)
-    host: dict[str, dict] = field(default_factory=dict)
-    fallback: dict[str, dict] = field(default_factory=dict)
-    scalar_reads: int = 0
+    host: HostSyncs = field(default_factory=HostSyncs)
+    loaders: Loaders = field(default_factory=Loaders)
     uses_log: bool = False
-    last_new_graph: int = 0   # the step index of the latest graph compiled after the warm-up
+    warm_sites: int = 0
+    last_new_graph: int = 0   # the step index of the latest graph compiled
+    last_recompile: tuple[int, Graph, list[str]] | None = None  # (step index, graph, its output shapes)
+
+    @property
+    def steady(self) -> bool:
+        return self._steady(self.steps)
+
+    def _steady(self, index: int) -> bool:
+        if index <= self.warmup_steps:
+            return False
+        return not self.executions_logged or self.warm_sites > 0
 
     def observe(self, w: Window) -> list[Graph]:
         """Record a window; returns the recompilations it revealed."""
@@ -56,169 +79,146 @@ class Analyzer:
             self.steps += 1
             self.last_step = w.step
         index = self.steps if w.is_step else self.steps + 1
-        steady = index > self.warmup_steps
+        steady = self._steady(index)
         self.steady_steps += steady and w.is_step
         label = w.step if w.step is not None else self.last_step
-        reads = self._reads_by_line(w)
-        found = []
+        self.loaders.observe(w)
+        reads = reads_by_line(w, self.is_internal)
+        found: list[Graph] = []
         times = iter(w.compile_times)
+        fresh_read: tuple[str, str] | None = None  # a read that ran a new graph in this window
         for i, (event, phase) in enumerate(w.events):
-            site = self._site(event, phase)
+            site = self.sites.get(key := self._site_key(event, phase))
+            if site is None:
+                site = self.sites[key] = Site(late=steady)
             if event.kind == "compile":
-                graph = self._new_graph(event, phase, site, label, steady, next(times, None), w, reads,
-                                        w.hlo.get(i))
-                if graph and graph.kind != "warmup":
-                    self.last_new_graph = index
-                if graph and graph.kind == "recompile":
+                ctx = Context(w, reads, self.loaders, site.runs, label, self.hlo, self.is_internal,
+                                  self._recent_recompile(index))
+                graph = self._new_graph(event, phase, site, label, index, next(times, None), ctx,
+                                        w.hlo.get(i), fresh_read)
+                if graph is not None and graph.trigger == "host access" and not in_closure(event):
+                    fresh_read = (graph.where, read_cause(reads.get(graph.where, {}).get("kind")))
+                if graph is not None and graph.kind == "recompile":
                     found.append(graph)
             else:
-                self._executed(event, site)
+                self._executed(event, site, label)
         for _ in range(w.unlogged_compiles):
-            graph = self._unlogged_graph(w.phase, label, steady, next(times, None))
+            graph = self._unlogged_graph(w, label, index, next(times, None))
             if graph.kind == "recompile":
                 found.append(graph)
-        if steady:
-            self._host_syncs(w, reads, label, index)
-        self._fallbacks(w, reads, label)
+        self.host.observe(w, reads, label, index, steady)
         return found
 
-    def _executed(self, event: XlaEvent, site: tuple) -> None:
-        self.executions[event.graph_hash] = self.executions.get(event.graph_hash, 0) + 1
-        self.last_at_site[site] = event.graph_hash
-        known = self.sites.setdefault(site, [])
-        if event.graph_hash not in self.graphs and event.graph_hash not in known:
-            known.append(event.graph_hash)  # compiled before this watch began, here
+    def _site_key(self, event: XlaEvent, phase: str) -> tuple:
+        """The whole stack, library frames included: torch_xla.compile's two syncs, a rendezvous's
+        two exchanges, a loader's sync are apart even when the user's line is the same."""
+        return (phase, *(f.where for f in event.frames))
 
-    def _site(self, event: XlaEvent, phase: str) -> tuple:
-        return (phase, *(f.where for f in user_frames(event.frames, self.is_internal)))
+    def _executed(self, event: XlaEvent, site: Site, step) -> None:
+        graph = event.graph_hash
+        self.executions[graph] = self.executions.get(graph, 0) + 1
+        repeat = graph in site.seen
+        site.seen.add(graph)
+        if graph not in site.graphs:
+            site.graphs.append(graph)  # compiled before this watch began, or at another site
+        if not site.warm and (repeat or len(site.seen) >= WARMUP_GRAPHS):
+            site.warm = True
+            self.warm_sites += 1
+        site.last = graph
+        site.runs.append((step, graph))
+        del site.runs[:-RUNS_KEPT]
 
-    def _reads_by_line(self, w: Window) -> dict[str, dict]:
-        """Host reads of this window by line: from the hooks and from the log's host-access runs."""
-        lines: dict[str, dict] = {}
-        for read in w.reads:
-            entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0,
-                                                  "phase": read.phase})
-            entry["hooked"] += 1
-        for event, phase in w.events:
-            if event.kind == "execute" and event.host_access:
-                where = user_frames(event.frames, self.is_internal)[0].where
-                kind = "fallback" if w.fallbacks else "value"
-                entry = lines.setdefault(where, {"kind": kind, "hooked": 0, "runs": 0, "phase": phase})
-                entry["runs"] += 1
-        return lines
+    def _recent_recompile(self, index: int) -> tuple[Graph, list[str]] | None:
+        if self.last_recompile is None or index - self.last_recompile[0] > 1:
+            return None
+        return self.last_recompile[1], self.last_recompile[2]
 
-    def _new_graph(self, event: XlaEvent, phase: str, site: tuple, step, steady: bool,
-                   seconds: float | None, w: Window, reads: dict, hlo) -> Graph | None:
+    def _kind(self, site: Site, index: int, w: Window) -> str:
+        if not self.executions_logged:
+            return "warmup" if index <= self.warmup_steps else "recompile" if site.graphs else "late"
+        optimizer_warmup = any(n <= OPTIMIZER_WARMUP_STEPS for n in w.optimizer_steps)
+        if index <= self.warmup_steps or optimizer_warmup or not site.warm:
+            return "late" if site.late else "warmup"
+        return "recompile"
+
+    def _new_graph(self, event: XlaEvent, phase: str, site: Site, step, index: int, seconds: float | None,
+                   ctx: Context, hlo, fresh_read: tuple[str, str] | None) -> Graph | None:
         self.uses_log = True
+        self.last_new_graph = index
         if event.graph_hash in self.graphs:
             return None  # compiled again (cache eviction): not a new graph
-        where = site[1] if len(site) > 1 else ""
-        prior = self.sites.get(site, [])
-        kind = "warmup" if not steady else ("recompile" if prior else "late")
-        graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds, kind=kind,
-                      cause=WARMUP, detail="", where=where, trigger=_trigger(event), site=list(site[1:]),
+        frames = [f.where for f in user_frames(event.frames, self.is_internal)]
+        graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds,
+                      kind=self._kind(site, index, ctx.window), cause=WARMUP, detail="",
+                      where=frames[0] if frames else "", trigger=_trigger(event), site=frames,
                       inputs=event.inputs, outputs=event.outputs)
-        if kind == "late":
-            graph.cause = self._access_cause(where, reads) if event.host_access else NEW_CALL_SITE
-        elif kind == "recompile":
-            base = self.hlo.get(self.last_at_site.get(site, prior[-1]))
-            graph.cause, graph.detail, graph.where = self._explain(base, hlo, where, event, w, reads)
+        if graph.kind == "recompile" and fresh_read is not None:
+            # The read ran part of the step first: the step's graph lost that part. One cause, one report.
+            graph.kind, (graph.where, graph.cause) = "late", fresh_read
+            graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
+        elif graph.kind == "recompile":
+            graph.cause, graph.detail, graph.where = explain(self.hlo.get(site.last), hlo, graph.where, ctx)
+            self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
+        elif graph.kind == "late":
+            kind = ctx.reads.get(graph.where, {}).get("kind")
+            graph.cause = read_cause(kind) if event.host_access else NEW_CALL_SITE
         if hlo is not None:
             self.hlo[event.graph_hash] = hlo
-        self.sites.setdefault(site, []).append(event.graph_hash)
+        site.graphs.append(event.graph_hash)
         self.graphs[event.graph_hash] = graph
         return graph
 
-    def _access_cause(self, where: str, reads: dict) -> str:
-        return READ_CAUSES.get(reads.get(where, {}).get("kind"), HOST_ACCESS)
-
-    def _explain(self, base, hlo, where: str, event: XlaEvent, w: Window,
-                 reads: dict) -> tuple[str, str, str]:
-        """(cause, detail, line) of a recompilation."""
-        if base is not None and hlo is not None:
-            why = hlo_diff.explain(base, hlo, self.is_internal)
-        else:
-            why = hlo_diff.Explanation(UNKNOWN, "no HLO dump of the two graphs to compare "
-                                       "(run under `neuron-train check-graphs`)")
-        cause, detail, line = why.cause, why.detail, why.where or where
-        fallback_lines = [ln for ln, r in reads.items() if r["kind"] == "fallback"]
-        if w.fallbacks and fallback_lines and cause in (NEW_INPUT_SHAPE, GRAPH_STRUCTURE, UNKNOWN):
-            ops = ", ".join(sorted(w.fallbacks))
-            cause, line = DATA_DEPENDENT, fallback_lines[0]
-            detail = f"{ops} ran on the CPU and its result's shape reached the graph ({why.detail})"
-        elif cause == NEW_CONSTANT and not why.where and w.scalars:
-            change = w.scalars[0]
-            line = change["where"] or line
-            detail += f"; optimizer param_groups[{change['group']}]['{change['key']}'] = {change['value']}"
-        elif cause == UNKNOWN and event.host_access:
-            cause = self._access_cause(where, reads)
-        return cause, detail, line
-
-    def _unlogged_graph(self, phase: str, step, steady: bool, seconds: float | None) -> Graph:
-        site = (phase,)
+    def _unlogged_graph(self, w: Window, step, index: int, seconds: float | None) -> Graph:
+        site = self.sites.setdefault((w.phase,), Site(late=self._steady(index)))
         key = f"unlogged-{len(self.graphs) + 1}"
-        kind = "warmup" if not steady else ("recompile" if self.sites.get(site) else "late")
-        graph = Graph(hash="", phase=phase, step=step, compile_time_s=seconds, kind=kind,
-                      cause=WARMUP if kind == "warmup" else UNKNOWN,
-                      detail="" if kind == "warmup" else "compiled without a PT_XLA_DEBUG record in this "
-                      "process (prepare_process() ran after its first XLA graph)",
-                      where="", trigger="", site=[], inputs=-1, outputs=-1)
-        self.sites.setdefault(site, []).append(key)
+        kind = self._kind(site, index, w)
+        if w.refused:
+            read = w.refused[0].read
+            why = (f"no hash: torch_xla compiled it for the read at {short(read.where)} and then refused to "
+                   "run it (torch_xla.compile(full_graph=True)), without logging it")
+        else:
+            why = ("no hash: torch_xla counted this compile but wrote no PT_XLA_DEBUG record of it (the "
+                   "process set up the checker after its first graph, or failed while compiling)")
+        graph = Graph(hash="", phase=w.phase, step=step, compile_time_s=seconds, kind=kind,
+                      cause=WARMUP if kind == "warmup" else UNKNOWN, detail=why, where="", trigger="",
+                      site=[], inputs=-1, outputs=-1)
+        site.graphs.append(key)
         self.graphs[key] = graph
         return graph
 
-    def _host_syncs(self, w: Window, reads: dict, step, index: int) -> None:
-        for where, read in reads.items():
-            entry = self.host.setdefault(where, {"where": where, "kind": read["kind"],
-                                                 "what": HOST_READS[read["kind"]],
-                                                 "cause": READ_CAUSES.get(read["kind"], HOST_ACCESS),
-                                                 "phase": read["phase"],
-                                                 "count": 0, "steps": [], "executes_graph": False,
-                                                 "_windows": set()})
-            entry["count"] += max(read["hooked"], read["runs"])
-            entry["executes_graph"] |= read["runs"] > 0
-            entry["_windows"].add(index)
-            if len(entry["steps"]) < 10 and step not in entry["steps"]:
-                entry["steps"].append(step)
-        self.scalar_reads += w.scalar_reads
-
-    def _fallbacks(self, w: Window, reads: dict, step) -> None:
-        lines = [where for where, r in reads.items() if r["kind"] == "fallback"]
-        for op, count in w.fallbacks.items():
-            entry = self.fallback.setdefault(op, {"count": 0, "first_step": step, "where": []})
-            entry["count"] += count
-            for where in lines:
-                if where not in entry["where"] and len(entry["where"]) < 5:
-                    entry["where"].append(where)
-
     def summary(self, max_graphs: int | None = None) -> dict:
         graphs = [asdict(replace(g, executions=self.executions.get(g.hash, 0))) for g in self.graphs.values()]
-        host = [self._host_entry(e) for e in self.host.values()]
+        host = self.host.entries(self.steady_steps)
         recompiles = [g for g in graphs if g["kind"] == "recompile"]
         late = [g for g in graphs if g["kind"] == "late"]
-        problems = [f"recompilation at step {g['step']} ({g['phase']}): {g['cause']} at {short(g['where'])}"
-                    for g in recompiles]
-        problems += [f"{h['cause']}: {h['what']} at {short(h['where'])} runs a graph before the step's sync in "
-                     f"{len(h['steps_seen'])} of {self.steady_steps} steps after warm-up"
-                     for h in host if h["executes_graph"] and h["every_step"]]
+        problems = _recompile_problems(recompiles) + HostSyncs.problems(host, self.steady_steps)
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         for h in host:
             del h["steps_seen"]
         return {"warmup_steps": self.warmup_steps, "steps": self.steps, "distinct_graphs": len(graphs),
                 "graphs": graphs, "late_graphs": late, "recompiles": recompiles, "host_syncs": host,
-                "scalar_reads_after_warmup": self.scalar_reads, "fallback_ops": self.fallback,
+                "scalar_reads_after_warmup": self.host.scalar_reads, "fallback_ops": self.host.fallback,
                 "source": "pt_xla_debug" if self.uses_log or not graphs else "counters",
                 "problems": problems, "stable": not problems}
 
-    def _host_entry(self, entry: dict) -> dict:
-        out = {k: v for k, v in entry.items() if k != "_windows"}
-        out["steps_seen"] = entry["_windows"]
-        if not entry["executes_graph"]:
-            out["cause"] = HOST_READ
-        # A read in most steady steps is part of the step itself, not an occasional log or eval.
-        out["every_step"] = self.steady_steps > 0 and len(entry["_windows"]) * 2 >= self.steady_steps
-        return out
+    def tracing_lines_wanted(self, lines_after_new_graph: int) -> bool:
+        """Python lines on traced ops (IR debug) cost tracing time: wanted while graphs change."""
+        recent = self.last_new_graph and self.steps - self.last_new_graph < lines_after_new_graph
+        return not self.steady or bool(recent)
+
+
+def _recompile_problems(recompiles: list[dict]) -> list[str]:
+    """One line per cause and line: a mask that recompiles every step is one problem."""
+    grouped: dict[tuple, list[dict]] = {}
+    for g in recompiles:
+        grouped.setdefault((g["cause"], g["where"]), []).append(g)
+    out = []
+    for (cause, where), graphs in grouped.items():
+        steps = ", ".join(str(g["step"]) for g in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
+        count = f"{len(graphs)} recompilations" if len(graphs) > 1 else "recompilation"
+        out.append(f"{count} at step {steps} ({graphs[0]['phase']}): {cause} at {short(where)}")
+    return out
 
 
 def _trigger(event: XlaEvent) -> str:

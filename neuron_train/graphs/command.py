@@ -11,21 +11,27 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.graphs.report import format_report
-from neuron_train.graphs.runner import DEFAULT_WARMUP, instrumented_env, load_records, merge_records
+from neuron_train.graphs.runner import (
+    DEFAULT_WARMUP,
+    instrumented_env,
+    load_records,
+    merge_records,
+    run_command,
+)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.usage = "neuron-train check-graphs [--warmup-steps N] [--max-graphs K] [--json FILE] -- COMMAND [ARGS...]"
     parser.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP, metavar="N",
-                        help="steps allowed to compile new graphs (default 2: AdamW compiles its first "
-                             "step apart). In a script a step is a torch_xla.sync()/xm.mark_step() "
-                             "that ran a graph; in neuron-train's own loop, an optimizer step")
+                        help="also count every graph compiled in the first N steps as warm-up (default 0: "
+                             "only the per-call-site rule: a site's graphs until it runs one again are its "
+                             "warm-up). A step is a sync that ran a graph; in neuron-train's own loop, an "
+                             "optimizer step")
     parser.add_argument("--max-graphs", type=int, default=None, metavar="K",
                         help="also fail when more than K distinct graphs are compiled")
     parser.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/graphs.md)")
@@ -40,12 +46,12 @@ def main(args: argparse.Namespace) -> int:
         env = instrumented_env(Path(folder), args.warmup_steps)
         env.update(extension.env(Path(folder)) if extension else {})
         try:
-            code = subprocess.call(command, env=env)
+            code, tail = run_command(command, env)
         except OSError as exc:  # not executable, a directory, ...
             raise UsageError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
         records = load_records(Path(folder))
         extra, passed = extension.finish(Path(folder), records, code) if extension else ("", True)
-    report = merge_records(records, command, code, args.warmup_steps, args.max_graphs)
+    report = merge_records(records, command, code, args.warmup_steps, args.max_graphs, tail)
     print("\n== neuron-train check-graphs ==", flush=True)
     print(format_report(report), flush=True)
     if extra:

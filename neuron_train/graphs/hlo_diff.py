@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 NEW_INPUT_SHAPE = "new input shape"
 NEW_CONSTANT = "new constant"
@@ -29,6 +29,7 @@ _OPCODE = re.compile(r"^(?P<opcode>[\w\-]+)\(")
 _SOURCE = re.compile(r'source_file="(?P<file>[^"]*)" source_line=(?P<line>\d+)')
 _OP_TYPE = re.compile(r'op_type="(?P<op>[^"]*)"')
 _LAYOUT = re.compile(r"\{[^{}]*\}")
+_SHAPE = re.compile(r"\b[a-z]+[0-9]*\[[0-9,]*\]")
 _SPECIAL = {"0", "-0", "1", "-1"}  # torch lazy IsSpecialScalar: 0 and |x| == 1
 # torch_xla op names that say little to a user
 _OP_NAMES = {"xla::select": "slice (xla::select)", "xla::device_data": "input"}
@@ -60,6 +61,7 @@ class Instr:
 class HloSummary:
     params: list[Instr]   # the entry computation's parameters, by number
     instrs: list[Instr]   # every other instruction, in file order
+    outputs: list[str] = field(default_factory=list)  # the entry computation's result shapes
 
     @property
     def special_constants(self) -> list[Instr]:
@@ -77,6 +79,7 @@ class Explanation:
 def summarize_hlo(text: str) -> HloSummary:
     params: list[Instr] = []
     instrs: list[Instr] = []
+    outputs: list[str] = []
     in_entry = False
     for line in text.splitlines():
         if line.startswith("ENTRY "):
@@ -93,8 +96,10 @@ def summarize_hlo(text: str) -> HloSummary:
                 params.append(instr)
         else:
             instrs.append(instr)
+        if in_entry and line.lstrip().startswith("ROOT "):
+            outputs = _SHAPE.findall(instr.shape)
     params.sort(key=lambda p: p.index)
-    return HloSummary(params, instrs)
+    return HloSummary(params, instrs, outputs)
 
 
 def _parse_instr(line: str) -> Instr | None:

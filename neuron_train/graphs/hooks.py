@@ -5,8 +5,14 @@
 - Tensor methods that copy a value to the host (`.item()`, `bool()`, printing, `.tolist()`,
   `.cpu()`, ...) note the user's line when called on an XLA tensor. Reads inside step closures
   are the recommended pattern and are not noted; nested reads (printing calls `.item()`) count once.
-- A global optimizer pre-step hook notes a hyperparameter that becomes, or stops being, 0 or 1:
-  torch_xla bakes those two values into the graph, so such a change compiles a new graph.
+- A global optimizer pre-step hook counts each optimizer's steps (the first ones create its state:
+  warm-up) and notes a hyperparameter that becomes, or stops being, 0 or 1: torch_xla bakes those
+  two values into the graph, so such a change compiles a new graph. LR schedulers are noted where
+  they are made, so the report can name the schedule that set the value.
+- A read that torch_xla refuses to run (inside `torch_xla.compile(full_graph=True)`) is noted, and
+  check-graphs' processes print uncaught errors without the frames of these hooks: the user's
+  traceback is their own.
+- DataLoaders and their batches: loaders.py.
 - torch_xla's IR debug flag makes every graph op carry the Python line that created it (it does
   not change graph hashes). It costs tracing time, so the recorder keeps it on only during the
   warm-up and after a recompilation.
@@ -16,16 +22,20 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
-from types import FrameType
+
+from neuron_train.graphs import loaders
+from neuron_train.graphs.frames import HERE, caller_line
+
+__all__ = ["AfterImport", "caller_line", "install"]
 
 # Tensor method -> the kind of host read it is (records.HOST_READS).
 _READS = {"item": "item", "tolist": "tolist", "__bool__": "bool", "__repr__": "print",
           "__format__": "print", "cpu": "cpu", "numpy": "numpy", "__float__": "float", "__int__": "int"}
-_CLOSURE_FILES = (os.path.join("torch_xla", "utils", "closures.py"),)
+REFUSED = "Unexpected execution happens inside the compiled function"  # torch_xla.compile(full_graph=True)
 _state = threading.local()
 
 
@@ -39,28 +49,19 @@ def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
     recorder.lines = True
     undo.append(lambda: torch_xla._XLAC._set_ir_debug(previous))
     undo += _wrap_reads(recorder)
-    undo.append(_watch_optimizers(recorder))
+    schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    undo.append(_watch_schedulers(recorder, schedulers))
+    undo.append(_watch_optimizers(recorder, schedulers))
+    undo += loaders.install(recorder)
     if count_syncs:
         undo += _wrap_sync(recorder)
+        undo.append(_own_errors_only())
 
     def remove() -> None:
         for step in reversed(undo):
             step()
 
     return remove
-
-
-def caller_line(is_internal: Callable[[str], bool], frame: FrameType | None) -> str | None:
-    """The innermost user line above `frame`; None inside a step closure (values are ready there)."""
-    where = None
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if path.endswith(_CLOSURE_FILES) or frame.f_code.co_name == "_run_step_closures":
-            return None
-        if where is None and not is_internal(path):
-            where = f"{path}:{frame.f_lineno}"
-        frame = frame.f_back
-    return where
 
 
 def _wrap_reads(recorder) -> list[Callable[[], None]]:
@@ -78,6 +79,7 @@ def _wrap_reads(recorder) -> list[Callable[[], None]]:
 def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     def read(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
+        where = None
         if depth == 0 and self.device.type == "xla":
             where = caller_line(recorder.analyzer.is_internal, sys._getframe(1))
             if where:
@@ -85,6 +87,10 @@ def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
         _state.depth = depth + 1
         try:
             return original(self, *args, **kwargs)
+        except RuntimeError as exc:
+            if where and REFUSED in str(exc):
+                recorder.note_refused(kind, where, str(exc).strip().splitlines()[0])
+            raise
         finally:
             _state.depth = depth
 
@@ -103,12 +109,34 @@ def _restore(owner: type, name: str, own) -> Callable[[], None]:
     return restore
 
 
-def _watch_optimizers(recorder) -> Callable[[], None]:
+def _watch_schedulers(recorder, made: weakref.WeakKeyDictionary) -> Callable[[], None]:
+    """Note the line that made each LR scheduler, by optimizer (the last one made wins: a
+    SequentialLR is made after the schedulers it chains)."""
+    from torch.optim.lr_scheduler import LRScheduler
+
+    original = LRScheduler.__init__
+
+    def __init__(self, optimizer, *args, **kwargs):
+        where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        original(self, optimizer, *args, **kwargs)
+        try:
+            made[optimizer] = (type(self).__name__, where)
+        except TypeError:  # an optimizer that cannot be weakly referenced: no name in the report
+            pass
+
+    LRScheduler.__init__ = __init__
+    return lambda: setattr(LRScheduler, "__init__", original)
+
+
+def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callable[[], None]:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     special: dict[tuple, bool] = {}
+    steps: dict[int, int] = {}
 
     def before_step(optimizer, args, kwargs) -> None:
+        steps[id(optimizer)] = steps.get(id(optimizer), 0) + 1
+        recorder.note_optimizer_step(steps[id(optimizer)])
         for g, group in enumerate(optimizer.param_groups):
             for key, value in group.items():
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -118,7 +146,9 @@ def _watch_optimizers(recorder) -> Callable[[], None]:
                 special[(id(optimizer), g, key)] = now
                 if was is not None and was != now:
                     where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
-                    recorder.note_scalar({"group": g, "key": key, "value": value, "where": where})
+                    name, made_at = schedulers.get(optimizer, ("", ""))
+                    recorder.note_scalar({"group": g, "key": key, "value": value, "where": made_at or where,
+                                          "step_where": where, "scheduler": name})
 
     return register_optimizer_step_pre_hook(before_step).remove
 
@@ -139,7 +169,9 @@ def _wrap_sync(recorder) -> list[Callable[[], None]]:
             result = original(*args, **kwargs)
         finally:
             _state.in_sync = False
-        ran_graph = recorder.log_size() > before or not recorder.files.log.exists()
+        # Only a sync that ran a graph is a step: MpDeviceLoader's first fetch, torch_xla.compile's
+        # clearing of pending work and xm.rendezvous often sync with nothing pending.
+        ran_graph = recorder.log_size() > before
         if ran_graph and not recorder.loop_steps:
             recorder.sync_steps += 1
             recorder.step_end(recorder.sync_steps)
@@ -154,6 +186,37 @@ def _wrap_sync(recorder) -> list[Callable[[], None]]:
         torch_xla.sync = original
 
     return [restore]
+
+
+def _own_errors_only() -> Callable[[], None]:
+    """Print an uncaught error without the checker's frames (a host read hook sits between the
+    user's line and torch_xla): the traceback the user sees is the one their program makes."""
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb) -> None:
+        previous(kind, value, _strip(value, tb))
+
+    sys.excepthook = excepthook
+    return lambda: setattr(sys, "excepthook", previous)
+
+
+def _strip(value: BaseException | None, tb, depth: int = 0):
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(HERE):
+            kept.append(tb)
+        tb = tb.tb_next
+    for a, b in zip(kept, kept[1:], strict=False):
+        a.tb_next = b
+    if kept:
+        kept[-1].tb_next = None
+    head = kept[0] if kept else None
+    if value is not None and depth < 5:
+        value.__traceback__ = head
+        for chained in (value.__cause__, value.__context__):
+            if chained is not None:
+                _strip(chained, chained.__traceback__, depth + 1)
+    return head
 
 
 class AfterImport(importlib.abc.MetaPathFinder):

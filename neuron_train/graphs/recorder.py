@@ -31,7 +31,7 @@ from neuron_train.graphs.process import (
     prepare_process,
     run_extensions,
 )
-from neuron_train.graphs.records import SCALAR_READ, Graph, HostRead, Window
+from neuron_train.graphs.records import SCALAR_READ, Batch, Graph, HostRead, LoaderOrigin, Refused, Window
 
 LINES_AFTER_NEW_GRAPH = 3  # steps traced with Python lines after a graph compiled past the warm-up
 
@@ -44,7 +44,9 @@ class Recorder:
 
         self._xlac = torch_xla._XLAC
         self.files = files
-        self.analyzer = Analyzer(warmup_steps, internal_predicate(), hlo=_HLO)
+        level = os.environ.get("PT_XLA_DEBUG_LEVEL", "")
+        self.analyzer = Analyzer(warmup_steps, internal_predicate(), hlo=_HLO,
+                                 executions_logged=level.isdigit() and int(level) >= 2)
         self.current_phase = phase
         self._window_phase = phase
         self._marks: list[tuple[int, str]] = []
@@ -52,6 +54,10 @@ class Recorder:
         self._log = None
         self._reads: list[HostRead] = []
         self._scalars: list[dict] = []
+        self._optimizer_steps: list[int] = []
+        self._loaders: list[LoaderOrigin] = []
+        self._batches: list[Batch] = []
+        self._refused: list[Refused] = []
         self._compiles = self._counter("UncachedCompile")
         self._compile_ns0 = self._compile_ns()
         self._compiles0 = self._compiles
@@ -83,6 +89,22 @@ class Recorder:
         with self._lock:
             self._scalars.append(change)
 
+    def note_optimizer_step(self, n: int) -> None:
+        with self._lock:
+            self._optimizer_steps.append(n)
+
+    def note_loader(self, origin: LoaderOrigin) -> None:
+        with self._lock:
+            self._loaders.append(origin)
+
+    def note_batch(self, batch: Batch) -> None:
+        with self._lock:  # from MpDeviceLoader's thread too
+            self._batches.append(batch)
+
+    def note_refused(self, kind: str, where: str, message: str) -> None:
+        with self._lock:
+            self._refused.append(Refused(HostRead(kind, where, self.current_phase), message))
+
     def log_size(self) -> int:
         try:
             return os.stat(self.files.log).st_size
@@ -95,9 +117,7 @@ class Recorder:
             if self.lines:
                 # Python lines on every traced op cost ~20% of tracing time: pay it while graphs
                 # change (the warm-up, and a few steps after any later new graph), not in a stable run.
-                a = self.analyzer
-                changing = a.last_new_graph and a.steps - a.last_new_graph < LINES_AFTER_NEW_GRAPH
-                self._xlac._set_ir_debug(a.steps < a.warmup_steps or bool(changing))
+                self._xlac._set_ir_debug(self.analyzer.tracing_lines_wanted(LINES_AFTER_NEW_GRAPH))
             return found
 
     def summary(self, max_graphs: int | None = None) -> dict:
@@ -125,10 +145,15 @@ class Recorder:
         fallbacks, scalar_reads = self._fallback_delta()
         reads, self._reads = self._reads, []
         scalars, self._scalars = self._scalars, []
+        optimizer_steps, self._optimizer_steps = self._optimizer_steps, []
+        loaders, self._loaders = self._loaders, []
+        batches, self._batches = self._batches, []
+        refused, self._refused = self._refused, []
         return Window(step=step, is_step=is_step, events=events,
                       unlogged_compiles=max(0, new - len(logged)), compile_times=self._compile_times(new),
                       hlo=hlo, reads=reads, fallbacks=fallbacks, scalar_reads=scalar_reads,
-                      scalars=scalars, phase=self.current_phase)
+                      scalars=scalars, phase=self.current_phase, optimizer_steps=optimizer_steps,
+                      loaders=loaders, batches=batches, refused=refused)
 
     def _read_events(self) -> list[tuple[XlaEvent, str]]:
         if self._log is None:
@@ -233,7 +258,7 @@ def start_instrumented_process() -> Recorder:
     """check-graphs' entry in each process, right after torch_xla is imported."""
     global _RECORDER
     files = prepare_process(check=True)
-    _RECORDER = Recorder(files, int(os.environ.get(ENV_WARMUP, "2")), phase="main")
+    _RECORDER = Recorder(files, int(os.environ.get(ENV_WARMUP, "0")), phase="main")
     hooks.install(_RECORDER, count_syncs=True)
     atexit.register(write_record, _RECORDER, Path(os.environ[ENV_DIR]))
     run_extensions(_RECORDER)

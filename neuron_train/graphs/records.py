@@ -7,7 +7,7 @@ keeps each graph's fields by name (`dataclasses.asdict`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.log import XlaEvent
@@ -53,6 +53,33 @@ class HostRead:
 
 
 @dataclass
+class LoaderOrigin:
+    """Where a torch DataLoader was made: the line to fix when its batches change shape."""
+
+    key: str                       # id of the loader in this process
+    where: str                     # the user line that created it
+    batch_size: int | None
+    drop_last: bool
+    samples: int | None            # len(dataset), when it has one
+    collate: str = ""              # a custom collate_fn: "name (file:line)"; "" for torch's default
+    collate_where: str = ""        # the collate_fn's `def` line
+
+
+@dataclass
+class Batch:
+    loader: str                    # LoaderOrigin.key
+    shapes: list[str]              # each tensor in the batch as HLO names it: "f32[32,784]"
+
+
+@dataclass
+class Refused:
+    """A host read that torch_xla refused to run (inside torch_xla.compile(full_graph=True))."""
+
+    read: HostRead
+    message: str
+
+
+@dataclass
 class Window:
     """Everything that happened between two step ends (or after the last one)."""
 
@@ -67,6 +94,10 @@ class Window:
     scalar_reads: int                         # new aten::_local_scalar_dense
     scalars: list[dict]                       # optimizer scalars that became / stopped being 0 or 1
     phase: str
+    optimizer_steps: list[int] = field(default_factory=list)    # n for an optimizer's n-th step()
+    loaders: list[LoaderOrigin] = field(default_factory=list)   # DataLoaders made in this window
+    batches: list[Batch] = field(default_factory=list)          # batches those loaders produced
+    refused: list[Refused] = field(default_factory=list)
 
 
 @dataclass

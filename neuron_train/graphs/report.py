@@ -9,19 +9,23 @@ from neuron_train.graphs.records import FIXES, UNKNOWN
 
 
 def format_report(r: dict) -> str:
+    warmup = f", plus every graph of the first {r['warmup_steps']} steps" if r["warmup_steps"] else ""
     lines = [f"graphs: {r['distinct_graphs']} distinct, {r.get('compile_count', '?')} compiles "
-             f"({_seconds(r.get('compile_time_s'))}) over {r['steps']} steps, warm-up {r['warmup_steps']}"]
+             f"({_seconds(r.get('compile_time_s'))}) over {r['steps']} steps (syncs that ran a graph); "
+             f"warm-up: each call site's graphs until it repeats one{warmup}"]
     for n, g in enumerate(r["graphs"], 1):
-        lines.append(f"  #{n} {(g['hash'] or '?')[:12]:12}  step {str(g['step']):>5}  {g['phase']:10} "
+        lines.append(f"  #{n} {(g['hash'] or 'no hash')[:12]:12}  step {str(g['step']):>5}  {g['phase']:10} "
                      f"{g['kind']:9}  {_seconds(g['compile_time_s']):>7}  {short(g['site'][0] if g['site'] else '')}")
-    lines.append(f"recompilations after warm-up: {len(r['recompiles'])}")
+        if not g["hash"]:
+            lines.append(f"      {g['detail']}")
+    lines.append(f"recompilations (new graphs at warm call sites): {len(r['recompiles'])}")
     for g in r["recompiles"]:
         site = g["site"][0] if g["site"] else ""
         compiled = f" (graph compiled at {short(site)})" if site and site != g["where"] else ""
         lines += [f"  step {g['step']} ({g['phase']}): {g['cause']} at {short(g['where']) or '?'}{compiled}",
                   *([f"    {g['detail']}"] if g["detail"] else []),
                   f"    fix: {FIXES.get(g['cause'], FIXES[UNKNOWN])}"]
-    lines.append(f"late graphs (compiled once after warm-up; precompile must cover them): "
+    lines.append(f"late graphs (new call sites once the run was steady; precompile must cover them): "
                  f"{len(r['late_graphs'])}")
     for g in r["late_graphs"]:
         lines.append(f"  step {g['step']} ({g['phase']}): {g['cause']} at {short(g['where']) or '?'}")
@@ -29,13 +33,17 @@ def format_report(r: dict) -> str:
     for h in r["host_syncs"]:
         effect = (f"{h['cause']}: runs a graph before the step's sync" if h["executes_graph"]
                   else "waits for the device, no extra graph")
-        often = "every step" if h["every_step"] else f"steps {', '.join(map(str, h['steps']))}"
+        often = ("refused inside torch_xla.compile(full_graph=True)" if h.get("refused") else "every step"
+                 if h["every_step"] else f"steps {', '.join(map(str, h['steps']))}")
         lines.append(f"  {short(h['where'])}: {h['what']} x{h['count']} ({often}; {effect})")
     fallbacks = r["fallback_ops"]
     lines.append(f"CPU fallback ops: {len(fallbacks)}")
     for op, f in fallbacks.items():
         lines.append(f"  {op} x{f['count']} from step {f['first_step']}"
                      + (f" at {', '.join(map(short, f['where']))}" if f["where"] else ""))
+    if r.get("command_tail"):
+        lines.append("the command failed; its last lines:")
+        lines += [f"  | {line}" for line in r["command_tail"]]
     verdict = "graph-stable" if r["stable"] else "NOT graph-stable"
     lines.append(f"verdict: {verdict}" + "".join(f"\n  - {p}" for p in r["problems"]))
     return "\n".join(lines)

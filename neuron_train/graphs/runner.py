@@ -3,16 +3,20 @@ processes' records into one report (check-graphs; precompile's script runs use t
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Protocol
 
 from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, RECORD_PREFIX
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"
-DEFAULT_WARMUP = 2
+DEFAULT_WARMUP = 0  # --warmup-steps: the per-call-site rule alone (analyzer.py)
 _INSTRUMENT_DIR = Path(__file__).resolve().parent / "_instrument"
+TAIL_LINES = 15  # a failed command's last stderr lines kept for the report
 
 
 class RunExtension(Protocol):
@@ -24,6 +28,25 @@ class RunExtension(Protocol):
 
     def finish(self, folder: Path, records: list[dict], exit_code: int) -> tuple[str, bool]:
         """After the command: the text to print below the report, and whether it passed."""
+
+
+def run_command(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run `command`; its stderr passes through as it comes. Returns the exit code and its last
+    stderr lines (a failed command's own error, for the report). OSError: it could not start."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        sys.stderr.buffer.write(raw)
+        sys.stderr.buffer.flush()
+        tail.append(raw.decode("utf-8", "replace").rstrip())
+    return proc.wait(), list(tail)
+
+
+def last_error(tail: list[str]) -> str:
+    """The command's own last words: its last non-blank stderr line that is not the checker's."""
+    lines = [ln.strip() for ln in tail if ln.strip() and not ln.startswith("neuron-train")]
+    return lines[-1] if lines else ""
 
 
 def instrumented_env(folder: Path, warmup_steps: int) -> dict[str, str]:
@@ -40,8 +63,9 @@ def load_records(folder: Path) -> list[dict]:
 
 
 def merge_records(records: list[dict], command: list[str], exit_code: int, warmup_steps: int,
-                  max_graphs: int | None) -> dict:
-    """One report over all processes: graphs by hash, host syncs by line, counts summed."""
+                  max_graphs: int | None, tail: list[str] | None = None) -> dict:
+    """One report over all processes: graphs by hash, host syncs by line, counts summed; a failed
+    command's last stderr lines (`tail`) are its own error, reported as such."""
     merged_graphs: dict[str, dict] = {}
     host: dict[str, dict] = {}
     fallback: dict[str, dict] = {}
@@ -64,9 +88,11 @@ def merge_records(records: list[dict], command: list[str], exit_code: int, warmu
     if max_graphs is not None and len(all_graphs) > max_graphs:
         problems.append(f"{len(all_graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
     if exit_code != 0:
-        problems.append(f"the command exited with code {exit_code}")
+        error = last_error(tail or [])
+        problems.append(f"the command exited with code {exit_code}" + (f": {error}" if error else ""))
     return {
         "format": REPORT_FORMAT, "command": command, "exit_code": exit_code,
+        "command_tail": list(tail or []) if exit_code != 0 else [],
         "warmup_steps": warmup_steps, "max_graphs": max_graphs,
         "steps": max((r["steps"] for r in records), default=0),
         "distinct_graphs": len(all_graphs),

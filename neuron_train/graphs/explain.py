@@ -1,0 +1,146 @@
+"""Why did a warm call site compile a new graph, and which line should change? (pure Python)
+
+The HLO diff (hlo_diff.py) says what changed: an input shape, a constant 0/1, the program. Other
+sources then name the line to fix: a CPU fallback op's line (a data-dependent shape), the LR
+scheduler or optimizer step that moved a hyperparameter to or from 0/1, and the DataLoader (or
+its collate_fn) whose batches have the new input shape.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from neuron_train.graphs import hlo_diff
+from neuron_train.graphs.records import (
+    DATA_DEPENDENT,
+    GRAPH_STRUCTURE,
+    NEW_CONSTANT,
+    NEW_INPUT_SHAPE,
+    UNKNOWN,
+    Graph,
+    LoaderOrigin,
+    Window,
+)
+from neuron_train.graphs.report import short
+
+SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N by step"
+SHAPES_KEPT = 256          # distinct batch shapes remembered per loader
+_DIMS = re.compile(r"\[.*\]$")
+
+
+@dataclass
+class Loaders:
+    """The DataLoaders a process made and the batch shapes each one yielded."""
+
+    origins: dict[str, LoaderOrigin] = field(default_factory=dict)
+    shapes: dict[str, set[str]] = field(default_factory=dict)
+
+    def observe(self, w: Window) -> None:
+        for origin in w.loaders:
+            self.origins[origin.key] = origin
+        for batch in w.batches:
+            seen = self.shapes.setdefault(batch.loader, set())
+            if len(seen) < SHAPES_KEPT:
+                seen.update(batch.shapes)
+
+    def source_of(self, shapes: list[str]) -> LoaderOrigin | None:
+        """The loader whose batches had one of `shapes` (exact type first, then dimensions only:
+        XLA_USE_BF16 turns f32 inputs into bf16 ones)."""
+        for key_of in (lambda s: s, lambda s: _DIMS.search(s)[0] if _DIMS.search(s) else s):
+            wanted = {key_of(s) for s in shapes}
+            for key, seen in self.shapes.items():
+                if wanted & {key_of(s) for s in seen} and key in self.origins:
+                    return self.origins[key]
+        return None
+
+
+@dataclass
+class Context:
+    """What a recompilation is explained from, besides the two graphs."""
+
+    window: Window
+    reads: dict                      # this window's host reads by line (hostsync.reads_by_line)
+    loaders: Loaders
+    runs: list[tuple[object, str]]   # (step, graph hash) of the call site's runs, oldest first
+    step: object                     # the step this graph compiled in
+    hlo: dict[str, hlo_diff.HloSummary]
+    is_internal: Callable[[str], bool]
+    follows: tuple[Graph, list[str]] | None = None  # a recompilation just before, and its output shapes
+
+
+def explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, where: str,
+            ctx: Context) -> tuple[str, str, str]:
+    """(cause, detail, line) of a new graph at a warm call site whose last graph was `base`."""
+    if base is not None and new is not None:
+        why = hlo_diff.explain(base, new, ctx.is_internal)
+    else:
+        why = hlo_diff.Explanation(UNKNOWN, "no HLO dump of the two graphs to compare (XLA_FLAGS has the "
+                                   "user's own --xla_dump_to, or the dump was not written)")
+    cause, detail, line = why.cause, why.detail, why.where or where
+    w = ctx.window
+    fallback_lines = [ln for ln, r in ctx.reads.items() if r["kind"] == "fallback"]
+    if w.fallbacks and fallback_lines and cause in (NEW_INPUT_SHAPE, GRAPH_STRUCTURE, UNKNOWN):
+        ops = ", ".join(sorted(w.fallbacks))
+        return DATA_DEPENDENT, f"{ops} ran on the CPU and its result's shape reached the graph ({why.detail})", \
+            fallback_lines[0]
+    if cause == NEW_CONSTANT and not why.where and w.scalars:
+        return cause, detail + _scalar_detail(w.scalars[0]), w.scalars[0]["where"] or line
+    if cause == NEW_INPUT_SHAPE and base is not None and new is not None:
+        if ctx.follows is not None and _fed_by(base, new, ctx.follows[1]):
+            first = ctx.follows[0]
+            return first.cause, (f"{detail}: the output of graph {first.hash[:12]}, recompiled at step "
+                                 f"{first.step} ({first.cause})"), first.where
+        return (cause, *_input_source(base, new, line, detail, ctx))
+    return cause, detail, line
+
+
+def _fed_by(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, outputs: list[str]) -> bool:
+    """Every input that changed shape has the shape of an output of the graph that ran just before
+    (torch_xla.compile runs the work pending before the step as a graph of its own)."""
+    changed = [b.shape for a, b in zip(base.params, new.params, strict=False) if a.shape != b.shape]
+    return bool(changed) and all(shape in outputs for shape in changed)
+
+
+def _scalar_detail(change: dict) -> str:
+    text = f"; optimizer param_groups[{change['group']}]['{change['key']}'] = {change['value']}"
+    if change.get("scheduler"):
+        text += f", set by the {change['scheduler']} made at {short(change['where'])}"
+    return text
+
+
+def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str, detail: str,
+                  ctx: Context) -> tuple[str, str]:
+    """(detail, line): the loader or collate_fn that made the new shape, and the shapes per step."""
+    changed = [i for i, (a, b) in enumerate(zip(base.params, new.params, strict=False)) if a.shape != b.shape]
+    if not changed:
+        return detail, line
+    per_step = _per_step(changed[0], new, ctx.step, ctx)
+    origin = ctx.loaders.source_of([new.params[i].shape for i in changed])
+    if origin is None:
+        return f"{detail}; {per_step}", line
+    if origin.collate:
+        return (f"{detail}; the shape is made by collate_fn {origin.collate} ({short(origin.collate_where)}) "
+                f"of the DataLoader at {short(origin.where)}; {per_step}", origin.collate_where or origin.where)
+    sizes = f"batch_size {origin.batch_size}, drop_last={origin.drop_last}"
+    if origin.samples is not None and origin.batch_size and origin.samples % origin.batch_size and not origin.drop_last:
+        sizes += (f", {origin.samples} samples: each pass ends with a batch of "
+                  f"{origin.samples % origin.batch_size}")
+    return f"{detail}; the batches come from the DataLoader at {short(origin.where)} ({sizes}); {per_step}", \
+        origin.where
+
+
+def _per_step(index: int, new: hlo_diff.HloSummary, step, ctx: Context) -> str:
+    """`input 0 by step: 1-26 f32[48,784], 27 f32[32,784]` (the site's recent runs, then this one)."""
+    runs = [(s, ctx.hlo[g].params[index].shape) for s, g in ctx.runs[-SHAPES_SHOWN:]
+            if g in ctx.hlo and index < len(ctx.hlo[g].params)]
+    runs.append((step, new.params[index].shape))
+    groups: list[list] = []
+    for s, shape in runs:
+        if groups and groups[-1][2] == shape:
+            groups[-1][1] = s
+        else:
+            groups.append([s, s, shape])
+    text = ", ".join(f"{a} {shape}" if a == b else f"{a}-{b} {shape}" for a, b, shape in groups)
+    return f"input {index} by step: {text}"

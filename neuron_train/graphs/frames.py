@@ -1,0 +1,31 @@
+"""Which Python line a hook was called from: the innermost frame in the user's code."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from types import FrameType
+
+_CLOSURE_FILES = (os.path.join("torch_xla", "utils", "closures.py"),)
+CLOSURE_FUNCTION = "_run_step_closures"  # torch_xla.core.xla_model: runs xm.add_step_closure(...)
+HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the checker's own files
+
+
+def caller_line(is_internal: Callable[[str], bool], frame: FrameType | None) -> str | None:
+    """The innermost user line above `frame`; None inside a step closure (values are ready there)."""
+    where = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.endswith(_CLOSURE_FILES) or frame.f_code.co_name == CLOSURE_FUNCTION:
+            return None
+        if where is None and not is_internal(path):
+            where = f"{path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return where
+
+
+def code_line(fn) -> str:
+    """`file:line` of a function's `def` (functools.partial and callable objects included)."""
+    fn = getattr(fn, "func", fn)
+    code = getattr(fn, "__code__", None) or getattr(type(fn).__dict__.get("__call__"), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""

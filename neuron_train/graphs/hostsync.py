@@ -1,0 +1,104 @@
+"""Host syncs: lines that copy a tensor value to the host, and the CPU fallback ops (pure Python).
+
+A read before the step's sync runs part of the step as a graph of its own (torch_xla logs it as a
+"host access"); a read after the sync only waits for the device. Reads inside `xm.add_step_closure`
+run after the step's graph, on values already computed: the recommended pattern, never a host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from neuron_train.graphs.frames import CLOSURE_FUNCTION
+from neuron_train.graphs.log import XlaEvent, user_frames
+from neuron_train.graphs.records import HOST_ACCESS, HOST_READ, HOST_READS, READ_CAUSES, Window
+from neuron_train.graphs.report import short
+
+
+def in_closure(event: XlaEvent) -> bool:
+    """Run by a step closure (xm.add_step_closure): after the step's graph, values ready."""
+    return any(f.function == CLOSURE_FUNCTION for f in event.frames)
+
+
+def reads_by_line(w: Window, is_internal: Callable[[str], bool]) -> dict[str, dict]:
+    """Host reads of a window by line: from the hooks and from the log's host-access runs."""
+    lines: dict[str, dict] = {}
+    for read in w.reads:
+        entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0, "phase": read.phase})
+        entry["hooked"] += 1
+    for event, phase in w.events:
+        if event.kind == "execute" and event.host_access and not in_closure(event):
+            where = user_frames(event.frames, is_internal)[0].where
+            kind = "fallback" if w.fallbacks else "value"
+            entry = lines.setdefault(where, {"kind": kind, "hooked": 0, "runs": 0, "phase": phase})
+            entry["runs"] += 1
+    return lines
+
+
+def read_cause(kind: str | None) -> str:
+    return READ_CAUSES.get(kind, HOST_ACCESS)
+
+
+@dataclass
+class HostSyncs:
+    """Host reads by line over the steady steps, CPU fallback ops, and reads torch_xla refused."""
+
+    host: dict[str, dict] = field(default_factory=dict)
+    fallback: dict[str, dict] = field(default_factory=dict)
+    scalar_reads: int = 0
+
+    def observe(self, w: Window, reads: dict, step, index: int, steady: bool) -> None:
+        if steady:
+            for where, read in reads.items():
+                entry = self._entry(where, read["kind"], read["phase"])
+                entry["count"] += max(read["hooked"], read["runs"])
+                entry["executes_graph"] |= read["runs"] > 0
+                entry["_windows"].add(index)
+                if len(entry["steps"]) < 10 and step not in entry["steps"]:
+                    entry["steps"].append(step)
+            self.scalar_reads += w.scalar_reads
+        for refused in w.refused:
+            entry = self._entry(refused.read.where, refused.read.kind, refused.read.phase)
+            entry.update(count=entry["count"] + 1, executes_graph=True, refused=refused.message)
+            if step not in entry["steps"]:
+                entry["steps"].append(step)
+        self._fallbacks(w, reads, step)
+
+    def _entry(self, where: str, kind: str, phase: str) -> dict:
+        return self.host.setdefault(where, {"where": where, "kind": kind, "what": HOST_READS[kind],
+                                            "cause": read_cause(kind), "phase": phase, "count": 0,
+                                            "steps": [], "executes_graph": False, "_windows": set()})
+
+    def _fallbacks(self, w: Window, reads: dict, step) -> None:
+        lines = [where for where, r in reads.items() if r["kind"] == "fallback"]
+        for op, count in w.fallbacks.items():
+            entry = self.fallback.setdefault(op, {"count": 0, "first_step": step, "where": []})
+            entry["count"] += count
+            for where in lines:
+                if where not in entry["where"] and len(entry["where"]) < 5:
+                    entry["where"].append(where)
+
+    def entries(self, steady_steps: int) -> list[dict]:
+        out = []
+        for entry in self.host.values():
+            h = {k: v for k, v in entry.items() if k != "_windows"}
+            if not h["executes_graph"]:
+                h["cause"] = HOST_READ
+            # A read in most steady steps is part of the step itself, not an occasional log or eval.
+            h["every_step"] = steady_steps > 0 and len(entry["_windows"]) * 2 >= steady_steps
+            h["steps_seen"] = len(entry["_windows"])
+            out.append(h)
+        return out
+
+    @staticmethod
+    def problems(entries: list[dict], steady_steps: int) -> list[str]:
+        out = []
+        for h in entries:
+            if h.get("refused"):
+                out.append(f"{h['cause']}: {h['what']} at {short(h['where'])} inside torch_xla.compile"
+                           f"(full_graph=True): torch_xla refused to run it ({h['refused']})")
+            elif h["executes_graph"] and h["every_step"]:
+                out.append(f"{h['cause']}: {h['what']} at {short(h['where'])} runs a graph before the step's "
+                           f"sync in {h['steps_seen']} of {steady_steps} steps after warm-up")
+        return out

@@ -1,0 +1,93 @@
+"""Hooks on torch DataLoaders: where each loader was made and the shapes of the batches it yields.
+
+When a graph's input changes shape, the line to fix is rarely the compiled step: it is the loader
+(a ragged last batch: `drop_last=True`) or its `collate_fn` (padding to each batch's longest). With
+MpDeviceLoader the batch reaches the device in a loader thread, so no user line moves it there;
+matching the new input shape with the batches each loader yielded names the loader.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable
+
+from neuron_train.graphs.frames import caller_line, code_line
+from neuron_train.graphs.records import Batch, LoaderOrigin
+
+MAX_TENSORS = 8  # tensors of one batch whose shapes are noted
+
+
+def install(recorder) -> list[Callable[[], None]]:
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # loader -> LoaderOrigin.key
+    running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # its iterators -> the same key
+    init, iterate, fetch = DataLoader.__init__, DataLoader.__iter__, _BaseDataLoaderIter.__next__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        made_here = origin(self, where)
+        made[self] = made_here.key
+        recorder.note_loader(made_here)
+
+    def __iter__(self):
+        it = iterate(self)
+        if self in made:
+            running[it] = made[self]
+        return it
+
+    def __next__(self):
+        batch = fetch(self)
+        key = running.get(self)
+        if key is not None:
+            recorder.note_batch(Batch(key, shapes(batch)))
+        return batch
+
+    DataLoader.__init__, DataLoader.__iter__, _BaseDataLoaderIter.__next__ = __init__, __iter__, __next__
+
+    def restore() -> None:
+        DataLoader.__init__, DataLoader.__iter__, _BaseDataLoaderIter.__next__ = init, iterate, fetch
+
+    return [restore]
+
+
+def origin(loader, where: str) -> LoaderOrigin:
+    from torch.utils.data._utils.collate import default_collate, default_convert
+
+    try:
+        samples = len(loader.dataset)
+    except TypeError:  # an iterable dataset
+        samples = None
+    collate = loader.collate_fn
+    custom = collate not in (default_collate, default_convert)
+    name = getattr(getattr(collate, "func", collate), "__qualname__", type(collate).__name__)
+    return LoaderOrigin(key=f"loader-{id(loader)}", where=where, batch_size=loader.batch_size,
+                        drop_last=bool(loader.drop_last), samples=samples,
+                        collate=name if custom else "", collate_where=code_line(collate) if custom else "")
+
+
+def shapes(batch, limit: int = MAX_TENSORS) -> list[str]:
+    """The tensors of a batch (nested tuples, lists, dicts), named as XLA's HLO names them."""
+    import torch
+
+    out: list[str] = []
+    todo = [batch]
+    while todo and len(out) < limit:
+        item = todo.pop(0)
+        if isinstance(item, torch.Tensor):
+            out.append(hlo_shape(item.dtype, tuple(item.shape)))
+        elif isinstance(item, (tuple, list)):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+    return out
+
+
+def hlo_shape(dtype, dims: tuple) -> str:
+    name = str(dtype).removeprefix("torch.")
+    kind = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "s64",
+            "int32": "s32", "int16": "s16", "int8": "s8", "uint8": "u8", "bool": "pred"}.get(name, name)
+    return f"{kind}[{','.join(map(str, dims))}]"
