@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 from neuron_train.common.neuron_env import compiler_flags, library_versions
+from neuron_train.graphs.report import short
 from neuron_train.precompile.manifest import Manifest
 from neuron_train.precompile.store import MANIFEST
 from neuron_train.training.config import RunConfig
@@ -97,13 +98,49 @@ def differences(here: dict, there: dict) -> list[str]:
     """Human-readable differences: 'batch size 64 here, 32 in the manifest'."""
     diffs = []
     for key, label in LABELS.items():
-        if here.get(key) != there.get(key):
+        if key == "script" and here.get(key) and there.get(key):
+            diffs += command_differences(here[key], there[key])
+        elif here.get(key) != there.get(key):
             diffs.append(f"{label} {_shown(here.get(key))} here, {_shown(there.get(key))} in the manifest")
     mine, theirs = here.get("versions", {}), there.get("versions", {})
     for lib in sorted(set(mine) | set(theirs)):
         if mine.get(lib) != theirs.get(lib):
             diffs.append(f"{lib} {_shown(mine.get(lib))} here, {_shown(theirs.get(lib))} in the manifest")
     return diffs
+
+
+def _arguments(line: str) -> tuple[list[str], dict[str, str]]:
+    """A command line as its positional words and its options (`--flag value`, `--flag=value`, `-x`)."""
+    words, options = [], {}
+    tokens = shlex.split(line)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.startswith("-") and token != "-":
+            name, _, value = token.partition("=")
+            takes = not value and i + 1 < len(tokens) and not tokens[i + 1].startswith("-")
+            options[name] = value or (tokens[i + 1] if takes else "")
+            i += 1 + takes
+        else:
+            words.append(token)
+            i += 1
+    return words, options
+
+
+def command_differences(here: str, there: str) -> list[str]:
+    """How two command lines differ, option by option: '--batch_size 16 here, 32 in the manifest'."""
+    if here == there:
+        return []
+    (words, mine), (their_words, theirs) = _arguments(here), _arguments(there)
+
+    def shown(options: dict[str, str], name: str) -> str:
+        return "not given" if name not in options else options[name] or "given"
+
+    diffs = [f"{name} {shown(mine, name)} here, {shown(theirs, name)} in the manifest"
+             for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)]
+    if words != their_words:
+        diffs.insert(0, f"command {shlex.join(words)} here, {shlex.join(their_words)} in the manifest")
+    return diffs or ["the same command with its options in another order"]
 
 
 def same_compile_env(a: dict, b: dict) -> bool:
@@ -190,6 +227,15 @@ def same_site(a: str | None, b: str | None) -> bool:
     return a == b or os.path.basename(a) == os.path.basename(b)
 
 
+def shape_distance(here: list[str] | None, there: list[str] | None) -> int:
+    """How many inputs differ (position by position when the counts match); unknown: very far."""
+    if here is None or there is None:
+        return 1 << 20
+    if len(here) == len(there):
+        return sum(a != b for a, b in zip(here, there, strict=True))
+    return sum(((Counter(here) - Counter(there)) + (Counter(there) - Counter(here))).values())
+
+
 def shape_changes(here: list[str] | None, there: list[str] | None) -> list[str] | None:
     """How two graphs' input shapes differ (None when either is unknown)."""
     if here is None or there is None:
@@ -222,15 +268,11 @@ def nearest_graph(graph: dict, manifest: Manifest, config: dict) -> tuple[str | 
     candidates = [(h, g) for h, g in same_env if isinstance(g.extra.get("where"), str)
                   and same_site(g.extra["where"], where)]
     if not candidates:
-        return None, (f"no precompiled graph comes from {where}: the precompile run never reached that line"
-                      if where else "")
+        return None, (f"no precompiled graph comes from {short(where)}: the precompile run never reached "
+                      "that line" if where else "")
     shapes = graph.get("input_shapes")
 
-    def distance(candidate) -> int:
-        changes = shape_changes(shapes, _shapes(candidate[1].extra.get("input_shapes")))
-        return len(changes) if changes is not None else 1 << 20
-
-    nearest, record = min(candidates, key=distance)
+    nearest, record = min(candidates, key=lambda c: shape_distance(shapes, _shapes(c[1].extra.get("input_shapes"))))
     changes = shape_changes(shapes, _shapes(record.extra.get("input_shapes")))
     if changes is None:
         return nearest, f"differs from {nearest[:12]} of the same line (input shapes not recorded)"
@@ -253,6 +295,6 @@ def format_coverage(report: dict) -> str:
     lines = [line + f": {len(report['missing'])} graph(s) not precompiled, first {first['hash'][:12]} "
              f"({first['phase']}, step {first['step']}): {report['explanation']}"]
     for g in report["missing"]:
-        lines.append(f"  not precompiled: {g['hash'][:12]} at {g['where'] or '?'} (step {g['step']})"
+        lines.append(f"  not precompiled: {g['hash'][:12]} at {short(g['where'] or '?')} (step {g['step']})"
                      + (f": {g['difference']}" if g.get("difference") else ""))
     return "\n".join(lines)

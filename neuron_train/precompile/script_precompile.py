@@ -21,6 +21,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import RunError
 from neuron_train.common.neuron_env import neuron_device_present
+from neuron_train.graphs.report import short
 from neuron_train.precompile import script_probe as probe
 from neuron_train.precompile import store
 from neuron_train.precompile.coverage import fingerprint, script_config
@@ -109,13 +110,13 @@ def execute_script_plan(plan: ScriptPlan, device: str) -> str:
         if summary.get("failed"):
             raise RunError(f"{summary['failed']} graph(s) failed to compile (cached as failed): fix the cause, "
                            "then precompile again with --retry-failed")
-        return _record(plan, run, run_id, device)
+        return _record(plan, run, run_id, device, summary)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # committed files were moved out; the rest goes
         use.release()
 
 
-def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str) -> str:
+def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary: dict) -> str:
     graphs = run.graphs()
     if not graphs:
         raise RunError(f"{run.line} imported torch_xla but compiled no graph before it ended: "
@@ -129,20 +130,24 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str) -> str:
             vouched += store.commit_staged(plan.cache, Path(p["staging"]), fp)
     if plan.target == "neuron":
         vouched += len(store.record_entries(plan.cache, fp))
-    return _report(plan, run, fp, graphs, vouched)
+    return _report(plan, run, fp, graphs, vouched, summary)
 
 
-def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[dict], vouched: int) -> str:
+def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[dict], vouched: int, summary: dict) -> str:
     sites = {g.get("where") or "?" for g in graphs}
     stop = run.stop("tour")
-    ended = (f"stopped after step {stop['step']}: every call site warm" if stop
-             else f"the command ended by itself after {run.steps()} steps")
+    ended = (f"stopped after step {stop['step']}: every call site it reached was warm; code that runs later "
+             "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
+             "run the command whole" if stop else f"the command ended by itself after {run.steps()} steps")
     lines = [f"precompiled  {run.line} (configuration {fp})",
              f"graphs       {len(graphs)} recorded in {plan.cache}/{store.MANIFEST}, from {len(sites)} call "
              f"site(s)"]
     for g in graphs:
-        lines.append(f"  {g['hash'][:12]}  {g.get('where') or '?'}  (step {g.get('step')}, "
+        lines.append(f"  {g['hash'][:12]}  {short(g.get('where') or '?')}  ({g['phase']}, step {g.get('step')}, "
                      f"{(g.get('compile_time_s') or 0):.1f} s to compile)")
-    lines += [f"tour         {ended}", f"cache        {vouched} cache file(s) vouched for",
-              f"then run     {plan.real_run}"]
+    lines += [f"tour         {ended}", f"cache        {vouched} cache file(s) vouched for"]
+    if summary:
+        lines.append(f"compile      neuron_parallel_compile: {summary.get('graphs', '?')} graphs, "
+                     f"{summary.get('compiled', '?')} compiled, {summary.get('failed', '?')} failed")
+    lines.append(f"then run     {plan.real_run}")
     return "\n".join(lines)

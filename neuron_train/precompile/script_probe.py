@@ -39,7 +39,7 @@ MODES = ("tour", "check", "bench")
 STOP_EXIT = 3          # --require-precompiled stopped the process before an uncovered compile
 MAX_WINDOWS = 20000    # steps kept per process (a bench or a tour stops long before)
 WATCH_INTERVAL_S = 0.02
-HLO_DUMP_WAIT_S = 0.3
+HLO_DUMP_WAIT_S = 2.0    # at most, for the uncovered graph's HLO dump (usually there at once)
 
 
 @dataclass
@@ -123,11 +123,14 @@ class Probe:
             self.record.windows.append(window)
         self.sites.add(window)
         reason = self.sites.stop_reason(self.mode, self.record.steps_wanted)
-        if reason and threading.current_thread() is threading.main_thread():
+        if reason and self.record.stop is None:
             self.record.stop = Stop(reason, window.step)
             print(f"neuron-train: {STOP_WORDS[reason]} after step {window.step}: stopping "
                   f"{Path(sys.argv[0]).name} here", file=sys.stderr, flush=True)
-            raise SystemExit(0)  # atexit writes this record and the checker's
+            # Unwinds the training code (its finally blocks run); atexit then writes this record and
+            # the checker's. From a worker thread (torch_xla.launch runs the function in one per
+            # device) the exception reaches the process through the executor's future.
+            raise SystemExit(0)
 
     # ----- output ------------------------------------------------------------------------------
     def write(self) -> None:
@@ -286,6 +289,16 @@ class CompileWatch(threading.Thread):
                 if event.graph_hash and event.graph_hash not in self.covered:
                     self.stop(event, time.time() - written)
 
+    def _wait_for_hlo(self, event) -> None:
+        """XLA dumps a graph's HLO as its compile starts: wait (briefly) to record its input shapes."""
+        from neuron_train.graphs.recorder import compiled_hlo
+
+        deadline = time.monotonic() + HLO_DUMP_WAIT_S
+        while self.probe.rec.files.hlo_dir is not None and time.monotonic() < deadline:
+            if compiled_hlo(self.probe.rec.files.hlo_dir, event) is not None:
+                return
+            time.sleep(WATCH_INTERVAL_S)
+
     def stop(self, event, since_compile_start: float) -> None:
         from neuron_train.graphs.log import user_frames
         from neuron_train.graphs.recorder import write_record
@@ -299,7 +312,7 @@ class CompileWatch(threading.Thread):
         print(f"neuron-train: --require-precompiled: graph {event.graph_hash[:12]} at {where or '?'} is not "
               "precompiled: stopping before its compile finishes", file=sys.stderr, flush=True)
         try:
-            time.sleep(HLO_DUMP_WAIT_S)  # XLA dumps the graph's HLO as its compile starts: its input shapes
+            self._wait_for_hlo(event)
             write_record(rec, self.probe.folder)
             self.probe.write()
         finally:

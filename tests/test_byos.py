@@ -1,0 +1,399 @@
+"""Bring your own script (issue 14): precompile, coverage and bench for any PyTorch/XLA command.
+
+Pure parts first (the stop rule, steady-state figures, per-graph differences), then bad input
+(one clear line, exit 2 usage / 1 failed run, nothing half-written in the cache), then real
+third-party scripts from tests/corpus (SOURCES.md; skipped, saying why, when they are absent):
+precompile, then the real run's coverage, another batch size, an evaluation the tour never
+reached, --require-precompiled, and bench next to our loop's result in a report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, cpu_env
+
+from neuron_train.common.errors import RunError
+from neuron_train.cost import script_bench
+from neuron_train.precompile import coverage, store
+from neuron_train.precompile.manifest import ConfigRecord, FileRecord, GraphRecord, Manifest
+from neuron_train.precompile.script import ScriptRun
+from neuron_train.precompile.script_probe import StepWindow, fold
+
+CORPUS = ROOT / "tests" / "corpus"
+MLP = CORPUS / "neuron_mnist_mlp"
+XLA = CORPUS / "pytorch_xla"
+REPORT_FIXTURES = ROOT / "tests" / "fixtures" / "report"
+MNIST_ARGS = ["--fake_data", "--num_epochs", "2", "--target_accuracy", "0", "--log_steps", "5"]
+corpus = pytest.mark.skipif(
+    not (MLP / "train.py").exists() or not (XLA / "train_resnet_base.py").exists(),
+    reason="the upstream scripts are not in this checkout: tests/corpus/SOURCES.md says where they come from")
+
+
+def nt(cwd: Path, *argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "neuron_train", *argv], env=cpu_env(AWS_EC2_METADATA_DISABLED="true"),
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def windows(*spec: tuple[str, int], dt: float = 0.1) -> list[StepWindow]:
+    """Step windows from (call site, graphs compiled) pairs, `dt` seconds apart."""
+    return [StepWindow(i + 1, i * dt, site, compiled, [32, 784]) for i, (site, compiled) in enumerate(spec)]
+
+
+# ----- the stop rule and the steady state (pure) --------------------------------------------------
+def test_tour_waits_for_every_call_site_to_run_twice_without_compiling():
+    # AdamW-like step: its first two windows compile (state created at step 1), then it is steady.
+    sites = fold(windows(("step", 1), ("step", 1), ("step", 0)))
+    assert not sites.tour_complete(steps=2)
+    sites = fold(windows(("step", 1), ("step", 1), ("step", 0), ("step", 0)))
+    assert sites.tour_complete(steps=2) and not sites.tour_complete(steps=5)
+    # A site that compiles at every visit is never warm: the tour runs on (to the script's end).
+    assert not fold(windows(*[("step", 1)] * 10)).tour_complete(steps=2)
+
+
+def test_a_call_site_seen_once_holds_the_tour_until_it_could_recur():
+    setup = [("setup", 1)]                                  # seen once at the start: never holds
+    assert fold(windows(*setup, *[("step", 0)] * 3)).tour_complete(steps=3)
+    # An evaluation at the end of a 4-step epoch (window 4): held until window 8, when a second
+    # epoch's evaluation would have come.
+    epoch = [("step", 1), ("step", 0), ("step", 0), ("step", 0)]
+    seen = windows(*epoch, ("eval", 1), ("step", 0), ("step", 0))
+    assert not fold(seen).tour_complete(steps=2)
+    assert fold(windows(*epoch, ("eval", 1), *[("step", 0)] * 4)).tour_complete(steps=2)
+
+
+def test_steady_intervals_leave_out_warm_up_compiles_and_other_call_sites():
+    ws = windows(("step", 1), ("step", 0), ("step", 0), ("step", 0), ("eval", 1), ("step", 0), ("step", 1),
+                 ("step", 0), ("step", 0), ("step", 0))
+    site, state = fold(ws).main_site()
+    # Index 3 is the first window after two quiet ones; 4 is eval; 5 follows eval; 6 compiles;
+    # 7 and 8 come before the site is warm again; 9 counts.
+    assert site == "step" and [i for i, _ in state.steady] == [3, 9]
+    assert all(abs(sec - 0.1) < 1e-9 for _, sec in state.steady)
+    assert fold(ws).stop_reason("bench", 2) == "bench" and fold(ws).stop_reason("bench", 3) is None
+
+
+def probe_record(intervals: list[float], batch: list[int] | None) -> dict:
+    t, ws = 0.0, []
+    for i, dt in enumerate([1.0, 0.5, 0.5, *intervals]):
+        t += dt
+        ws.append({"step": i + 1, "t": t, "site": "train.py:51", "compiled": int(i == 0), "batch": batch})
+    return {"windows": ws, "parameters": 1234, "device": "CPU", "stop": None}
+
+
+def test_bench_figures_come_from_the_steady_intervals_and_the_batch_copied_each_step():
+    run = ScriptRun(["python", "train.py"], 0, [{"graphs": [{"hash": "a"}], "compile_time_s": 2.5}],
+                    [probe_record([0.02, 0.04, 0.03, 0.03], [16, 3, 32, 32])], "")
+    f = script_bench.figures(run, None)
+    # steady: the intervals once the site ran two quiet windows (after its compile): 0.02 .. 0.03
+    assert f.samples_per_step == 16 and f.batch_source == "input batch"
+    assert f.measured_steps == 4 and f.step_time_ms == pytest.approx(30.0)
+    assert f.samples_per_sec == pytest.approx(16 * 4 / (0.02 + 0.04 + 0.03 + 0.03))
+    assert f.compile_time_s == 2.5 and f.graph_count == 1 and f.warmup_steps == 2
+    workload = script_bench.script_workload(run.command, f, name=None, train_samples=None)
+    assert (workload.model, workload.img_size, workload.num_classes) == ("train.py", 32, None)
+    assert script_bench.figures(run, 64).samples_per_step == 64  # --samples-per-step wins
+
+
+def test_bench_refuses_a_run_it_cannot_measure():
+    few = ScriptRun(["python", "t.py"], 0, [{"graphs": []}], [probe_record([0.1], [8, 4])], "")
+    with pytest.raises(RunError, match="only 1 steady step"):
+        script_bench.figures(few, None)
+    on_device = ScriptRun(["python", "t.py"], 0, [{"graphs": []}], [probe_record([0.1] * 5, None)], "")
+    with pytest.raises(RunError, match="--samples-per-step"):
+        script_bench.figures(on_device, None)
+
+
+# ----- per-graph coverage (pure) --------------------------------------------------------------------
+def script_manifest(config: dict, graphs: dict[str, dict]) -> Manifest:
+    fp = coverage.fingerprint(config)
+    return Manifest(configs={fp: ConfigRecord(config=config, graphs={
+        h: GraphRecord(phase="steady", step=1, extra=extra) for h, extra in graphs.items()})})
+
+
+def test_a_missing_graph_is_compared_with_the_precompiled_graph_of_its_line():
+    config = coverage.script_config(["python", "train.py"], device="CPU", env={})
+    first = ["f32[10]", "f32[32,784]", "s64[32]"]          # the first step (no optimizer state yet)
+    steady = [*first, "f32[10]"]
+    manifest = script_manifest(config, {"g1": {"where": "/a/train.py:51", "input_shapes": first},
+                                        "g2": {"where": "/a/train.py:51", "input_shapes": steady},
+                                        "e1": {"where": "/a/train.py:70", "input_shapes": ["f32[3]"]}})
+    here = [{"hash": "n1", "where": "/b/train.py:51", "input_shapes": ["f32[10]", "f32[16,784]", "s64[16]"],
+             "phase": "first step", "step": 1},
+            {"hash": "g2", "where": "/a/train.py:51", "input_shapes": steady, "phase": "steady", "step": 2},
+            {"hash": "n3", "where": "/a/train.py:99", "input_shapes": ["f32[3]"], "phase": "late", "step": 40}]
+    report = coverage.coverage_report(here, manifest, config, "cc")
+    assert (report["covered"], report["graphs"]) == (1, 3)
+    by_hash = {m["hash"]: m for m in report["missing"]}
+    assert by_hash["n1"]["nearest"] == "g1"  # same line (moved folder), same number of inputs
+    assert by_hash["n1"]["difference"] == ("input 1: f32[16,784] here, f32[32,784] in the manifest; "
+                                           "input 2: s64[16] here, s64[32] in the manifest")
+    assert "never reached that line" in by_hash["n3"]["difference"]
+    text = coverage.format_coverage(report)
+    assert text.startswith("precompile coverage 33% (1/3 graphs in cc/manifest.json)")
+    assert "not precompiled: n1 at /b/train.py:51 (step 1): input 1: f32[16,784] here" in text
+
+
+def test_another_command_line_is_named_option_by_option():
+    here = coverage.script_config(["python", "t.py", "--batch_size", "16", "--fake_data"], device="CPU", env={})
+    there = coverage.script_config(["python", "t.py", "--batch_size", "32"], device="CPU", env={})
+    manifest = script_manifest(there, {"g": {"where": "t.py:1"}})
+    assert coverage.explain(manifest, here, "cc") == (
+        f"--batch_size 16 here, 32 in the manifest; --fake_data given here, not given in the manifest "
+        f"(compared with precompiled configuration {coverage.fingerprint(there)})")
+
+
+# ----- bad input: one line, exit 2 (usage) or 1 (failed run), nothing half-written -------------------
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("neuron-train")]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, code, words", [
+    (["precompile", "--cache-dir", "cc", "--", "no-such-program", "x.py"], 2, "command not found: no-such-program"),
+    (["precompile", "--nproc-per-node", "2", "--", "python", "x.py"], 2, "a COMMAND starts its own processes"),
+    (["check-graphs", "--require-precompiled", "--", "python", "x.py"], 2, "needs --compile-cache DIR"),
+    (["check-graphs", "--compile-cache", "empty", "--", "python", "x.py"], 2, "holds no manifest.json"),
+    (["bench", "--output", "r.json", "--"], 2, "no command given"),
+    (["bench", "--output", "r.json"], 2, "--mode train|infer is required"),
+    (["bench", "--output", "r.json", "--model", "vit-nano", "--", "python", "x.py"], 2, "drop them"),
+    (["bench", "--output", "r.json", "--nproc", "2", "--", "python", "x.py"], 2, "starts its own"),
+])
+def test_usage_errors_are_one_line(tmp_path, argv, code, words):
+    (tmp_path / "empty").mkdir()
+    proc = nt(tmp_path, *argv)
+    assert proc.returncode == code and words in one_line_error(proc)
+    assert not (tmp_path / "cc").exists() and not (tmp_path / "r.json").exists()
+
+
+def test_a_manifest_from_another_cache_is_refused_before_the_command_runs(tmp_path):
+    cache = tmp_path / "copied"
+    record = FileRecord(sha256="0" * 64, size=10, recorded="2026-01-01T00:00:00Z", recorded_by="abc")
+
+    def add(m: Manifest) -> None:
+        m.configs["abc"] = ConfigRecord(config=coverage.script_config(["python", "t.py"], device="CPU", env={}),
+                                        graphs={"h": GraphRecord(phase="steady")})
+        m.files["xla/123"] = record
+
+    store.update_manifest(cache, add)
+    before = (cache / store.MANIFEST).read_bytes()
+    proc = nt(tmp_path, "check-graphs", "--compile-cache", str(cache), "--", sys.executable, "-c",
+              "open('ran', 'w')")
+    assert proc.returncode == 1
+    assert "copied from another cache" in one_line_error(proc)
+    assert not (tmp_path / "ran").exists() and (cache / store.MANIFEST).read_bytes() == before
+
+
+def test_a_command_that_never_touches_torch_xla_records_nothing(tmp_path):
+    proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--", sys.executable, "-c", "print('hello')")
+    assert proc.returncode == 1 and "never imported torch_xla" in one_line_error(proc)
+    assert not (tmp_path / "cc" / store.MANIFEST).exists()
+    proc = nt(tmp_path, "bench", "--output", "r.json", "--", sys.executable, "-c", "print('hello')")
+    assert proc.returncode == 1 and "never imported torch_xla" in one_line_error(proc)
+    assert not (tmp_path / "r.json").exists()
+
+
+CRASHING = """
+import torch, torch_xla
+dev = torch_xla.device()
+w = torch.zeros(4, device=dev)
+for step in range(100):
+    w = w + torch.ones(4, device=dev) * step
+    torch_xla.sync()
+    if step == 3:
+        raise RuntimeError("the data file is truncated at record 4")
+"""
+
+
+def test_a_script_that_crashes_mid_tour_leaves_the_cache_untouched(tmp_path):
+    (tmp_path / "crash.py").write_text(CRASHING)
+    proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--steps", "50", "--", sys.executable, "crash.py")
+    line = one_line_error(proc)
+    assert proc.returncode == 1
+    assert "failed (exit code 1) at step 4" in line and "the data file is truncated at record 4" in line
+    assert "nothing was recorded" in line
+    cache = tmp_path / "cc"
+    assert not (cache / store.MANIFEST).exists()
+    assert not [p for p in cache.rglob("*") if p.is_file() and not p.name.startswith(".neuron_train")]
+
+
+# ----- real third-party scripts --------------------------------------------------------------------
+def copy_mlp(to: Path, **constants: int) -> Path:
+    """The aws-neuron-samples mnist_mlp folder in `to`, with constants (EPOCHS, BATCH_SIZE) changed."""
+    to.mkdir(parents=True)
+    for name in ("train.py", "model.py", "synthetic_mnist.py", "planted_late_eval.py"):
+        text = (MLP / name).read_text()
+        for key, value in constants.items():
+            text, n = re.subn(rf"^{key} = \d+", f"{key} = {value}", text, flags=re.M)
+            assert n == 1 or name not in ("train.py",), (name, key)
+        (to / name).write_text(text)
+    return to
+
+
+@corpus
+def test_mnist_mlp_precompiled_then_covered_and_another_batch_size_stopped(tmp_path):
+    """aws-neuron-samples mnist_mlp/train.py: the tour stops by itself, the real run is covered;
+    a copy with batch 16 is stopped by --require-precompiled as its first graph's compile starts."""
+    a = copy_mlp(tmp_path / "a")
+    proc = nt(a, "precompile", "--cache-dir", str(tmp_path / "cc"), "--", sys.executable, "train.py")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "graph tour complete (every call site warm) after step 5" in out
+    assert "Final loss" not in out  # 4 epochs of 40 steps were not run
+    manifest = store.load_manifest(tmp_path / "cc")
+    (record,) = manifest.configs.values()
+    (graph,) = record.graphs.values()
+    assert graph.extra["where"] == f"{a / 'train.py'}:51" and "f32[32,784]" in graph.extra["input_shapes"]
+
+    proc = nt(a, "check-graphs", "--compile-cache", str(tmp_path / "cc"), "--require-precompiled", "--",
+              sys.executable, "train.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "precompile coverage 100% (1/1 graphs" in proc.stdout and "Final loss" in proc.stdout
+
+    b = copy_mlp(tmp_path / "b", BATCH_SIZE=16)
+    proc = nt(b, "check-graphs", "--compile-cache", str(tmp_path / "cc"), "--require-precompiled", "--",
+              sys.executable, "train.py")
+    assert proc.returncode == 1
+    stopped = next(ln for ln in proc.stdout.splitlines() if ln.startswith("--require-precompiled stopped"))
+    assert f"from {b / 'train.py'}:51" in stopped and "before it finished" in stopped
+    assert "input 6: f32[16,784] here, f32[32,784] in the manifest" in stopped
+    assert "Train throughput" not in proc.stdout  # stopped in its first step
+
+
+@corpus
+def test_bench_of_a_script_agrees_with_its_own_rate_and_is_priced_next_to_our_loop(tmp_path):
+    """mnist_mlp/train.py prints its own rate over its last epoch's steps 2..39; with one epoch the
+    bench measures the same steps (from the syncs), so the two must agree within 10%."""
+    work = copy_mlp(tmp_path / "w", EPOCHS=1)
+    proc = nt(work, "bench", "--steps", "0", "--output", str(tmp_path / "script.json"), "--",
+              sys.executable, "train.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    own = float(re.search(r"Train throughput \(iter/sec\): ([\d.]+)", proc.stdout).group(1)) * 32
+    result = json.loads((tmp_path / "script.json").read_text())
+    assert result["batch_size_per_device"] == 32 and result["config"]["batch_shape"] == [32, 784]
+    assert result["samples_per_sec"]["median"] == pytest.approx(own, rel=0.10)
+    assert result["model"]["parameters"] == 784 * 120 + 120 + 120 * 84 + 84 + 84 * 10 + 10
+
+    proc = nt(tmp_path, "report", str(tmp_path / "script.json"), str(REPORT_FIXTURES / "cpu_train_vit_digits.json"),
+              "--reference", str(REPORT_FIXTURES / "trn1_training_data_vision_transformers.csv"),
+              "--out", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "rep" / "report.md").read_text()
+    for title in ("## Training · train.py", "## Training · vit-digits", "## Training · HuggingFace ViT-Base"):
+        assert title in report
+    assert f"{result['samples_per_sec']['median']:,.1f} samples" in report
+
+
+@corpus
+@pytest.mark.slow
+def test_an_evaluation_the_tour_never_reached_is_named_with_its_line(tmp_path):
+    """planted_late_eval.py (mnist_mlp/train.py + an evaluation after training): the tour stops
+    in the first epoch, so the real run's evaluation graph is not precompiled, and says where."""
+    work = copy_mlp(tmp_path / "w", EPOCHS=1)
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--", sys.executable, "planted_late_eval.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--", sys.executable, "planted_late_eval.py")
+    late = next(n for n, line in enumerate((work / "planted_late_eval.py").read_text().splitlines(), 1)
+                if "PLANTED" in line)
+    assert "precompile coverage 50% (1/2 graphs" in proc.stdout, proc.stdout
+    assert (f"at planted_late_eval.py:{late} (step 41): no precompiled graph comes from "
+            f"planted_late_eval.py:{late}: the precompile run never reached that line") in proc.stdout
+    assert proc.returncode == 0  # coverage is reported; only --require-precompiled fails the run
+
+
+@corpus
+@pytest.mark.slow
+def test_mp_mnist_another_batch_size_names_each_graph_and_its_difference(tmp_path):
+    """pytorch/xla test/test_train_mp_mnist.py (torch_xla.launch, MpDeviceLoader, SGD momentum, an
+    evaluation each epoch): run whole (--steps 0) the tour covers the real run; at batch 16 every
+    training graph is named with the input shapes that changed."""
+    script = str(XLA / "test_train_mp_mnist.py")
+    proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--steps", "0", "--", sys.executable, script,
+              *MNIST_ARGS, "--batch_size", "32")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = nt(tmp_path, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", sys.executable,
+              script, *MNIST_ARGS, "--batch_size", "32")
+    assert proc.returncode == 0 and "precompile coverage 100% (7/7 graphs" in proc.stdout, proc.stdout
+    proc = nt(tmp_path, "check-graphs", "--compile-cache", "cc", "--", sys.executable, script, *MNIST_ARGS,
+              "--batch_size", "16")
+    missing = [ln for ln in proc.stdout.splitlines() if ln.startswith("  not precompiled:")]
+    # the first and the steady training step, the first and the steady evaluation batch; the
+    # set-up broadcast and the accuracy's graphs do not depend on the batch size
+    assert len(missing) == 4 and "precompile coverage 43% (3/7 graphs" in proc.stdout, proc.stdout
+    for line in missing:
+        assert re.search(r"test_train_mp_mnist\.py:(151|171)", line), line
+        assert "f32[16,1,28,28] here, f32[32,1,28,28] in the manifest" in line, line
+    assert "--batch_size 16 here, 32 in the manifest" in proc.stdout
+
+
+@corpus
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    ["{py}", str(XLA / "train_resnet_base.py")],
+    ["{py}", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train_torchrun.py"],
+], ids=["resnet_base_torch_xla_compile", "mlp_torchrun_2_processes"])
+def test_precompile_then_the_real_run_is_fully_covered(tmp_path, command):
+    """pytorch/xla examples/train_resnet_base.py (torch_xla.compile(full_graph=True)) and
+    aws-neuron-samples mnist_mlp/train_torchrun.py under torchrun with 2 processes."""
+    shutil.copy(MLP / "train_torchrun.py", tmp_path)
+    for name in ("model.py", "synthetic_mnist.py"):
+        shutil.copy(MLP / name, tmp_path)
+    command = [sys.executable if c == "{py}" else c for c in command]
+    proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--", *command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "graph tour complete" in proc.stdout + proc.stderr
+    proc = nt(tmp_path, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"precompile coverage 100% \((\d+)/\1 graphs", proc.stdout)
+
+
+@corpus
+@pytest.mark.slow
+def test_neuron_parallel_compile_contract_for_a_script_through_a_stand_in(tmp_path):
+    """Our side of the contract only: tests/fixtures/precompile/bin/neuron_parallel_compile is a
+    STAND-IN that compiles nothing (it runs the command with NEURON_EXTRACT_GRAPHS_ONLY=1 and prints
+    a recorded summary). Checked: how precompile calls it, the environment the command gets, that
+    our instrumentation reaches the command through it, and the relayed summary."""
+    work = copy_mlp(tmp_path / "w")
+    seen_file = tmp_path / "standin.json"
+    env = cpu_env(PATH=f"{ROOT / 'tests' / 'fixtures' / 'precompile' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                  STANDIN_RECORD=str(seen_file))
+    proc = subprocess.run([sys.executable, "-m", "neuron_train", "precompile", "--target", "neuron", "--num-parallel",
+                           "2", "--cache-dir", str(tmp_path / "cc"), "--", sys.executable, "train.py"],
+                          env=env, cwd=work, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads(seen_file.read_text())
+    assert seen["options"] == {"--num_parallel": "2"} and seen["command"] == [sys.executable, "train.py"]
+    assert seen["env"]["NEURON_CC_FLAGS"] == f"--cache_dir={tmp_path / 'cc'}"
+    assert seen["env"]["NEURON_PARALLEL_COMPILE_MAX_RETRIES"] == "1"
+    assert seen["env"]["NEURON_TRAIN_PROBE_MODE"] == "tour"
+    assert "graph tour complete" in proc.stdout + proc.stderr
+    assert "neuron_parallel_compile: 2 graphs, 2 compiled, 0 failed" in proc.stdout
+    (record,) = store.load_manifest(tmp_path / "cc").configs.values()
+    assert record.config["script"] == f"{sys.executable} train.py" and len(record.graphs) == 1
+
+
+@corpus
+@pytest.mark.neuron
+def test_a_script_precompiled_on_neuron_compiles_nothing_new(tmp_path):
+    """On a trn1/inf2 host: neuron_parallel_compile for real, then the real run is fully covered
+    and --require-precompiled lets it through."""
+    work = copy_mlp(tmp_path / "w")
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, "-m", "neuron_train", "precompile", "--cache-dir", str(tmp_path / "cc"),
+                           "--", sys.executable, "train.py"], env=env, cwd=work, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert any(e.state == store.COMPILED for e in store.scan(tmp_path / "cc"))
+    proc = subprocess.run([sys.executable, "-m", "neuron_train", "check-graphs", "--compile-cache",
+                           str(tmp_path / "cc"), "--require-precompiled", "--", sys.executable, "train.py"],
+                          env=env, cwd=work, capture_output=True, text=True)
+    assert proc.returncode == 0 and "precompile coverage 100%" in proc.stdout, proc.stdout[-3000:]
