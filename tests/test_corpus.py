@@ -189,7 +189,8 @@ def test_crash_inside_torch_xla_compile_is_the_commands_own_error(run):
     error = "RuntimeError: Unexpected execution happens inside the compiled function"
     assert f"the command exited with code 1: {error}, exiting" in report["problems"], output
     assert any(error in line for line in report["command_tail"])
-    traceback = output[output.index("Traceback"):output.index(error)]
+    start = output.index("Traceback")  # the command's own stderr, after the report's excerpt of it
+    traceback = output[start:output.index(error, start)]
     assert "neuron_train" not in traceback and os.path.basename(str(script)) in traceback, traceback
     assert all(g["hash"] or g["detail"].startswith("no hash: ") for g in report["graphs"]), output
 
