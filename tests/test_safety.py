@@ -86,13 +86,14 @@ LR_ONE = "from neuron_train.training import optim\n\noptim.xla_safe = lambda lr:
 
 
 def test_check_graphs_fails_the_run_on_a_recompilation_inside_the_loop(tmp_path):
-    """With the LR guard removed, a cosine schedule peaking at --lr 1 hands SGD exactly 1.0 at step 3
+    """With the LR guard removed, a cosine schedule peaking at --lr 1 hands SGD exactly 1.0 at step 5
     (`param.add_(buf, alpha=-lr)`), a value XLA bakes into the graph as a constant: a new graph after
-    warm-up."""
+    warm-up. (Step 5, not 3: the checker judges warmth per call site, and the loop's measurement sync
+    after step 2 runs that step's graph at another site, so the loader's site first repeats at step 3.)"""
     script = launcher(tmp_path, "lr_one", LR_ONE, "the LR schedule may return exactly 1.0")
     out = tmp_path / "run"
     proc = run_script(script, out, *NANO, "--check-graphs", "--optimizer", "sgd", "--lr", "1", "--min-lr", "0.1",
-                      "--warmup-steps", "3", "--schedule", "cosine", "--max-steps", "8",
+                      "--warmup-steps", "5", "--schedule", "cosine", "--max-steps", "8",
                       "--eval-every", "100")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
@@ -100,7 +101,7 @@ def test_check_graphs_fails_the_run_on_a_recompilation_inside_the_loop(tmp_path)
                      r"at (\S+):(\d+) \[(.*)\]; fix: (.+)", last)
     assert m, last
     step, cause, path, line, detail, fix = m.groups()
-    assert (int(step), cause) == (3, "new constant"), last
+    assert (int(step), cause) == (5, "new constant"), last
     # the line of our loop where the LR reaches the graph, and the value that did it
     assert "/neuron_train/training/" in path, last
     assert "optimizer.step()" in Path(path).read_text().splitlines()[int(line) - 1], last
