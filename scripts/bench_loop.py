@@ -83,7 +83,7 @@ def ours(args: argparse.Namespace, step_compiler: str) -> dict:
         from neuron_train.training.loop import Trainer
 
         trainer = Trainer(cfg, init_backend())
-        trainer.data.val = None  # time training only, like the baseline
+        trainer.evaluator.val = None  # time training only, like the baseline
         # ExecuteTime over the measured steps only: clear the metrics when measuring starts.
         original = trainer.train_step
 

@@ -177,7 +177,7 @@ class InferBench:
         import torch_xla.debug.metrics as met
         import torch_xla.runtime as xr
 
-        from neuron_train.training.loop import autocast
+        from neuron_train.training.step import autocast
 
         device = torch_xla.device()
         model = self.model.to(device)

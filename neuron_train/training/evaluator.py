@@ -1,0 +1,60 @@
+"""Evaluation on the validation set: when to run it, and one static-shape eval graph.
+
+The last batch is padded with masked samples (data.PaddedEvalShard), so evaluation compiles one
+graph whatever the validation set's size; the totals reach the host once, after the sync.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import torch_xla
+
+from neuron_train.graphs import GraphWatch
+from neuron_train.training.config import RunConfig
+from neuron_train.training.data import eval_loader, to_device
+from neuron_train.training.device import Backend
+from neuron_train.training.step import autocast
+
+
+class Evaluator:
+    def __init__(self, cfg: RunConfig, val, backend: Backend, model: torch.nn.Module,
+                 watch: GraphWatch, *, input_dtype: torch.dtype, extracting: bool):
+        self.cfg, self.val, self.backend, self.model, self.watch = cfg, val, backend, model, watch
+        self.input_dtype, self.extracting = input_dtype, extracting
+
+    def should_evaluate(self, step: int, *, epoch_end: bool, last: bool) -> bool:
+        """Every --eval-every steps, else at each epoch's end; always after the last step."""
+        every = self.cfg.train.eval_every
+        return (every and step % every == 0) or (not every and epoch_end) or last
+
+    def evaluate(self) -> dict[str, float]:
+        """Accuracy and loss over the whole validation set (all ranks); {} without one."""
+        if self.val is None:
+            return {}
+        torch_xla.sync()  # closes the pending train step (its graph is labelled train)
+        self.watch.phase("eval")
+        self.model.eval()
+        totals = self._totals()
+        torch_xla.sync()
+        correct, count, loss_sum = self.backend.all_sum(totals.cpu().tolist())  # host read, after sync
+        self.model.train()
+        self.watch.phase("train")
+        return {"eval_accuracy": correct / max(count, 1), "eval_loss": loss_sum / max(count, 1)}
+
+    def _totals(self) -> torch.Tensor:
+        """(correct, count, loss sum) of this rank's shard, traced into one graph."""
+        t, b = self.cfg.train, self.backend
+        loader = to_device(eval_loader(self.val, self.cfg.data, batch_size=t.batch_size,
+                                       world=b.world_size, rank=b.rank), b.device)
+        totals = torch.zeros(3).to(b.device)  # uploaded as data: one eval graph
+        with torch.no_grad():
+            for images, labels, valid in loader:
+                with autocast(t.precision):
+                    logits = self.model(images.to(self.input_dtype))
+                loss = F.cross_entropy(logits.float(), labels, reduction="none")
+                hit = (logits.argmax(-1) == labels).float()
+                totals = totals + torch.stack([(hit * valid).sum(), valid.sum(), (loss * valid).sum()])
+                if self.extracting:
+                    break  # one batch reaches the eval graph; the results are garbage anyway
+        return totals

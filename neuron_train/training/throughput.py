@@ -1,0 +1,65 @@
+"""The run's stopwatch: steady-state throughput, measured the same way for every step path.
+
+The clock starts after `warmup_measure_steps` steps (compiles happen there), from an idle device,
+and stops on an idle device at the end. Time spent evaluating or checkpointing is taken out of the
+window, and steps that did either are left out of the step-time median.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+
+from neuron_train.training.metrics import median_and_spread
+
+
+class Throughput:
+    def __init__(self, first_step: int, warmup_steps: int):
+        self.measure_from = first_step + warmup_steps  # steps done when the clock starts
+        self.warmup_steps = warmup_steps
+        self.start = time.perf_counter()              # the whole run's wall clock
+        self.end: float | None = None
+        self.t0: float | None = None                  # the measured window's start
+        self.t_prev: float | None = None
+        self.excluded = 0.0                           # eval/checkpoint seconds inside the window
+        self.step_times: list[float] = []
+        self.last_step = first_step
+
+    def step_traced(self, steps_done: int) -> None:
+        """After a step's tracing: when warm-up ends, start the clock on an idle device."""
+        self.last_step = steps_done
+        if steps_done == self.measure_from:
+            torch_xla.sync()
+            xm.wait_device_ops()  # host waits for the device: the window starts with nothing queued
+            self.t0 = self.t_prev = time.perf_counter()
+            self.excluded = 0.0
+
+    def lap(self, extras_s: float) -> None:
+        """After the step's end-of-step work; `extras_s` seconds of it (eval, checkpoint) don't count."""
+        now = time.perf_counter()
+        if self.t_prev is not None and self.last_step > self.measure_from:
+            if extras_s == 0.0:
+                self.step_times.append(now - self.t_prev)
+            self.excluded += extras_s
+        self.t_prev = now
+
+    def stop(self) -> None:
+        torch_xla.sync()
+        xm.wait_device_ops()  # host waits for the last step: the window ends on an idle device
+        self.end = time.perf_counter()
+
+    def figures(self, global_batch: int) -> dict:
+        """The summary's speed figures (None where the run was too short to measure)."""
+        end = self.end if self.end is not None else time.perf_counter()
+        measured = max(0, self.last_step - self.measure_from)
+        window = (end - self.t0 - self.excluded) if self.t0 is not None else 0.0
+        median, spread = median_and_spread(self.step_times)
+        return {
+            "samples_per_sec": measured * global_batch / window if window > 0 else None,
+            "step_time_ms_median": median * 1e3 if self.step_times else None,
+            "step_time_ms_spread": spread * 1e3 if self.step_times else None,
+            "measured_steps": measured, "warmup_steps_excluded": self.warmup_steps,
+            "wall_time_s": end - self.start,
+        }
