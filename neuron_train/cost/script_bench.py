@@ -7,8 +7,10 @@ compiling nothing, once that site is warm (script_probe.Sites, the rule the tour
 time is their median; throughput is samples per step x steady intervals / their summed time,
 summed over the processes. Samples per step: --samples-per-step, else the leading dimension of the
 input batch, the largest host-to-device copy of most steady windows. Windows before the first
-steady interval (warm-up) and compile time are reported apart, never mixed in. The process stops
-by itself after N steady intervals (--steps; 0 runs the command to its end).
+steady interval (warm-up) and compile time (torch_xla's CompileTime; graphs = UncachedCompile, the
+most of any process) are reported apart, never mixed in. The process stops by itself after N
+steady intervals (--steps; 0 runs the command to its end). The probe runs without the graph
+checker (graphs' extensions-only mode): no debug log or HLO dump is paid on the measured steps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost.measure import Measurement, Workload
+from neuron_train.graphs.report import short
 from neuron_train.precompile.script import ScriptRun, require_ran, run_script
 from neuron_train.precompile.script_probe import StepWindow, fold
 
@@ -91,14 +94,14 @@ def figures(run: ScriptRun, samples_flag: int | None) -> ScriptFigures:
         raise RunError(f"{run.line}: no host-to-device batch copy in the steady steps (data made on the device?): "
                        "pass --samples-per-step N")
     rates = [per_step * len(s.intervals) / sum(s.intervals) for s in usable]
-    graphs = run.graphs()
     return ScriptFigures(
         samples_per_sec=sum(rates), step_time_ms=max(statistics.median(s.intervals) for s in usable) * 1e3,
         samples_per_step=per_step, world_size=len(usable),
         measured_steps=min(len(s.intervals) for s in usable),
         warmup_steps=max(s.warmup_windows for s in usable),
-        compile_time_s=sum(r.get("compile_time_s") or 0.0 for r in run.records),
-        graph_count=len(graphs), batch_shape=batch, batch_source=source, site=usable[0].site,
+        compile_time_s=max(p.get("compile_time_s", 0.0) for p in run.probes),
+        graph_count=max(p.get("compiles", 0) for p in run.probes), batch_shape=batch, batch_source=source,
+        site=usable[0].site,
         parameters=max(s.parameters for s in usable), device=usable[0].device or "CPU")
 
 
@@ -114,7 +117,7 @@ def describe(f: ScriptFigures) -> str:
     shape = "x".join(map(str, f.batch_shape)) if f.batch_shape else "?"
     source = "--samples-per-step" if f.batch_source == "flag" else f"input batch {shape}"
     return (f"{f.samples_per_sec:.1f} samples/s, step {f.step_time_ms:.2f} ms (median of {f.measured_steps} "
-            f"steady steps at {f.site}; {f.samples_per_step} samples/step from {source}; "
+            f"steady steps at {short(f.site)}; {f.samples_per_step} samples/step from {source}; "
             f"{f.warmup_steps} warm-up step(s) and {f.graph_count} graph(s), {f.compile_time_s:.1f} s of "
             "compiling, not counted)")
 

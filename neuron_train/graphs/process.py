@@ -29,6 +29,9 @@ RECORD_PREFIX = "record."                    # <dir>/record.<pid>.json: one proc
 # and bench add their probe this way; the checker never imports them). Their files are
 # instrumentation, never the user's line.
 ENV_EXTENSIONS = "NEURON_TRAIN_GRAPHS_EXTENSIONS"
+# "1": arm only the extensions (with no recorder): no debug log, no HLO dump, no hooks, so a
+# measurement (bench) does not pay for the checker on every step.
+ENV_EXTENSIONS_ONLY = "NEURON_TRAIN_GRAPHS_EXTENSIONS_ONLY"
 
 
 @dataclass
@@ -98,7 +101,8 @@ def _extension_files() -> tuple[str, ...]:
 
 
 def run_extensions(recorder) -> None:
-    """Hand this process's recorder to each extension named in ENV_EXTENSIONS."""
+    """Hand this process's recorder (None under ENV_EXTENSIONS_ONLY) to each extension named in
+    ENV_EXTENSIONS."""
     for module, function in _extensions():
         getattr(importlib.import_module(module), function)(recorder)
 

@@ -13,6 +13,7 @@ Sources, all from torch_xla itself:
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, parse_debug_log
 from neuron_train.graphs.process import (
     ENV_DIR,
+    ENV_EXTENSIONS_ONLY,
     ENV_WARMUP,
     RECORD_PREFIX,
     DebugFiles,
@@ -278,8 +280,12 @@ def write_record(recorder: Recorder, folder: Path) -> None:
 
 def arm_process() -> None:
     """check-graphs, at interpreter start: set torch_xla's debug variables now, hook in on import."""
-    prepare_process(check=True)
-    if "torch_xla" in sys.modules:
-        start_instrumented_process()
+    if os.environ.get(ENV_EXTENSIONS_ONLY) == "1":
+        start = functools.partial(run_extensions, None)  # bench: no checker on the measured steps
     else:
-        sys.meta_path.insert(0, hooks.AfterImport("torch_xla", lambda _: start_instrumented_process()))
+        prepare_process(check=True)
+        start = start_instrumented_process
+    if "torch_xla" in sys.modules:
+        start()
+    else:
+        sys.meta_path.insert(0, hooks.AfterImport("torch_xla", lambda _: start()))

@@ -209,9 +209,20 @@ def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_
         "cache_dir": cache_dir, "fingerprint": fp, "precompiled": fp in manifest.configs,
         "graphs": len(seen), "covered": covered, "coverage": ratio, "unidentified": unidentified,
         "missing": missing, "unused": sorted(precompiled - set(seen)), "config": config,
-        "explanation": explain(manifest, config, cache_dir) if missing else "",
+        "explanation": _explanation(manifest, config, cache_dir, missing),
     }
     return report
+
+
+def _explanation(manifest: Manifest, config: dict, cache_dir: str, missing: list[dict]) -> str:
+    """Why graphs are missing. A script's command line can be the one precompiled while the script
+    itself changed (a constant, its data): then its graphs differ at lines the tour did reach."""
+    if not missing:
+        return ""
+    if "script" in config and fingerprint(config) in manifest.configs and any(m["nearest"] for m in missing):
+        return ("this command line was precompiled, but the script compiled other graphs at lines its tour "
+                "reached (the script or its data changed since: see each graph)")
+    return explain(manifest, config, cache_dir)
 
 
 def _missing(graph: dict, manifest: Manifest, config: dict) -> dict:
@@ -283,6 +294,11 @@ def nearest_graph(graph: dict, manifest: Manifest, config: dict) -> tuple[str | 
     return nearest, "; ".join(changes[:MAX_NAMED]) + more
 
 
+def _when(graph: dict) -> str:
+    step = "before the first step ended" if graph["step"] is None else f"step {graph['step']}"
+    return f"{graph['phase']}, {step}" if graph.get("phase") else step
+
+
 def format_coverage(report: dict) -> str:
     if report["coverage"] is None:
         return (f"precompile coverage unknown: {report['unidentified']} graph(s) compiled without a "
@@ -293,8 +309,8 @@ def format_coverage(report: dict) -> str:
         return line
     first = report["missing"][0]
     lines = [line + f": {len(report['missing'])} graph(s) not precompiled, first {first['hash'][:12]} "
-             f"({first['phase']}, step {first['step']}): {report['explanation']}"]
+             f"({_when(first)}): {report['explanation']}"]
     for g in report["missing"]:
-        lines.append(f"  not precompiled: {g['hash'][:12]} at {short(g['where'] or '?')} (step {g['step']})"
+        lines.append(f"  not precompiled: {g['hash'][:12]} at {short(g['where'] or '?')} ({_when(g)})"
                      + (f": {g['difference']}" if g.get("difference") else ""))
     return "\n".join(lines)

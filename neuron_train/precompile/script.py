@@ -21,7 +21,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.graphs import runner as graph_runner
-from neuron_train.graphs.process import ENV_EXTENSIONS
+from neuron_train.graphs.process import ENV_EXTENSIONS, ENV_EXTENSIONS_ONLY
 from neuron_train.precompile import script_probe as probe
 
 PROBE_EXTENSION = "neuron_train.precompile.script_probe:arm"
@@ -110,9 +110,10 @@ def load_probes(folder: Path) -> list[dict]:
 
 def run_script(command: list[str], folder: Path, *, mode: str, steps: int,
                extra_env: dict[str, str] | None = None, echo: bool = True) -> ScriptRun:
-    """Run `command` instrumented; records and probes are read from `folder` (a fresh directory)."""
+    """Run `command` instrumented; records and probes are read from `folder` (a fresh directory).
+    Bench runs the probe alone (no checker: no debug log or HLO dump on the measured steps)."""
     env = {**graph_runner.instrumented_env(folder, graph_runner.DEFAULT_WARMUP), **probe_vars(mode, steps),
-           **(extra_env or {})}
+           **({ENV_EXTENSIONS_ONLY: "1"} if mode == "bench" else {}), **(extra_env or {})}
     code, tail = stream(command, env, echo)
     return ScriptRun(command, code, graph_runner.load_records(folder), load_probes(folder), tail)
 
@@ -130,7 +131,7 @@ def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
         where = f" at step {run.steps()}" if run.probes else ""
         raise RunError(f"{run.line} failed (exit code {run.exit_code}){where}: {last_line(run.tail)}; "
                        f"{what}")
-    if not run.records:
+    if not run.records and not run.probes:
         raise RunError(f"{run.line} never imported torch_xla (no process of it ran an XLA graph): "
                        "give a PyTorch/XLA training command, e.g. `python my_train.py`")
 

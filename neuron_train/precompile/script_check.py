@@ -21,6 +21,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import refuse_s3
+from neuron_train.graphs.report import short
 from neuron_train.precompile import script_probe as probe
 from neuron_train.precompile import store
 from neuron_train.precompile.coverage import (
@@ -120,5 +121,5 @@ class CoverageCheck:
         when = (f"{stop['seconds_into_compile']:.2f} s after its compile started, before it finished" if unfinished
                 else "right after its compile")
         return (f"--require-precompiled stopped {shlex.join(self.command)} at graph {stop['graph'][:12]} from "
-                f"{stop['where'] or '?'} {when}" + (f": {difference}" if difference else "")
+                f"{short(stop['where'] or '?')} {when}" + (f": {difference}" if difference else "")
                 + f". Precompile it: {self.hint}")

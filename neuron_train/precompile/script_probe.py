@@ -72,28 +72,46 @@ class ProbeRecord:
     windows: list[StepWindow] = field(default_factory=list)
     stop: Stop | None = None
     parameters: int = 0            # elements in the optimizers' parameters
+    compiles: int = 0              # graphs compiled (UncachedCompile) ...
+    compile_time_s: float = 0.0    # ... and their compile time (CompileTime), since the probe began
     staging: str = ""              # tour: this process's torch_xla persistent cache files
     device: str = ""               # torch_xla's device type, once a step ran
     note: str = ""
 
 
 class Probe:
+    """One process's probe. `recorder` is the checker's (None under bench's extensions-only mode):
+    steps are counted here from torch_xla's own counters, so both modes number them alike."""
+
     def __init__(self, recorder, mode: str, folder: Path):
         import torch_xla
 
+        from neuron_train.graphs.process import internal_predicate
+
         self.rec, self.mode, self.folder = recorder, mode, folder
         self.xlac = torch_xla._XLAC
+        self.is_internal = recorder.analyzer.is_internal if recorder is not None else internal_predicate()
         self.record = ProbeRecord(os.getpid(), mode, int(os.environ.get(STEPS_ENV, "0") or 0))
         self.lock = threading.Lock()
-        self.compiles = self._compile_count()
+        self.steps = 0
+        self.compiles0 = self.compiles = self._counter("UncachedCompile")
+        self.compile_ns0 = self._compile_ns()
         self.copy: tuple[int, list[int]] | None = None   # (elements, shape) of the largest copy
         self.seen_params: set[int] = set()
         self.written = False
         self.sites = Sites()
 
     # ----- inputs ------------------------------------------------------------------------------
-    def _compile_count(self) -> int:
-        return self.xlac._xla_counter_value("UncachedCompile") or 0
+    def _counter(self, name: str) -> int:
+        return self.xlac._xla_counter_value(name) or 0
+
+    def _compile_ns(self) -> float:
+        data = self.xlac._xla_metric_data("CompileTime")
+        return float(data[1]) if data else 0.0
+
+    def graph_runs(self) -> int:
+        """Compile-cache lookups: one per sync that ran a graph, whether it compiled or not."""
+        return self._counter("UncachedCompile") + self._counter("CachedCompile")
 
     def note_copy(self, tensor) -> None:
         """A tensor that arrived on the XLA device from the host."""
@@ -113,10 +131,11 @@ class Probe:
 
     def step_ended(self, site: str) -> None:
         """After a sync that ran a graph (main thread or not): close the window, maybe stop."""
-        compiles = self._compile_count()
+        compiles = self._counter("UncachedCompile")
         with self.lock:
             copy, self.copy = self.copy, None
-        window = StepWindow(self.rec.sync_steps, time.perf_counter(), site, compiles - self.compiles,
+        self.steps += 1
+        window = StepWindow(self.steps, time.perf_counter(), site, compiles - self.compiles,
                             copy[1] if copy else None)
         self.compiles = compiles
         if len(self.record.windows) < MAX_WINDOWS:
@@ -137,6 +156,8 @@ class Probe:
         if self.written:
             return
         self.written = True
+        self.record.compiles = self._counter("UncachedCompile") - self.compiles0
+        self.record.compile_time_s = (self._compile_ns() - self.compile_ns0) / 1e9
         if self.record.windows:
             import torch_xla.runtime as xr
 
@@ -157,8 +178,8 @@ def arm(recorder) -> None:
     from neuron_train.graphs.process import ENV_DIR
 
     mode = os.environ.get(MODE_ENV, "")
-    if mode not in MODES:
-        return
+    if mode not in MODES or (recorder is None and mode != "bench"):
+        return  # only bench runs without the checker's recorder
     probe = Probe(recorder, mode, Path(os.environ[ENV_DIR]))
     atexit.register(probe.write)  # registered after the checker's: runs before it
     if mode in ("tour", "bench"):
@@ -176,7 +197,8 @@ _in_sync = threading.local()
 
 
 def _wrap_sync(probe: Probe) -> None:
-    """Outside the checker's own wrapper: it has counted the step when this one sees it."""
+    """Outside the checker's own wrapper (when there is one): torch_xla.sync, xm.mark_step,
+    MpDeviceLoader, torch_xla.compile and torch_xla.step all end in it."""
     import torch_xla
 
     from neuron_train.graphs.hooks import caller_line
@@ -187,14 +209,14 @@ def _wrap_sync(probe: Probe) -> None:
     def sync(*args, **kwargs):
         if getattr(_in_sync, "on", False):
             return inner(*args, **kwargs)
-        before = probe.rec.sync_steps
+        before = probe.graph_runs()
         _in_sync.on = True
         try:
             result = inner(*args, **kwargs)
         finally:
             _in_sync.on = False
-        if probe.rec.sync_steps != before:
-            probe.step_ended(caller_line(probe.rec.analyzer.is_internal, sys._getframe(1)) or "?")
+        if probe.graph_runs() != before:  # this sync ran a graph: a step (an idle sync is not one)
+            probe.step_ended(caller_line(probe.is_internal, sys._getframe(1)) or "?")
         return result
 
     sync.__doc__ = inner.__doc__
@@ -304,9 +326,9 @@ class CompileWatch(threading.Thread):
         from neuron_train.graphs.recorder import write_record
 
         rec = self.probe.rec
-        frames = user_frames(event.frames, rec.analyzer.is_internal)
+        frames = user_frames(event.frames, self.probe.is_internal)
         where = frames[0].where if frames else ""
-        self.probe.record.stop = Stop("uncovered", rec.sync_steps, event.graph_hash, where,
+        self.probe.record.stop = Stop("uncovered", self.probe.steps, event.graph_hash, where,
                                       round(since_compile_start, 3), self.started,
                                       self._finished() - self.finished0)
         print(f"neuron-train: --require-precompiled: graph {event.graph_hash[:12]} at {where or '?'} is not "
