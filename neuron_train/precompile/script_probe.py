@@ -360,9 +360,8 @@ class Sites:
     """Call-site states, updated one step window at a time (the in-process stop and the parent's
     analysis fold the same windows through this one class).
 
-    A steady interval runs from one window of a site to the next window, of the same site, that
-    compiled nothing, while that site was already warm: intervals spanning another site's windows
-    (an evaluation) or a compile are left out.
+    A steady interval runs from one window of a site to the next, of the same site, both compiling
+    nothing: intervals spanning another site's windows (an evaluation) or a compile are left out.
     """
 
     def __init__(self):
@@ -372,7 +371,7 @@ class Sites:
 
     def add(self, w: StepWindow) -> None:
         s = self.by_site.setdefault(w.site, SiteState(first=self.count))
-        if self.last is not None and self.last.site == w.site and not w.compiled and s.warm:
+        if self.last is not None and self.last.site == w.site and not w.compiled and s.quiet_run >= 1:
             s.steady.append((self.count, w.t - self.last.t))
         s.visits += 1
         s.quiet_run = s.quiet_run + 1 if not w.compiled else 0
