@@ -25,7 +25,7 @@ from neuron_train.cost import script_bench
 from neuron_train.precompile import coverage, store
 from neuron_train.precompile.manifest import ConfigRecord, FileRecord, GraphRecord, Manifest
 from neuron_train.precompile.script import ScriptRun
-from neuron_train.precompile.script_probe import StepWindow, fold
+from neuron_train.precompile.steps import StepWindow, fold
 
 CORPUS = ROOT / "tests" / "corpus"
 MLP = CORPUS / "neuron_mnist_mlp"
@@ -399,3 +399,11 @@ def test_a_script_precompiled_on_neuron_compiles_nothing_new(tmp_path):
                            str(tmp_path / "cc"), "--require-precompiled", "--", sys.executable, "train.py"],
                           env=env, cwd=work, capture_output=True, text=True)
     assert proc.returncode == 0 and "precompile coverage 100%" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_stop_ends_the_processes_below_it_deepest_first():
+    from neuron_train.precompile.script_probe import descendants
+
+    parents = {10: 1, 11: 10, 12: 10, 13: 11, 20: 1, 21: 99}
+    assert descendants(10, parents) == [11, 12, 13]
+    assert descendants(13, parents) == []

@@ -4,8 +4,8 @@ prune), moving it between hosts (`archive`: pack, unpack), what `cache list` sho
 training loop's hook that records or checks graphs (`hook`), and the `neuron-train precompile`
 (`command`) / `neuron-train cache` (`cache_command`) commands. Any other PyTorch/XLA command:
 `script` runs it instrumented, `script_probe` is the part inside its processes (step windows, the
-tour's stop, --require-precompiled), `script_precompile` its tour, `script_check` the coverage
-options cli.py adds to check-graphs.
+tour's stop, --require-precompiled), `steps` the rules on step windows (pure), `script_precompile`
+its tour, `script_check` the coverage options cli.py adds to check-graphs.
 
 May import: `neuron_train.common`, `neuron_train.training.config` (a run's settings), and the
 checker's runner, process set-up, frames and records (to run any command instrumented). Never the

@@ -24,11 +24,14 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from neuron_train.precompile.steps import Sites, StepWindow
 
 MODE_ENV = "NEURON_TRAIN_PROBE_MODE"          # tour | check | bench
 STEPS_ENV = "NEURON_TRAIN_PROBE_STEPS"        # tour: steps before stopping; bench: measured steps
@@ -40,17 +43,6 @@ STOP_EXIT = 3          # --require-precompiled stopped the process before an unc
 MAX_WINDOWS = 20000    # steps kept per process (a bench or a tour stops long before)
 WATCH_INTERVAL_S = 0.02
 HLO_DUMP_WAIT_S = 2.0    # at most, for the uncovered graph's HLO dump (usually there at once)
-
-
-@dataclass
-class StepWindow:
-    """One sync that ran a graph, and what happened since the previous one."""
-
-    step: int              # the checker's step number (syncs that ran a graph)
-    t: float               # time.perf_counter() when the sync returned
-    site: str              # the innermost user line above the sync
-    compiled: int          # graphs compiled in this window
-    batch: list[int] | None = None   # shape of the largest host-to-device copy in this window
 
 
 @dataclass
@@ -309,7 +301,7 @@ class CompileWatch(threading.Thread):
             for event in (e for e in events if e.kind == "compile"):
                 self.started += 1
                 if event.graph_hash and event.graph_hash not in self.covered:
-                    self.stop(event, time.time() - written)
+                    self.stop(event, written)
 
     def _wait_for_hlo(self, event) -> None:
         """XLA dumps a graph's HLO as its compile starts: wait (briefly) to record its input shapes."""
@@ -321,92 +313,53 @@ class CompileWatch(threading.Thread):
                 return
             time.sleep(WATCH_INTERVAL_S)
 
-    def stop(self, event, since_compile_start: float) -> None:
+    def stop(self, event, logged_at: float) -> None:
+        """Record why, write every record, end the compiler's processes and this one (exit 3)."""
         from neuron_train.graphs.log import user_frames
         from neuron_train.graphs.recorder import write_record
 
-        rec = self.probe.rec
         frames = user_frames(event.frames, self.probe.is_internal)
         where = frames[0].where if frames else ""
-        self.probe.record.stop = Stop("uncovered", self.probe.steps, event.graph_hash, where,
-                                      round(since_compile_start, 3), self.started,
-                                      self._finished() - self.finished0)
         print(f"neuron-train: --require-precompiled: graph {event.graph_hash[:12]} at {where or '?'} is not "
               "precompiled: stopping before its compile finishes", file=sys.stderr, flush=True)
         try:
             self._wait_for_hlo(event)
-            write_record(rec, self.probe.folder)
+            # Measured as the process ends: how far into the compile, and whether it had finished.
+            self.probe.record.stop = Stop("uncovered", self.probe.steps, event.graph_hash, where,
+                                          round(time.time() - logged_at, 3), self.started,
+                                          self._finished() - self.finished0)
+            write_record(self.probe.rec, self.probe.folder)
             self.probe.write()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            end_descendants(os.getpid())  # e.g. neuronx-cc, which the Neuron plugin runs as a child
             os._exit(STOP_EXIT)
 
 
-# ----- the stop rule ---------------------------------------------------------------------------
-@dataclass
-class SiteState:
-    first: int                 # index of its first window
-    visits: int = 0
-    quiet_run: int = 0         # windows in a row, up to the last one, that compiled nothing
-    steady: list[tuple[int, float]] = field(default_factory=list)  # (closing window, seconds)
-
-    @property
-    def warm(self) -> bool:
-        return self.quiet_run >= 2
+def descendants(pid: int, parents: dict[int, int]) -> list[int]:
+    """Every process below `pid`, parents before their children (`parents`: pid -> parent pid)."""
+    below, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        below += children
+        frontier += children
+    return below
 
 
-class Sites:
-    """Call-site states, updated one step window at a time (the in-process stop and the parent's
-    analysis fold the same windows through this one class).
-
-    A steady interval runs from one window of a site to the next, of the same site, both compiling
-    nothing: intervals spanning another site's windows (an evaluation) or a compile are left out.
-    """
-
-    def __init__(self):
-        self.by_site: dict[str, SiteState] = {}
-        self.count = 0
-        self.last: StepWindow | None = None
-
-    def add(self, w: StepWindow) -> None:
-        s = self.by_site.setdefault(w.site, SiteState(first=self.count))
-        if self.last is not None and self.last.site == w.site and not w.compiled and s.quiet_run >= 1:
-            s.steady.append((self.count, w.t - self.last.t))
-        s.visits += 1
-        s.quiet_run = s.quiet_run + 1 if not w.compiled else 0
-        self.count += 1
-        self.last = w
-
-    def main_site(self) -> tuple[str, SiteState] | None:
-        """The step's call site: the most steady intervals, then the most windows."""
-        if not self.by_site:
-            return None
-        return max(self.by_site.items(), key=lambda kv: (len(kv[1].steady), kv[1].visits))
-
-    def tour_complete(self, steps: int) -> bool:
-        """N steps done and every call site warm (two windows in a row compiled nothing).
-
-        A site seen once (set-up, a once-per-epoch evaluation) holds the tour until as many steps
-        have run after it as before it, so a once-per-epoch site is seen a second time (its second
-        visit may compile another graph, e.g. an accumulator that starts as a Python number).
-        """
-        if self.count < max(steps, 1):
-            return False
-        return all(s.warm or (s.visits == 1 and self.count - 1 - s.first >= s.first)
-                   for s in self.by_site.values())
-
-    def stop_reason(self, mode: str, steps: int) -> str | None:
-        if mode == "tour" and steps > 0 and self.tour_complete(steps):
-            return "tour"
-        main = self.main_site()
-        if mode == "bench" and steps > 0 and main and len(main[1].steady) >= steps:
-            return "bench"
-        return None
-
-
-def fold(windows: list[StepWindow]) -> Sites:
-    sites = Sites()
-    for w in windows:
-        sites.add(w)
-    return sites
+def end_descendants(pid: int) -> None:
+    """SIGTERM every process below `pid`, deepest first: a compiler the Neuron plugin started as a
+    child would otherwise go on for minutes as an orphan."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not readable
+        parents[int(stat.parent.name)] = int(fields[1])
+    for child in reversed(descendants(pid, parents)):
+        try:
+            os.kill(child, signal.SIGTERM)
+        except ProcessLookupError:
+            pass

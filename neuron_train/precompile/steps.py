@@ -1,0 +1,91 @@
+"""Step windows of a script's run and the rules read from them (pure): when a call site is warm,
+when the graph tour may stop, which intervals are the steady state.
+
+A *step* is a sync that ran a graph; its *window* is what happened since the previous one (timed
+when the sync returned, its call site, graphs compiled, the largest host-to-device copy). The probe
+(script_probe.py) folds windows through `Sites` as they come, to stop the process; bench
+(cost/script_bench.py) folds the recorded windows the same way, to measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepWindow:
+    """One sync that ran a graph, and what happened since the previous one."""
+
+    step: int              # syncs that ran a graph so far, this one included
+    t: float               # time.perf_counter() when the sync returned
+    site: str              # the innermost user line above the sync
+    compiled: int          # graphs compiled in this window
+    batch: list[int] | None = None   # shape of the largest host-to-device copy in this window
+
+
+@dataclass
+class SiteState:
+    first: int                 # index of its first window
+    visits: int = 0
+    quiet_run: int = 0         # windows in a row, up to the last one, that compiled nothing
+    steady: list[tuple[int, float]] = field(default_factory=list)  # (closing window, seconds)
+
+    @property
+    def warm(self) -> bool:
+        return self.quiet_run >= 2
+
+
+class Sites:
+    """Call-site states, updated one step window at a time (the in-process stop and the parent's
+    analysis fold the same windows through this one class).
+
+    A steady interval runs from one window of a site to the next, of the same site, both compiling
+    nothing: intervals spanning another site's windows (an evaluation) or a compile are left out.
+    """
+
+    def __init__(self):
+        self.by_site: dict[str, SiteState] = {}
+        self.count = 0
+        self.last: StepWindow | None = None
+
+    def add(self, w: StepWindow) -> None:
+        s = self.by_site.setdefault(w.site, SiteState(first=self.count))
+        if self.last is not None and self.last.site == w.site and not w.compiled and s.quiet_run >= 1:
+            s.steady.append((self.count, w.t - self.last.t))
+        s.visits += 1
+        s.quiet_run = s.quiet_run + 1 if not w.compiled else 0
+        self.count += 1
+        self.last = w
+
+    def main_site(self) -> tuple[str, SiteState] | None:
+        """The step's call site: the most steady intervals, then the most windows."""
+        if not self.by_site:
+            return None
+        return max(self.by_site.items(), key=lambda kv: (len(kv[1].steady), kv[1].visits))
+
+    def tour_complete(self, steps: int) -> bool:
+        """N steps done and every call site warm (two windows in a row compiled nothing).
+
+        A site seen once (set-up, a once-per-epoch evaluation) holds the tour until as many steps
+        have run after it as before it, so a once-per-epoch site is seen a second time (its second
+        visit may compile another graph, e.g. an accumulator that starts as a Python number).
+        """
+        if self.count < max(steps, 1):
+            return False
+        return all(s.warm or (s.visits == 1 and self.count - 1 - s.first >= s.first)
+                   for s in self.by_site.values())
+
+    def stop_reason(self, mode: str, steps: int) -> str | None:
+        if mode == "tour" and steps > 0 and self.tour_complete(steps):
+            return "tour"
+        main = self.main_site()
+        if mode == "bench" and steps > 0 and main and len(main[1].steady) >= steps:
+            return "bench"
+        return None
+
+
+def fold(windows: list[StepWindow]) -> Sites:
+    sites = Sites()
+    for w in windows:
+        sites.add(w)
+    return sites
