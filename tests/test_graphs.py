@@ -337,6 +337,16 @@ def test_a_call_site_is_warm_once_it_runs_a_graph_again(graphs, recompiled):
     assert all(analyzer.graphs[g].kind == "warmup" for g in graphs[:2])
 
 
+def test_a_graph_run_again_by_another_sync_warms_its_own_site():
+    """Our loop's throughput clock flushes step 2's graph with its own sync: the training site is
+    warm all the same, and the LR reaching exactly 1.0 at step 3 is a recompilation."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    run_site(analyzer, "A", "B")
+    clock = Frame("wait", "/u/clock.py", 34)
+    assert analyzer.observe(window(3, sync_event("execute", "B", 50, inner=clock))) == []
+    assert [g.hash for g in run_site(analyzer, "C", start=4)] == ["C"]
+
+
 def test_graphs_of_an_optimizers_first_two_steps_are_warmup():
     """Gradient accumulation: micro-step F, F again (warm), then the optimizer's first two steps."""
     analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)

@@ -2,8 +2,9 @@
 
 The rule, per call site. A *call site* is the stack that ran a graph: a training loop's sync,
 an eval loop's sync, each of torch_xla.compile's two syncs, a line that read a value. A site is
-*warm* once it runs a graph it has run before (or has run WARMUP_GRAPHS different ones: a site
-whose every step is a new graph never repeats one). A new graph at a warm site is a *recompilation*, the
+*warm* once a graph it ran runs again, there or at another site (a throughput clock or an eval
+may flush the training graph once), or once it has run WARMUP_GRAPHS different ones (a site whose
+every step is a new graph never repeats one). A new graph at a warm site is a *recompilation*, the
 defect the checker exists for. The graphs a site compiles before it is warm are its *warm-up*
 (an optimizer creates its state in its first step; an eval accumulator starts as a Python 0):
 reported, never a defect; so are the graphs compiled in an optimizer's first two steps. A site
@@ -56,6 +57,7 @@ class Analyzer:
     graphs: dict[str, Graph] = field(default_factory=dict)
     hlo: dict[str, hlo_diff.HloSummary] = field(default_factory=dict)  # graph hash -> its HLO
     sites: dict[tuple, Site] = field(default_factory=dict)
+    home: dict[str, Site] = field(default_factory=dict)   # graph hash -> the site that first ran it
     executions: dict[str, int] = field(default_factory=dict)
     host: HostSyncs = field(default_factory=HostSyncs)
     loaders: Loaders = field(default_factory=Loaders)
@@ -117,16 +119,23 @@ class Analyzer:
     def _executed(self, event: XlaEvent, site: Site, step) -> None:
         graph = event.graph_hash
         self.executions[graph] = self.executions.get(graph, 0) + 1
+        home = self.home.setdefault(graph, site)
+        if self.executions[graph] > 1:
+            self._warm(home)  # its graph ran again, wherever the sync that flushed it was
         repeat = graph in site.seen
         site.seen.add(graph)
         if graph not in site.graphs:
             site.graphs.append(graph)  # compiled before this watch began, or at another site
-        if not site.warm and (repeat or len(site.seen) >= WARMUP_GRAPHS):
-            site.warm = True
-            self.warm_sites += 1
+        if repeat or len(site.seen) >= WARMUP_GRAPHS:
+            self._warm(site)
         site.last = graph
         site.runs.append((step, graph))
         del site.runs[:-RUNS_KEPT]
+
+    def _warm(self, site: Site) -> None:
+        if not site.warm:
+            site.warm = True
+            self.warm_sites += 1
 
     def _recent_recompile(self, index: int) -> tuple[Graph, list[str]] | None:
         if self.last_recompile is None or index - self.last_recompile[0] > 1:
@@ -164,6 +173,7 @@ class Analyzer:
             graph.cause = read_cause(kind) if event.host_access else NEW_CALL_SITE
         if hlo is not None:
             self.hlo[event.graph_hash] = hlo
+        self.home.setdefault(event.graph_hash, site)
         site.graphs.append(event.graph_hash)
         self.graphs[event.graph_hash] = graph
         return graph
