@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""What `neuron-train check-graphs` costs on third-party scripts: wall time with and without it.
+
+    python scripts/graphs_overhead_corpus.py [--repeats 3]
+
+Times two graph-stable scripts of the corpus (tests/corpus/SOURCES.md): aws-neuron-samples'
+mnist_mlp train.py (a plain mark_step loop, 160 steps) and pytorch/xla's test_train_mp_mnist.py
+(MpDeviceLoader, xm.optimizer_step, an eval loop and mesh_reduce, 2 epochs), each run as
+`python SCRIPT` and as `neuron-train check-graphs -- python SCRIPT`, alternating so that load from
+other processes hits both alike. Prints the median wall time per mode and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "corpus"
+SCRIPTS = {
+    "mnist_mlp/train.py": [str(CORPUS / "neuron_mnist_mlp" / "train.py")],
+    "test_train_mp_mnist.py": [str(CORPUS / "pytorch_xla" / "test_train_mp_mnist.py"), "--fake_data",
+                               "--num_epochs", "2", "--batch_size", "32", "--target_accuracy", "0",
+                               "--log_steps", "5"],
+}
+
+
+def wall_time(command: list[str], cwd: Path) -> float:
+    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(command)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return wall
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    missing = [name for name, (path, *_) in SCRIPTS.items() if not Path(path).exists()]
+    if missing:
+        sys.exit(f"not in this checkout: {', '.join(missing)}: build tests/corpus as tests/corpus/SOURCES.md says")
+    py = sys.executable
+    print(f"{args.repeats} runs per mode (medians), {os.cpu_count()} CPUs, PJRT_DEVICE=CPU")
+    print(f"{'script':26} {'plain s':>8} {'check-graphs s':>15} {'ratio':>6}")
+    for name, script in SCRIPTS.items():
+        times: dict[str, list[float]] = {"plain": [], "check": []}
+        with tempfile.TemporaryDirectory() as folder:
+            for _ in range(args.repeats):
+                times["plain"].append(wall_time([py, *script], Path(folder)))
+                times["check"].append(wall_time([py, "-m", "neuron_train", "check-graphs", "--", py, *script],
+                                                Path(folder)))
+        plain, check = statistics.median(times["plain"]), statistics.median(times["check"])
+        print(f"{name:26} {plain:8.1f} {check:15.1f} {check / plain:6.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
