@@ -45,14 +45,20 @@ def modes(args: argparse.Namespace, out: Path) -> dict[str, list[str]]:
     }
 
 
-def time_once(command: list[str], out: Path) -> tuple[float, float]:
-    """(wall seconds, median step ms) of one run."""
+def wall_time(command: list[str], cwd: Path = ROOT) -> float:
+    """Seconds one run of `command` takes (on the CPU XLA device unless PJRT_DEVICE says otherwise)."""
     env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONPATH=str(ROOT))
     start = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {' '.join(command)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return wall
+
+
+def time_once(command: list[str], out: Path) -> tuple[float, float]:
+    """(wall seconds, median step ms) of one run."""
+    wall = wall_time(command)
     summary = json.loads((out / "summary.json").read_text())
     return wall, summary["step_time_ms_median"]
 

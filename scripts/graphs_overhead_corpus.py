@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from graphs_overhead import wall_time  # scripts/ is on sys.path when this file runs
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
@@ -29,16 +29,6 @@ SCRIPTS = {
                                "--num_epochs", "2", "--batch_size", "32", "--target_accuracy", "0",
                                "--log_steps", "5"],
 }
-
-
-def wall_time(command: list[str], cwd: Path) -> float:
-    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONPATH=str(ROOT))
-    start = time.perf_counter()
-    proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(command)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return wall
 
 
 def main() -> int:
