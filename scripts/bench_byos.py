@@ -105,7 +105,7 @@ def overhead(script_dir: Path, blocks: int, steps: int) -> tuple[float, float]:
             loss = torch.nn.functional.nll_loss(model(x.to(dev)), y.to(dev))
             loss.backward()
             opt.step()
-            torch_xla.sync()
+            torch_xla.sync()  # the step's graph runs here, as in the script (mark_step)
         torch_xla.sync(wait=True)  # the last step has run when the block's clock stops
         return (time.perf_counter() - start) / steps * 1e3
 

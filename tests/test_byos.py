@@ -307,8 +307,8 @@ def test_an_evaluation_the_tour_never_reached_is_named_with_its_line(tmp_path):
     late = next(n for n, line in enumerate((work / "planted_late_eval.py").read_text().splitlines(), 1)
                 if "PLANTED" in line)
     assert "precompile coverage 50% (1/2 graphs" in proc.stdout, proc.stdout
-    assert (f"at planted_late_eval.py:{late} (step 41): no precompiled graph comes from "
-            f"planted_late_eval.py:{late}: the precompile run never reached that line") in proc.stdout
+    assert (f"at planted_late_eval.py:{late} (late, step 41): no precompiled graph comes from "
+            f"planted_late_eval.py:{late}: the precompile run never reached that line") in proc.stdout, proc.stdout
     assert proc.returncode == 0  # coverage is reported; only --require-precompiled fails the run
 
 

@@ -1,17 +1,18 @@
 """Inside each Python process of a user's command: step times, batch sizes, and when to stop.
 
 `neuron-train precompile -- CMD`, `check-graphs --compile-cache DIR -- CMD` and `bench -- CMD` run
-the command with the graph checker armed in every process (graphs/_instrument); the checker calls
-`arm` right after torch_xla is imported (graphs' extension hook), so this module sees what the
-checker sees and adds:
+the command with graphs/_instrument's start-up hook in every Python process; right after torch_xla
+is imported it calls `arm` (the checker's extension hook) with the checker's recorder, or, for
+bench, with none (the checker stays off so the measured steps carry no debug logging). It adds:
 
-- a wrapper over `torch_xla.sync` (outside the checker's own): each sync that ran a graph ends a
-  *step window*, timed on return (after the step's closures) and labelled with its call site (the
-  innermost user line above the sync) and whether anything compiled in it;
+- a wrapper over `torch_xla.sync` (outside the checker's own): each sync that ran a graph (torch_xla's
+  compile-cache counters moved) ends a *step window*, timed on return (after the step's closures)
+  and labelled with its call site (the innermost user line above the sync) and its compiles;
 - host-to-device copies (`Tensor.to`, and `_xla_tensors_from_aten` behind MpDeviceLoader): the
   shape of the largest one per window gives the samples per step;
-- the tour's and bench's stop: once every call site is warm and N steps have passed, the process
-  exits cleanly (SystemExit at the sync's return, so atexit writes every record);
+- the stop (steps.py's rules): the tour's once every call site is warm and N steps have passed,
+  bench's after N steady intervals; the process exits cleanly (SystemExit at the sync's return, so
+  atexit writes every record);
 - with --require-precompiled, a thread that reads torch_xla's compile log: torch_xla logs a
   graph's hash after lowering it and before the compiler runs, so a graph the manifest lacks stops
   the process while its compile has only started.
@@ -193,7 +194,7 @@ def _wrap_sync(probe: Probe) -> None:
     MpDeviceLoader, torch_xla.compile and torch_xla.step all end in it."""
     import torch_xla
 
-    from neuron_train.graphs.hooks import caller_line
+    from neuron_train.graphs.frames import caller_line
 
     module = sys.modules["torch_xla.torch_xla"]
     inner = module.sync
@@ -204,7 +205,7 @@ def _wrap_sync(probe: Probe) -> None:
         before = probe.graph_runs()
         _in_sync.on = True
         try:
-            result = inner(*args, **kwargs)
+            result = inner(*args, **kwargs)  # the script's own sync (the checker's wrapper, then torch_xla's)
         finally:
             _in_sync.on = False
         if probe.graph_runs() != before:  # this sync ran a graph: a step (an idle sync is not one)
