@@ -140,7 +140,7 @@ def test_malformed_result_is_rejected_in_one_line(tmp_path, capsys, content, exp
 
 def test_mismatched_workloads_are_rejected(tmp_path, capsys):
     """One model measured at two image sizes is refused (another model is a group of its own:
-    test_byos.py renders a script's result next to our loop's)."""
+    test_byos_corpus.py renders a script's result next to our loop's)."""
     a = result(tmp_path, "a.json", instance="trn1.2xlarge", sps=1000.0)
     other = copy.deepcopy(INFER)
     other["model"] = {**other["model"], "img_size": 64}
