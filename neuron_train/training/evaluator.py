@@ -49,12 +49,15 @@ class Evaluator:
                                        world=b.world_size, rank=b.rank), b.device)
         totals = torch.zeros(3).to(b.device)  # uploaded as data: one eval graph
         with torch.no_grad():
-            for images, labels, valid in loader:
+            for n, (images, labels, valid) in enumerate(loader, 1):
                 with autocast(t.precision):
                     logits = self.model(images.to(self.input_dtype))
                 loss = F.cross_entropy(logits.float(), labels, reduction="none")
                 hit = (logits.argmax(-1) == labels).float()
                 totals = totals + torch.stack([(hit * valid).sum(), valid.sum(), (loss * valid).sum()])
-                if self.extracting:
-                    break  # one batch reaches the eval graph; the results are garbage anyway
+                if self.extracting and n == 2:
+                    # Two batches reach both eval graphs: a batch synced by the loader's next fetch
+                    # (this iteration's tensors still live) and the last one, synced by evaluate()
+                    # with only the totals live. The results are garbage anyway.
+                    break
         return totals
