@@ -1,4 +1,4 @@
-"""torchrun entry point: `torchrun --nproc_per_node=N neuron_train/run.py [train options]`.
+"""torchrun entry point: `torchrun --standalone --nproc_per_node=N neuron_train/run.py [train options]`.
 
 Thin on purpose: everything is `neuron-train train`. Run as a script, Python puts this file's own
 folder first on sys.path, where our module names (data, models, ...) would shadow real packages;

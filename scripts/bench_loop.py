@@ -1,13 +1,23 @@
 #!/usr/bin/env python3
-"""Benchmark: our training loop against a plain hand-written torch_xla loop, side by side.
+"""Benchmark: our training loop's step paths against a plain hand-written torch_xla loop, side by side.
 
-Both train the same timm model on the same synthetic batches (one process at a time, on the current
-XLA device) and are timed the same way: after warm-up steps, from an idle device to an idle device.
-Printed per run: samples/s, wall ms/step, XLA's own ExecuteTime per step, and wall / ExecuteTime,
-i.e. how much host time a loop adds on top of the device's execution.
+Every loop trains the same timm model on the same synthetic batches (one process at a time, each
+run in a fresh process, on the current XLA device) and is timed the same way: after warm-up steps,
+from an idle device to an idle device. Runs are interleaved (baseline, candidate 1, 2, ..., then
+again) and the table shows medians, so a busy machine slows every loop alike.
 
-    python scripts/bench_loop.py                       # ViT-Tiny/16 at 64 px, batch 32, fp32
-    python scripts/bench_loop.py --model vit-micro --img-size 32 --steps 60 --repeats 3
+Phases of every run: warm-up steps (compiles), then device steps run one at a time (the host waits
+for the device after each step, so no execution queues behind another and XLA's ExecuteTime is the
+device's own time for a step), then the measured steps, free-running as in training.
+
+Columns: samples/s and wall ms per step of the measured steps; device ms per step (ExecuteTime
+summed over a step's executions, from the device steps); wall / device: how much longer a step takes
+than the device needs for it (above 1: the device waits for the host; 1: the host is off the
+critical path); the process's CPU ms per step (host and XLA's CPU execution together).
+
+    python scripts/bench_loop.py                         # ViT-Tiny/16 at 64 px, batch 32, fp32
+    python scripts/bench_loop.py --model vit-digits --img-size 32 --num-classes 10   # the default run
+    python scripts/bench_loop.py --loops baseline,lazy,dynamo-full --repeats 5
 """
 
 from __future__ import annotations
@@ -23,7 +33,76 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LOOPS = ("baseline", "ours-lazy", "ours-dynamo")
+# Our loop's step paths: name -> config overrides (+ "syncfree": torch_xla's AdamW swapped in).
+CANDIDATES: dict[str, dict] = {
+    "lazy": {"train.step_compiler": "lazy", "optim.optimizer_impl": "for-loop"},
+    "lazy-syncfree": {"train.step_compiler": "lazy", "optim.optimizer_impl": "for-loop", "syncfree": True},
+    "lazy-foreach": {"train.step_compiler": "lazy", "optim.optimizer_impl": "foreach"},
+    # 4 steps per execution; logging every 2nd step gives every execution the same graph (see --warmup).
+    "lazy-foreach-bpe4": {"train.step_compiler": "lazy", "optim.optimizer_impl": "foreach",
+                          "data.batches_per_execution": 4, "log.log_every": 2},
+    "dynamo": {"train.step_compiler": "dynamo", "optim.optimizer_impl": "for-loop"},
+    "dynamo-foreach": {"train.step_compiler": "dynamo", "optim.optimizer_impl": "foreach"},
+    "dynamo-full": {"train.step_compiler": "dynamo-full", "optim.optimizer_impl": "foreach"},
+}
+LOOPS = ("baseline", *CANDIDATES)
+FIGURES = ("samples_per_sec", "wall_ms", "device_ms", "cpu_ms")
+
+
+class Phases:
+    """Called before each step: device steps one at a time after the warm-up, then the measured ones."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.first_device, self.first_measured = args.warmup, args.warmup + args.device_steps
+        self.device_steps, self.device_ms, self.cpu0 = args.device_steps, 0.0, 0.0
+
+    def before(self, step: int) -> None:
+        import torch_xla.core.xla_model as xm
+        import torch_xla.debug.metrics as met
+
+        if self.first_device <= step <= self.first_measured:
+            xm.wait_device_ops()  # the steps before ran alone: no execution queued behind another
+        if step == self.first_device:
+            _one_graph_at_a_time(True)
+            met.clear_all()
+        elif step == self.first_measured:
+            _one_graph_at_a_time(False)
+            self.device_ms = _execute_ms() / self.device_steps
+            met.clear_all()
+            self.cpu0 = time.process_time()
+
+    def result(self, steps: int, batch: int, wall_s: float) -> dict:
+        return {"samples_per_sec": steps * batch / wall_s, "wall_ms": wall_s / steps * 1e3,
+                "device_ms": self.device_ms, "cpu_ms": (time.process_time() - self.cpu0) / steps * 1e3}
+
+
+_RUN_CACHED_GRAPH: list = []  # torch_xla's own, while _one_graph_at_a_time replaces it
+
+
+def _one_graph_at_a_time(on: bool) -> None:
+    """Dynamo launches a step's graphs back to back (forward, backward, update): the next one's
+    ExecuteTime would include its wait behind the previous. While on, each waits for the device."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    if on and not _RUN_CACHED_GRAPH:
+        _RUN_CACHED_GRAPH.append(torch_xla._XLAC._run_cached_graph)
+
+        def run_alone(graph_hash, graph_input):
+            out = _RUN_CACHED_GRAPH[0](graph_hash, graph_input)
+            xm.wait_device_ops()  # this graph finished before the host launches anything else
+            return out
+
+        torch_xla._XLAC._run_cached_graph = run_alone
+    elif not on and _RUN_CACHED_GRAPH:
+        torch_xla._XLAC._run_cached_graph = _RUN_CACHED_GRAPH.pop()
+
+
+def _execute_ms() -> float:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("ExecuteTime")
+    return data[1] / 1e6 if data else 0.0
 
 
 def baseline(args: argparse.Namespace) -> dict:
@@ -32,7 +111,6 @@ def baseline(args: argparse.Namespace) -> dict:
     import torch.nn.functional as F
     import torch_xla
     import torch_xla.core.xla_model as xm
-    import torch_xla.debug.metrics as met
     import torch_xla.distributed.parallel_loader as pl
 
     from neuron_train.training.data import SyntheticDataset
@@ -40,70 +118,78 @@ def baseline(args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     dev = torch_xla.device()
-    model = create_model(args.model, num_classes=1000, img_size=args.img_size).to(dev).train()
+    model = create_model(args.model, num_classes=args.num_classes, img_size=args.img_size).to(dev).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    ds = SyntheticDataset(args.batch_size * (args.steps + args.warmup), args.img_size, 1000)
+    ds = SyntheticDataset(args.batch_size * _total_steps(args), args.img_size, args.num_classes)
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, drop_last=True, num_workers=2)
-    t0 = None
+    phases, t0 = Phases(args), 0.0
     for step, (x, y) in enumerate(pl.MpDeviceLoader(loader, dev)):
-        if step == args.warmup:
+        phases.before(step)
+        if step == phases.first_measured:
             torch_xla.sync()
-            xm.wait_device_ops()
-            met.clear_all()
+            xm.wait_device_ops()  # start the clock on an idle device
             t0 = time.perf_counter()
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         xm.optimizer_step(opt)
     torch_xla.sync()
-    xm.wait_device_ops()
-    wall = time.perf_counter() - t0
-    count, total_ns, _ = met.metric_data("ExecuteTime")
-    return {"samples_per_sec": args.steps * args.batch_size / wall, "wall_ms": wall / args.steps * 1e3,
-            "execute_ms": total_ns / 1e6 / args.steps, "executions": count}
+    xm.wait_device_ops()  # stop the clock on an idle device
+    return phases.result(args.steps, args.batch_size, time.perf_counter() - t0)
 
 
-def ours(args: argparse.Namespace, step_compiler: str) -> dict:
-    """Our loop (neuron_train.training.loop.Trainer) with its defaults: AdamW, clipping, LR schedule, logging."""
-    import torch_xla.debug.metrics as met
+def _total_steps(args: argparse.Namespace) -> int:
+    return args.warmup + args.device_steps + args.steps
 
+
+def _swap_in_syncfree(trainer) -> None:
+    """torch_xla.amp.syncfree.AdamW over the same parameter groups (what Neuron's AMP samples use)."""
+    from torch_xla.amp import syncfree
+
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]}
+              for g in trainer.optimizer.param_groups]
+    trainer.optimizer = trainer.step_path.optimizer = syncfree.AdamW(groups, lr=trainer.cfg.optim.lr)
+
+
+def ours(args: argparse.Namespace, which: str) -> dict:
+    """Our loop (training.loop.Trainer) with its defaults (AdamW, clipping, LR schedule, logging
+    closures, graph recording) and the candidate's step path."""
     from neuron_train.training.config import build_config
     from neuron_train.training.device import init_backend, prepare_environment
 
+    spec = dict(CANDIDATES[which])
+    syncfree = spec.pop("syncfree", False)
     with tempfile.TemporaryDirectory() as out:
         cfg = build_config(overrides={
-            "model.name": args.model, "model.img_size": args.img_size, "model.num_classes": 1000,
-            "data.dataset": "synthetic", "data.synthetic_size": args.batch_size * (args.steps + args.warmup),
-            "train.batch_size": args.batch_size, "train.max_steps": args.steps + args.warmup,
-            "train.warmup_measure_steps": args.warmup, "train.eval_every": 10**9,
-            "train.output_dir": out, "train.step_compiler": step_compiler,
-            "log.progress": False, "log.tensorboard": False,
+            "model.name": args.model, "model.img_size": args.img_size, "model.num_classes": args.num_classes,
+            "data.dataset": "synthetic", "data.synthetic_size": args.batch_size * _total_steps(args),
+            "train.batch_size": args.batch_size, "train.max_steps": _total_steps(args),
+            "train.warmup_measure_steps": args.warmup + args.device_steps, "train.eval_every": 10**9,
+            "train.output_dir": out, "log.progress": False, "log.tensorboard": False, **spec,
         })
         prepare_environment(cfg.train.precision)
         from neuron_train.training.loop import Trainer
 
         trainer = Trainer(cfg, init_backend())
+        if syncfree:
+            _swap_in_syncfree(trainer)
         trainer.evaluator.val = None  # time training only, like the baseline
-        # ExecuteTime over the measured steps only: clear the metrics when measuring starts.
-        original = trainer.train_step
+        original, phases = trainer.train_step, Phases(args)
 
         def step(batches):
-            if trainer.pos.step == args.warmup:
-                met.clear_all()
+            phases.before(trainer.pos.step)  # the loop's own clock starts at the measured steps
             original(batches)
 
         trainer.train_step = step
         s = trainer.run()
-    count, total_ns, _ = met.metric_data("ExecuteTime")
-    return {"samples_per_sec": s["samples_per_sec"], "wall_ms": 1e3 * args.batch_size / s["samples_per_sec"],
-            "execute_ms": total_ns / 1e6 / args.steps, "executions": count}
+    return phases.result(args.steps, args.batch_size, args.steps * args.batch_size / s["samples_per_sec"])
 
 
 def run_one(which: str, args: argparse.Namespace) -> dict:
     """Each measurement in a fresh process: clean metrics, compile caches and memory."""
-    cmd = [sys.executable, __file__, "--_one", which, "--model", args.model, "--img-size",
-           str(args.img_size), "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-           "--warmup", str(args.warmup)]
+    cmd = [sys.executable, __file__, "--_one", which, "--model", args.model, "--img-size", str(args.img_size),
+           "--num-classes", str(args.num_classes), "--batch-size", str(args.batch_size),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--device-steps", str(args.device_steps)]
     env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU"), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -111,36 +197,60 @@ def run_one(which: str, args: argparse.Namespace) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def default_loop() -> str:
+    """The candidate that is our loop's default configuration."""
+    from neuron_train.training.config import RunConfig
+
+    cfg = RunConfig()
+    wanted = {"train.step_compiler": cfg.train.step_compiler, "optim.optimizer_impl": cfg.optim.optimizer_impl}
+    return next((name for name, spec in CANDIDATES.items() if spec == wanted), "?")
+
+
+def print_table(results: dict[str, list[dict]], repeats: int) -> None:
+    default = default_loop()
+    print(f"{'loop':<22}{'samples/s':>10}{'wall ms/step':>14}{'device ms/step':>16}{'wall/device':>13}"
+          f"{'CPU ms/step':>13}{'vs baseline':>13}")
+    med = {which: {k: statistics.median(r[k] for r in runs) for k in FIGURES} for which, runs in results.items()}
+    first = med.get("baseline", next(iter(med.values())))
+    for which, m in med.items():
+        name = which + (" (default)" if which == default else "")
+        print(f"{name:<22}{m['samples_per_sec']:>10.1f}{m['wall_ms']:>14.1f}{m['device_ms']:>16.1f}"
+              f"{m['wall_ms'] / m['device_ms']:>13.2f}{m['cpu_ms']:>13.1f}"
+              f"{m['samples_per_sec'] / first['samples_per_sec']:>12.2f}x")
+    print(f"medians of {repeats} interleaved runs each, every run a fresh process")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="vit_tiny_patch16_224")
     p.add_argument("--img-size", type=int, default=64)
+    p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps", type=int, default=40, help="measured steps")
-    p.add_argument("--warmup", type=int, default=5, help="steps left out (compiles happen here)")
-    p.add_argument("--repeats", type=int, default=2, help="runs of each loop, interleaved")
+    p.add_argument("--steps", type=int, default=40, help="measured steps (a multiple of 4: see bpe4)")
+    # 11 + 8 = 4k + 3: MpDeviceLoader with 4 batches per execution cuts before batches 3, 7, 11, ...;
+    # the clock's syncs after 19 and 19 + steps batches then fall on those cuts, adding no graph.
+    p.add_argument("--warmup", type=int, default=11, help="steps left out (compiles happen here)")
+    p.add_argument("--device-steps", type=int, default=8, help="steps run one at a time for the device time")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each loop, interleaved")
+    p.add_argument("--loops", default=",".join(LOOPS), help="comma-separated subset of: " + ", ".join(LOOPS))
     p.add_argument("--_one", choices=LOOPS, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args._one:
-        which = args._one
-        print(json.dumps(baseline(args) if which == "baseline" else ours(args, which.split("-")[1])))
+        print(json.dumps(baseline(args) if args._one == "baseline" else ours(args, args._one)))
         return
+    loops = args.loops.split(",")
+    unknown = [name for name in loops if name not in LOOPS]
+    if unknown:
+        p.error(f"--loops: unknown {', '.join(unknown)} (known: {', '.join(LOOPS)})")
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, fp32, {args.steps} measured "
-          f"steps after {args.warmup} warm-up, device {os.environ.get('PJRT_DEVICE', 'CPU')}")
-    results: dict[str, list[dict]] = {which: [] for which in LOOPS}
+          f"steps after {args.warmup} warm-up and {args.device_steps} one-at-a-time steps, device "
+          f"{os.environ.get('PJRT_DEVICE', 'CPU')}", flush=True)
+    results: dict[str, list[dict]] = {which: [] for which in loops}
     for _ in range(args.repeats):
-        for which in results:
+        for which in loops:
             results[which].append(run_one(which, args))
-    print(f"{'loop':<13}{'samples/s':>11}{'wall ms/step':>14}{'ExecuteTime ms/step':>21}{'wall/exec':>11}"
-          f"{'vs baseline':>13}")
-    med = {}
-    for which, runs in results.items():
-        med[which] = {k: statistics.median(r[k] for r in runs) for k in ("samples_per_sec", "wall_ms", "execute_ms")}
-        m = med[which]
-        ratio = m["samples_per_sec"] / med["baseline"]["samples_per_sec"]
-        print(f"{which:<13}{m['samples_per_sec']:>11.1f}{m['wall_ms']:>14.1f}{m['execute_ms']:>21.1f}"
-              f"{m['wall_ms'] / m['execute_ms']:>11.3f}{ratio:>12.3f}x")
-    print(f"medians of {args.repeats} interleaved runs each; ExecuteTime summed over a step's executions")
+            print(f"  {which}: {results[which][-1]}", file=sys.stderr, flush=True)
+    print_table(results, args.repeats)
 
 
 if __name__ == "__main__":

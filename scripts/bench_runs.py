@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -52,8 +51,7 @@ def train(out: Path, args: list[str], label: str, nproc: int = 1) -> Run:
     `nproc` > 1 launches that many data-parallel processes under torchrun."""
     launcher = [sys.executable, str(RUN_PY)]
     if nproc > 1:
-        launcher[1:1] = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                         f"--master_port={_free_port()}"]
+        launcher[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd = [*launcher, "--output-dir", str(out), "--no-progress", "--no-tensorboard", *args]
     print(f"[{label}] {' '.join(cmd[1:])}", flush=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -70,12 +68,6 @@ def train(out: Path, args: list[str], label: str, nproc: int = 1) -> Run:
     if proc.wait() != 0:
         sys.exit(f"{label} run failed (exit {proc.returncode}): {last}")
     return Run(json.loads((out / "summary.json").read_text()), evals)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load_note() -> str:

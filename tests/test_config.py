@@ -69,6 +69,7 @@ def test_bad_config_files_are_one_clear_error(tmp_path, text, message):
     (["--require-precompiled"], "--require-precompiled needs --compile-cache"),
     (["--teacher-model", "vit-digits"], "--teacher-model needs --teacher-checkpoint"),
     (["--sift", "topk", "--sift-keep", "0.01", "--batch-size", "8"], "keeps no sample"),
+    (["--batches-per-execution", "2"], "add --step-compiler lazy"),
 ])
 def test_bad_values_rejected_at_the_edge(argv, message):
     with pytest.raises(UsageError, match=message):

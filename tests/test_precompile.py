@@ -180,6 +180,7 @@ def test_dry_run_prints_the_neuron_parallel_compile_command(tmp_path):
     assert rest[:3] == ["neuron_parallel_compile", "--num_parallel", "8"]
     launcher = rest[3:rest.index(str(RUN_PY))]
     assert launcher[-1] == "--nproc_per_node=2" and ("torchrun" in launcher[0] or launcher[1:3] == ["-m", "torch.distributed.run"])
+    assert "--standalone" in launcher  # one node: a free rendezvous port, never a collision on 29500
     assert rest[rest.index(str(RUN_PY)) + 1:] == ["--model", "vit-digits", "--batch-size", "64", "--precision",
                                                   "bf16-autocast", "--compile-cache", str(cache)]
     assert "NEURON_EXTRACT_GRAPHS_ONLY" not in proc.stdout  # neuron_parallel_compile sets it itself

@@ -173,8 +173,10 @@ def test_profiling_off_is_a_no_op_object_and_a_trace_needs_profile():
 @pytest.mark.slow
 def test_profiled_run_adds_up_names_a_bottleneck_and_writes_a_trace(tmp_path):
     out = tmp_path / "run"
+    # --step-compiler lazy: the phases (forward, backward, optimizer tracing, graph cut) are those of
+    # a lazily traced step; under dynamo an execution's ExecuteTime also counts its wait in the queue.
     proc = run_train(out, "--max-steps", "14", "--eval-every", "100", "--log-every", "1",
-                     "--profile", "--profile-trace-steps", "2")
+                     "--profile", "--profile-trace-steps", "2", "--step-compiler", "lazy")
     assert proc.returncode == 0, proc.stderr[-3000:]
     profile = json.loads((out / "profile.json").read_text())
     steps = profile["steps"]

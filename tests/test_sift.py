@@ -164,7 +164,8 @@ def _graphs(out) -> dict:
 
 
 def _train_graph_steps(graphs: dict, phase: str = "train") -> list[int]:
-    return sorted(g["step"] for g in graphs["graphs"] if g["phase"] == phase)
+    """The steps at which `phase` compiled graphs (the default dynamo-full path compiles several per step)."""
+    return sorted({g["step"] for g in graphs["graphs"] if g["phase"] == phase})
 
 
 @pytest.mark.slow

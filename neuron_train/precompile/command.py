@@ -66,7 +66,7 @@ def launcher(world: int) -> list[str]:
         return [sys.executable, str(RUN_PY)]
     torchrun = shutil.which("torchrun")
     start = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    return [*start, f"--nproc_per_node={world}", str(RUN_PY)]
+    return [*start, "--standalone", f"--nproc_per_node={world}", str(RUN_PY)]  # one node, a free port
 
 
 def build_plan(cfg: RunConfig, train_args: list[str], *, cache: Path, target: str, world: int,

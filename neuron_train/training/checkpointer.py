@@ -18,6 +18,7 @@ from neuron_train.graphs import GraphWatch
 from neuron_train.training import checkpoint as ckpt
 from neuron_train.training.config import RunConfig
 from neuron_train.training.device import Backend
+from neuron_train.training.optim import load_optimizer_state
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Checkpointer:
             raise UsageError(f"{path} was trained with a global batch of {state['global_batch']}, "
                              f"this run has {self.global_batch}: the data position would not match")
         ckpt.load_model_state(model, state, path)  # a mismatch is one line naming the model
-        optimizer.load_state_dict(ckpt.optimizer_state(
+        load_optimizer_state(optimizer, ckpt.optimizer_state(
             path, state, zero1=self.cfg.optim.zero1, world_size=self.backend.world_size,
             rank=self.backend.rank))
         ckpt.set_rng_state(state["rng"])

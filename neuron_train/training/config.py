@@ -21,7 +21,9 @@ import yaml
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import not_utf8, write_text_atomic
 
-PRECISIONS = ("fp32", "bf16-autocast", "bf16", "xla-use-bf16", "xla-downcast-bf16")
+STEP_COMPILERS = ("dynamo-full", "dynamo", "lazy")
+LEGACY_BF16_PRECISIONS = ("xla-use-bf16", "xla-downcast-bf16")  # XLA_USE_BF16 / XLA_DOWNCAST_BF16
+PRECISIONS = ("fp32", "bf16-autocast", "bf16", *LEGACY_BF16_PRECISIONS)
 DATASETS = ("digits", "synthetic", "folder")
 
 
@@ -64,7 +66,8 @@ class DataConfig:
     data_dir: str | None = opt(None, "image folder for --dataset folder", metavar="DIR")
     num_workers: int = opt(2, "DataLoader worker processes per rank")
     synthetic_size: int = opt(2048, "number of samples in the synthetic training set")
-    batches_per_execution: int = opt(1, "batches traced into one XLA execution (MpDeviceLoader)")
+    batches_per_execution: int = opt(1, "batches traced into one XLA execution (MpDeviceLoader; "
+                                     "with --step-compiler lazy)")
     check_images: bool = opt(True, "folder: check every image file before training (empty, unreadable "
                              "header, cut short); ~0.25 ms a file, on rank 0")
 
@@ -91,6 +94,10 @@ class OptimConfig:
     warmup_steps: int = opt(20, "linear LR warm-up steps")
     min_lr: float = opt(1e-5, "LR at the end of the cosine/linear decay")
     zero1: bool = opt(False, "shard optimizer state across data-parallel ranks (ZeRO-1)")
+    optimizer_impl: str = opt("foreach", "foreach: torch's multi-tensor update and clipping (a few "
+                              "large ops to trace); for-loop: one update per tensor (what torch "
+                              "picks by itself for XLA tensors, and Neuron's samples run)",
+                              choices=("foreach", "for-loop"))
 
     def validate(self) -> None:
         _need(self.lr > 0, f"--lr must be > 0, got {self.lr}")
@@ -114,11 +121,13 @@ class TrainConfig:
                          "(the legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 environment modes)",
                          choices=PRECISIONS)
     output_dir: str | None = opt(None, "run directory (default: runs/<model>-<time>)", metavar="DIR")
-    step_compiler: str = opt("lazy", "lazy: trace the step with lazy tensors every step (the torch_xla "
-                             "way, used on Neuron); dynamo: torch.compile(backend='openxla') the forward "
-                             "and backward once, which takes Python tracing off the critical path "
-                             "(measured faster on the CPU XLA device; not validated on Neuron)",
-                             choices=("lazy", "dynamo"))
+    step_compiler: str = opt("dynamo-full", "dynamo-full: torch.compile(backend='openxla') captures "
+                             "forward, backward and the optimizer update (clipping included) once, "
+                             "so no Python is traced per step (fastest measured on the CPU XLA "
+                             "device; not validated on Neuron); dynamo: forward and backward only, "
+                             "the update traced lazily; lazy: trace the whole step with lazy tensors "
+                             "every step (the torch_xla way Neuron's own samples use)",
+                             choices=STEP_COMPILERS)
     warmup_measure_steps: int = opt(3, "steps left out of the steady-state throughput figures")
     precompile_steps: int = opt(4, "train steps run under NEURON_EXTRACT_GRAPHS_ONLY "
                                 "(graph extraction by neuron_parallel_compile)")
@@ -239,6 +248,10 @@ class RunConfig:
             kept = round(self.train.batch_size * self.sift.sift_keep)
             _need(kept >= 1, f"--sift-keep {self.sift.sift_keep} keeps no sample of a batch of "
                              f"{self.train.batch_size}")
+        _need(self.data.batches_per_execution == 1 or self.train.step_compiler == "lazy",
+              f"--batches-per-execution {self.data.batches_per_execution} joins lazily traced steps into "
+              f"one execution; --step-compiler {self.train.step_compiler} runs each captured graph as "
+              "it is called: add --step-compiler lazy")
         return self
 
     def to_dict(self) -> dict:

@@ -32,10 +32,10 @@ from neuron_train.training.device import Backend
 from neuron_train.training.evaluator import Evaluator
 from neuron_train.training.metrics import MetricsWriter, Progress
 from neuron_train.training.models import build_model, count_parameters
-from neuron_train.training.optim import build_optimizer, lr_at, set_lr
+from neuron_train.training.optim import lr_at, set_lr
 from neuron_train.training.profiler import build_profiler
 from neuron_train.training.rundir import open_run_dir
-from neuron_train.training.step import autocast, compile_forward
+from neuron_train.training.step import StepPath, autocast
 from neuron_train.training.tasks import build_task
 from neuron_train.training.throughput import Throughput
 
@@ -51,14 +51,17 @@ class Trainer:
         xm.set_rng_state(t.seed)
         self.run_dir = open_run_dir(cfg, backend, self.extracting)  # training/rundir.py: lock, clean-up
         self.data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, t.seed)
+        # --compile-cache: records the graph manifest (graph tour) or checks against it; set up before
+        # anything reaches the XLA device (torch_xla's cache must be initialised first)
+        self.cache = CompileCacheHook(cfg, backend, num_classes=self.data.num_classes)
         self.model, self.params = self._build_model()
         self.input_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
         self.pos = Position()
         self.watch = GraphWatch(cfg.compile.graph_warmup_steps, cfg.compile.check_graphs)
         self.task = build_task(cfg, self.model, backend.device, step=lambda: self.pos.step,
                                mark_phase=self.watch.phase)
-        self.forward = compile_forward(self.task, t.step_compiler)
-        self.optimizer = build_optimizer(self.model, cfg.optim, backend)
+        self.step_path = StepPath(cfg, self.task, self.model, backend)  # --step-compiler
+        self.optimizer = self.step_path.optimizer
         self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         if self.extracting:
@@ -67,8 +70,6 @@ class Trainer:
                                    input_dtype=self.input_dtype, extracting=self.extracting)
         self.checkpointer = Checkpointer(cfg, backend, self.run_dir, self.watch, writes=self.writes,
                                          extracting=self.extracting)
-        # --compile-cache: records the graph manifest (graph tour) or checks against it; before any compile
-        self.cache = CompileCacheHook(cfg, backend, num_classes=self.data.num_classes)
         self.profiler = build_profiler(cfg, self.run_dir if self.writes else None)
         self.clock: Throughput | None = None        # started by run(), after resuming
         self.metrics: MetricsWriter | None = None   # rank 0's metrics.jsonl / TensorBoard
@@ -111,11 +112,12 @@ class Trainer:
             images, labels = prof.next(batches)  # graph boundary: the previous step starts executing
             images = images.to(self.input_dtype)
             with autocast(self.cfg.train.precision):
-                losses = self.forward(images, labels)
+                losses = self.step_path.forward(images, labels)
             prof.mark("forward")
             (losses["loss"] / accum).backward()
             prof.mark("backward")
-        set_lr(self.optimizer, lr_at(self.pos.step, self.cfg.optim, self.total_steps))
+        lr = lr_at(self.pos.step, self.cfg.optim, self.total_steps)
+        set_lr(self.optimizer, lr)
         if self.cfg.optim.zero1:  # reduce-scatter, global-norm clip, shard update, all-gather
             self.optimizer.step()
             grad_norm = zero1.grad_norm(self.optimizer)
@@ -123,15 +125,12 @@ class Trainer:
         else:
             self.backend.reduce_gradients(self.optimizer)  # xm.optimizer_step, split to clip in between
             prof.mark("grad_sync")
-            params = self.model.parameters()
-            clip = self.cfg.optim.grad_clip
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip) if clip else torch.zeros(())
-            self.optimizer.step()
+            grad_norm = self.step_path.update()  # clip + optimizer.step(), captured or traced
         self.optimizer.zero_grad(set_to_none=True)
-        self._after_step(losses, grad_norm)
+        self._after_step(losses, grad_norm, lr)
         prof.mark("optimizer")
 
-    def _after_step(self, losses: dict, grad_norm: torch.Tensor) -> None:
+    def _after_step(self, losses: dict, grad_norm: torch.Tensor, lr: float) -> None:
         """Step closures: graph watch, precompile check, logging; they run once the step has executed."""
         step = self.pos.step
         # Keep the same tensors alive every step: live tensors are the graph's outputs, so logging
@@ -140,7 +139,6 @@ class Trainer:
         xm.add_step_closure(self.watch.step_end, args=(step,))
         xm.add_step_closure(self.cache.check, args=(self.watch,))  # --require-precompiled
         if step % self.cfg.log.log_every == 0 or step == self.total_steps - 1:
-            lr = self.optimizer.param_groups[0]["lr"]
             xm.add_step_closure(self._log_step, args=(step, losses, grad_norm, lr), run_async=True)
 
     def _log_step(self, step: int, losses: dict, grad_norm: torch.Tensor, lr: float) -> None:

@@ -1,9 +1,13 @@
-"""Optimizer and learning-rate schedule.
+"""Optimizer, gradient clipping and learning-rate schedule.
 
 The LR is a pure function of the step, handed to the optimizer as a Python float each step: torch_xla
 uploads a Python scalar as data, so a changing LR does not recompile. Except two values: XLA bakes
 0 and 1 into the graph as constants (and AdamW turns LR 0 into a `mul(1.0)`), so a warm-up from 0
 would compile extra graphs. The schedule never hands out exactly 0 or 1 (see `xla_safe`).
+
+When dynamo captures the update (`--step-compiler dynamo-full`) a Python float would be a guard
+(one graph per LR value), so the LR is a device tensor whose value is replaced every step, and
+AdamW is `capturable` (its step counters live on the device too).
 """
 
 from __future__ import annotations
@@ -42,11 +46,51 @@ def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):
+            # a host->device copy into the same tensor: new data, the captured graph is unchanged
+            group["lr"].copy_(torch.tensor(lr, dtype=group["lr"].dtype))
+        else:
+            group["lr"] = lr
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend=None) -> torch.optim.Optimizer:
-    """The optimizer; with `cfg.zero1` a ZeRO-1 one sharded over `backend`'s ranks (zero1.py)."""
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, *, foreach: bool) -> torch.Tensor:
+    """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before.
+
+    foreach: two multi-tensor ops to trace instead of two per tensor (torch_xla's patched
+    `clip_grad_norm_` refuses foreach=True); the same arithmetic as that function."""
+    if not foreach:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    return total
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """`load_state_dict`, keeping this run's update implementation (a checkpoint of another step path).
+
+    torch restores the saved groups' LR and flags (foreach, capturable): keep ours instead (the LR is
+    set from the schedule every step anyway), and put AdamW's step counters where ours keep them:
+    on the device when capturable, else on the host (where reading them is no device sync)."""
+    own = [{k: g[k] for k in _IMPLEMENTATION if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, keep in zip(optimizer.param_groups, own, strict=True):
+        group.update(keep)
+        for p in group["params"]:
+            counters = optimizer.state.get(p, {})
+            if isinstance(counters.get("step"), torch.Tensor):
+                where = p.device if group.get("capturable") else torch.device("cpu")
+                counters["step"] = counters["step"].to(where, torch.float32)
+
+
+_IMPLEMENTATION = ("lr", "foreach", "capturable", "fused", "differentiable")
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend=None, *,
+                    captured: bool = False) -> torch.optim.Optimizer:
+    """The optimizer; with `cfg.zero1` a ZeRO-1 one sharded over `backend`'s ranks (zero1.py).
+
+    `captured`: the update runs inside a dynamo graph (device LR tensor, capturable AdamW)."""
     # No weight decay on biases and norm scales (1-D parameters), as timm does.
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
@@ -62,4 +106,10 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend=None) -> t
         from neuron_train.training.zero1 import build_zero1
 
         return build_zero1(groups, cls, defaults, max_norm=cfg.grad_clip, backend=backend)
+    # torch picks the per-tensor loop for XLA tensors by itself; foreach traces one op per group.
+    defaults["foreach"] = cfg.optimizer_impl == "foreach"
+    if captured:
+        defaults["lr"] = torch.tensor(cfg.lr, device=decay[0].device)
+        if cls is torch.optim.AdamW:
+            defaults["capturable"] = True
     return cls(groups, **defaults)

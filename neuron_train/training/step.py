@@ -1,8 +1,23 @@
-"""How a training step is turned into XLA graphs: precision context and step compiler."""
+"""How a training step becomes XLA graphs: the step compiler and the precision context.
+
+- lazy: every op of forward, backward and update is traced in Python each step (torch_xla's own
+  way, what Neuron's samples do); the host's tracing competes with execution on a small machine.
+- dynamo: torch.compile(backend="openxla") captures forward and backward once; the update is
+  still traced lazily each step.
+- dynamo-full (the default): the update (gradient clipping + optimizer step) is captured as well,
+  so a step costs the host a few guard checks and graph launches, not a trace (except with ZeRO-1
+  and the legacy bf16 environment modes, where the update stays lazy: see StepPath).
+
+Whichever it is, the graphs stay the same from step 2 on (checked by GraphWatch/check-graphs)
+and precompile's graph tour reaches them all (tests/test_precompile.py).
+"""
 
 from __future__ import annotations
 
 import torch
+
+from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
+from neuron_train.training.optim import build_optimizer, clip_grad_norm
 
 
 def autocast(precision: str):
@@ -12,9 +27,32 @@ def autocast(precision: str):
     return torch.autocast("xla", enabled=False)
 
 
-def compile_forward(task, step_compiler: str):
-    """The task as the step calls it: traced lazily every step, or captured once by dynamo."""
-    if step_compiler == "dynamo":
-        # Dynamo replays the captured forward/backward graphs without re-tracing Python each step.
-        return torch.compile(task, backend="openxla", dynamic=False)
-    return task
+def _captured(fn):
+    # Replays the captured graphs without re-tracing Python each step; one graph per input shape.
+    return torch.compile(fn, backend="openxla", dynamic=False)
+
+
+class StepPath:
+    """`forward(images, labels)` -> losses, and `update()` -> gradient norm (clip + optimizer step)."""
+
+    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, backend):
+        compiler, optim = cfg.train.step_compiler, cfg.optim
+        # ZeRO-1 updates its own way. The legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 modes make every f32
+        # tensor bf16 on the device, where a captured AdamW's bias correction 1 - 0.999**t rounds to 0
+        # (NaN weights): there the update is traced lazily, its corrections computed on the host.
+        captured_update = (compiler == "dynamo-full" and not optim.zero1
+                           and cfg.train.precision not in LEGACY_BF16_PRECISIONS)
+        self.model, self.clip = model, optim.grad_clip
+        self.foreach = optim.optimizer_impl == "foreach"
+        self.optimizer = build_optimizer(model, optim, backend, captured=captured_update)
+        self.forward = _captured(task) if compiler in ("dynamo", "dynamo-full") else task
+        self.update = _captured(self._update) if captured_update else self._update
+
+    def _update(self) -> torch.Tensor:
+        params = list(self.model.parameters())
+        if self.clip:
+            grad_norm = clip_grad_norm(params, self.clip, foreach=self.foreach)
+        else:
+            grad_norm = torch.zeros((), device=params[0].device)
+        self.optimizer.step()
+        return grad_norm
