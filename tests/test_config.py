@@ -102,3 +102,31 @@ def test_help_documents_every_contract_flag():
                  "--teacher-model", "--sift", "--zero1", "--profile", "--compile-cache",
                  "--require-precompiled", "--check-graphs"):
         assert flag in proc.stdout, flag
+
+
+@pytest.mark.parametrize("argv, workers", [
+    ([], 0),                                                    # digits: in memory, no worker processes
+    (["--dataset", "synthetic"], 0),
+    (["--dataset", "folder", "--data-dir", str(ROOT)], 2),        # image decoding: worker processes
+    (["--num-workers", "3"], 3),                                 # an explicit count is kept
+    (["--dataset", "folder", "--data-dir", str(ROOT), "--num-workers", "0"], 0),
+])
+def test_data_workers_by_dataset_unless_given(argv, workers):
+    assert parse(*argv).data.workers() == workers
+
+
+def test_digits_are_upscaled_once_to_the_pixels_of_one_by_one_upscaling():
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+
+    from neuron_train.training.data import DigitsDataset
+
+    ds = DigitsDataset("train", 32)
+    raw = torch.tensor(load_digits().images, dtype=torch.float32) / 16.0
+    order = torch.randperm(len(raw), generator=torch.Generator().manual_seed(1234))[300:]  # the train split
+    for i in (0, 7, len(ds) - 1):
+        one = F.interpolate(raw[order[i]][None, None], size=(32, 32), mode="bilinear", align_corners=False)[0]
+        image, label = ds[i]
+        assert torch.equal(image, (one.expand(3, -1, -1) - 0.5) / 0.5)
+        assert int(label) == load_digits().target[order[i]]

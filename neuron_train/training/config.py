@@ -64,15 +64,23 @@ class DataConfig:
                        "offline); synthetic: random images (benchmarks); folder: ImageFolder "
                        "layout under --data-dir (train/ and val/)", choices=DATASETS)
     data_dir: str | None = opt(None, "image folder for --dataset folder", metavar="DIR")
-    num_workers: int = opt(2, "DataLoader worker processes per rank")
+    num_workers: int = opt(-1, "DataLoader worker processes per rank; -1: none for the in-memory "
+                           "datasets (digits, synthetic: a sample is a tensor slice, workers would only "
+                           "add processes and pickling), 2 for folder (image decoding)")
     synthetic_size: int = opt(2048, "number of samples in the synthetic training set")
     batches_per_execution: int = opt(1, "batches traced into one XLA execution (MpDeviceLoader; "
                                      "with --step-compiler lazy)")
     check_images: bool = opt(True, "folder: check every image file before training (empty, unreadable "
                              "header, cut short); ~0.25 ms a file, on rank 0")
 
+    def workers(self) -> int:
+        """--num-workers, with -1 resolved by dataset."""
+        if self.num_workers >= 0:
+            return self.num_workers
+        return 2 if self.dataset == "folder" else 0
+
     def validate(self) -> None:
-        _need(self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}")
+        _need(self.num_workers >= -1, f"--num-workers must be >= 0 (or -1: by dataset), got {self.num_workers}")
         _need(self.synthetic_size >= 1, "--synthetic-size must be >= 1")
         _need(self.batches_per_execution >= 1, "--batches-per-execution must be >= 1")
         if self.dataset == "folder":

@@ -157,10 +157,17 @@ class Trainer:
 
     def _end_of_step(self, progress: Progress) -> float:
         """Evaluate / checkpoint / stop checks after a step; returns seconds spent on them (0: none)."""
-        start, step, acted = time.perf_counter(), self.pos.step, False
+        step = self.pos.step
         last = step == self.total_steps
         epoch_end = self.pos.batch == self.steps_per_epoch * self.cfg.train.grad_accum
-        if self.evaluator.should_evaluate(step, epoch_end=epoch_end, last=last):
+        evaluate = self.evaluator.should_evaluate(step, epoch_end=epoch_end, last=last)
+        if evaluate or self.checkpointer.should_save(step, last=last, stopping=self.stop_signal is not None):
+            # Host waits for the device: the steps launched so far are training time. Without this
+            # the eval/checkpoint clock below would count their execution (a captured step path
+            # runs ahead of the device) and the throughput window would leave it out.
+            xm.wait_device_ops()
+        start, acted = time.perf_counter(), False
+        if evaluate:
             self.eval_result, acted = self.evaluator.evaluate(), True
             if self.eval_result and self.metrics is not None:
                 self.metrics.write(step, self.eval_result, kind="eval")
