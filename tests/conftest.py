@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,10 @@ def neuron_present() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Files with the most slow tests first: with `-n 2 --dist loadfile` (the README's test command)
+    # workers take whole files in this order, and a long file taken last would run alone at the end.
+    slow = Counter(item.path for item in items if "slow" in item.keywords)
+    items.sort(key=lambda item: -slow[item.path])  # stable: the order inside a file is kept
     if neuron_present():
         return
     skip = pytest.mark.skip(reason="needs a Neuron device (trn1/inf2/inf1)")

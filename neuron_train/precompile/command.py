@@ -262,14 +262,21 @@ def _main_script(args: argparse.Namespace) -> int:
     plan = plan_script(script, cache=cache, target=_target(args), steps=DEFAULT_STEPS if args.steps is None
                        else args.steps, num_parallel=args.num_parallel, retries=args.retries,
                        retry_failed=args.retry_failed, env=os.environ)
-    if message := network_fs_warning(cache):
-        warn(message)
-    print(format_script_plan(plan), flush=True)
-    if args.dry_run:
+    if not _announce(format_script_plan(plan), cache, args):
         return 0
-    _preflight(cache, args.retry_failed)
     print(execute_script_plan(plan, script_device()), flush=True)
     return 0
+
+
+def _announce(plan_text: str, cache: Path, args: argparse.Namespace) -> bool:
+    """Print the plan (after a network file system warning); True when it should run now."""
+    if message := network_fs_warning(cache):
+        warn(message)
+    print(plan_text, flush=True)
+    if args.dry_run:
+        return False
+    _preflight(cache, args.retry_failed)
+    return True
 
 
 def main(args: argparse.Namespace) -> int:
@@ -282,12 +289,8 @@ def main(args: argparse.Namespace) -> int:
     plan = build_plan(cfg, train_args, cache=cache, target=_target(args), world=args.nproc_per_node,
                       num_parallel=args.num_parallel, retries=args.retries, retry_failed=args.retry_failed,
                       env=os.environ, run_id=uuid.uuid4().hex[:12])
-    if message := network_fs_warning(cache):
-        warn(message)
-    print(format_plan(plan), flush=True)
-    if args.dry_run:
+    if not _announce(format_plan(plan), cache, args):
         return 0
-    _preflight(cache, args.retry_failed)
     text, summary = _execute(plan)
     print(text, flush=True)
     if summary.get("failed"):
