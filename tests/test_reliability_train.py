@@ -257,7 +257,7 @@ def test_resume_on_another_number_of_ranks_is_one_run_error_naming_the_ranks(tmp
         rundir.preflight(run_cfg(out, "--max-steps", "8", "--resume"))
     msg = str(err.value)
     assert "global batch of 32 (1 rank(s) x batch 32 x accum 1), this run has 64" in msg
-    assert "torchrun --nproc_per_node=1, or keep 2 ranks with --batch-size 16" in msg
+    assert "torchrun --standalone --nproc_per_node=1, or keep 2 ranks with --batch-size 16" in msg
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(UsageError, match="resume with --batch-size 32 --grad-accum 1"):
         rundir.preflight(run_cfg(out, "--max-steps", "8", "--batch-size", "16", "--resume"))

@@ -310,7 +310,7 @@ def _script_command(args: argparse.Namespace) -> list[str] | None:
     command = checked_command(args.command, "neuron-train bench [options] --output FILE.json -- COMMAND")
     if args.nproc != 1 or args.sweep or args.sweep_batch_sizes or args.sweep_nprocs:
         raise UsageError("--nproc and --sweep are for neuron-train's own loop: a COMMAND starts its own "
-                         "processes (e.g. `-- torchrun --nproc_per_node=W my_train.py`) and batch size")
+                         "processes (e.g. `-- torchrun --standalone --nproc_per_node=W my_train.py`) and batch size")
     if getattr(args, "config", None) or any("." in key for key in vars(args)):  # unset train flags are absent
         raise UsageError("train options (--model, --batch-size, --config, ...) describe neuron-train's own "
                          "loop: a COMMAND is measured as it runs; drop them")

@@ -257,7 +257,7 @@ def _main_script(args: argparse.Namespace) -> int:
     script = checked_command(args.train_args, USAGE.splitlines()[1].strip())
     if args.nproc_per_node != 1:
         raise UsageError("--nproc-per-node is for neuron-train's own loop: a COMMAND starts its own processes "
-                         "(e.g. `-- torchrun --nproc_per_node=W my_train.py`)")
+                         "(e.g. `-- torchrun --standalone --nproc_per_node=W my_train.py`)")
     cache = _resolve_cache(args.cache_dir, None)
     plan = plan_script(script, cache=cache, target=_target(args), steps=DEFAULT_STEPS if args.steps is None
                        else args.steps, num_parallel=args.num_parallel, retries=args.retries,

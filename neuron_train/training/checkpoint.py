@@ -153,7 +153,7 @@ def check_optimizer_layout(path: Path, zero1_ranks: int | None, *, zero1: bool, 
                          "layout differs)")
     if zero1_ranks is not None and zero1_ranks != world_size:
         raise UsageError(f"{path} holds ZeRO-1 optimizer shards of {zero1_ranks} ranks, this run has "
-                         f"{world_size}: resume with torchrun --nproc_per_node={zero1_ranks}")
+                         f"{world_size}: resume with torchrun --standalone --nproc_per_node={zero1_ranks}")
 
 
 def optimizer_state(path: Path, state: dict, *, zero1: bool, world_size: int, rank: int) -> dict:

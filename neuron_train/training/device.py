@@ -188,6 +188,6 @@ def init_backend() -> Backend:
         check_world(world, dist.get_world_size(), xr.world_size(), gloo_bridge)
     elif kind != "CPU" and xr.world_size() != 1:
         raise RunError(f"one process but the XLA world has {xr.world_size()} ranks: launch with "
-                       f"torchrun --nproc_per_node={xr.world_size()}")
+                       f"torchrun --standalone --nproc_per_node={xr.world_size()}")
     return Backend(kind=kind, device=torch_xla.device(), world_size=world, rank=rank,
                    local_rank=local_rank, gloo_bridge=gloo_bridge, host_group=host_group)

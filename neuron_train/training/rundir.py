@@ -175,7 +175,7 @@ def check_fits(info: ckpt.CheckpointInfo, cfg: RunConfig, world: int) -> None:
     if info.world_size == world:
         raise UsageError(saved + f"resume with --batch-size {info.batch_size} --grad-accum {info.grad_accum}")
     same = info.global_batch % (world * t.grad_accum) == 0
-    raise RunError(saved + f"resume with torchrun --nproc_per_node={info.world_size}"
+    raise RunError(saved + f"resume with torchrun --standalone --nproc_per_node={info.world_size}"
                    + (f", or keep {world} ranks with --batch-size {info.global_batch // (world * t.grad_accum)}"
                       if same else ""))
 
