@@ -160,7 +160,7 @@ def _swap_in_syncfree(trainer) -> None:
 def ours(args: argparse.Namespace, which: str) -> dict:
     """Our loop (training.loop.Trainer) with its defaults (AdamW, clipping, LR schedule, logging
     closures, graph recording) and the candidate's step path."""
-    from neuron_train.training.config import build_config
+    from neuron_train.training.config_io import build_config
     from neuron_train.training.device import init_backend, prepare_environment
 
     spec = dict(CANDIDATES[which])

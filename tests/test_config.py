@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT, cpu_env
 
 from neuron_train.common.errors import UsageError
-from neuron_train.training.config import (
-    RunConfig,
+from neuron_train.training.config import RunConfig
+from neuron_train.training.config_io import (
     add_config_arguments,
     build_config,
     config_from_args,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import run_train, summary_of
 
 from neuron_train.common.errors import UsageError
-from neuron_train.training.config import build_config
+from neuron_train.training.config_io import build_config
 from neuron_train.training.models import build_model
 from neuron_train.training.optim import build_optimizer
 from neuron_train.training.tasks import build_task

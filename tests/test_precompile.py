@@ -24,7 +24,7 @@ from neuron_train.common.errors import UsageError
 from neuron_train.precompile import command as pc
 from neuron_train.precompile import coverage, hook, store
 from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
-from neuron_train.training.config import build_config
+from neuron_train.training.config_io import build_config
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
 STANDIN_BIN = FIXTURES / "bin"

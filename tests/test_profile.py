@@ -10,7 +10,7 @@ import pytest
 from conftest import run_train, summary_of
 
 from neuron_train.common.errors import UsageError
-from neuron_train.training.config import build_config
+from neuron_train.training.config_io import build_config
 from neuron_train.training.profiler import (
     PHASES,
     Figures,

@@ -24,7 +24,8 @@ from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, run_train, summary_of
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training import checkpoint as ckpt
 from neuron_train.training import rundir
-from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args, load_config_file
+from neuron_train.training.config import RunConfig
+from neuron_train.training.config_io import add_config_arguments, config_from_args, load_config_file
 from neuron_train.training.data import build_datasets, check_images
 from neuron_train.training.models import build_model, create_model, load_weights, read_state_dict
 

@@ -10,7 +10,8 @@ import torch
 from conftest import cpu_env, run_train, summary_of
 
 from neuron_train.common.errors import UsageError
-from neuron_train.training.config import SiftConfig, build_config
+from neuron_train.training.config import SiftConfig
+from neuron_train.training.config_io import build_config
 from neuron_train.training.tasks.sift import (
     LossHistory,
     SiftingTask,

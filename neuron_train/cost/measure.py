@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from neuron_train.training.config import RunConfig, config_to_argv
+from neuron_train.training.config import RunConfig
+from neuron_train.training.config_io import config_to_argv
 from neuron_train.training.metrics import median_and_spread
 
 RUN_SCRIPT = Path(__file__).resolve().parent.parent / "run.py"

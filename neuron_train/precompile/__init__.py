@@ -7,7 +7,7 @@ training loop's hook that records or checks graphs (`hook`), and the `neuron-tra
 tour's stop, --require-precompiled), `steps` the rules on step windows (pure), `script_precompile`
 its tour, `script_check` the coverage options cli.py adds to check-graphs.
 
-May import: `neuron_train.common`, `neuron_train.training.config` (a run's settings), and the
+May import: `neuron_train.common`, `neuron_train.training.config` and `config_io` (a run's settings, its flags), and the
 checker's runner, process set-up, frames and records (to run any command instrumented). Never the
 training loop or `cost`.
 """

@@ -43,7 +43,8 @@ from neuron_train.precompile.script_precompile import (
     plan_script,
     script_device,
 )
-from neuron_train.training.config import RunConfig, add_config_arguments, config_from_args
+from neuron_train.training.config import RunConfig
+from neuron_train.training.config_io import add_config_arguments, config_from_args
 
 RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
 USAGE = ("neuron-train precompile [options] -- TRAIN_ARGS ...   (neuron-train's own loop)\n"

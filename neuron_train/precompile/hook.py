@@ -27,7 +27,8 @@ from neuron_train.precompile.coverage import (
 )
 from neuron_train.precompile.maintenance import check_files
 from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
-from neuron_train.training.config import RunConfig, config_to_argv
+from neuron_train.training.config import RunConfig
+from neuron_train.training.config_io import config_to_argv
 
 PRECOMPILE_ENV = "NEURON_TRAIN_PRECOMPILE"   # set by precompile to its run id; the loop records under it
 

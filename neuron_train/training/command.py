@@ -19,7 +19,7 @@ import time
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training import rundir
-from neuron_train.training.config import add_config_arguments, config_from_args
+from neuron_train.training.config_io import add_config_arguments, config_from_args
 
 _QUIET_RANK_GRACE_S = 3.0
 

@@ -26,7 +26,8 @@ from neuron_train.graphs import GraphWatch
 from neuron_train.precompile.hook import CompileCacheHook
 from neuron_train.training import zero1
 from neuron_train.training.checkpointer import Checkpointer, Position
-from neuron_train.training.config import RunConfig, save_config
+from neuron_train.training.config import RunConfig
+from neuron_train.training.config_io import save_config
 from neuron_train.training.data import build_datasets, to_device, train_batches_per_epoch, train_loader
 from neuron_train.training.device import Backend
 from neuron_train.training.evaluator import Evaluator

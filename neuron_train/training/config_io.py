@@ -1,0 +1,159 @@
+"""Reading and writing a RunConfig: command-line flags, YAML/TOML files, argv and config.yaml.
+
+Precedence: dataclass defaults < `--config FILE` < command-line flags. The flags, file keys and
+help come from the fields' own declarations in config.py (`opt`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import tomllib
+import yaml
+
+from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import not_utf8, write_text_atomic
+from neuron_train.training.config import RunConfig, sections
+
+
+def _section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(RunConfig)
+    return {name: hints[name] for name in sections()}
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _base_type(f: dataclasses.Field, owner: type) -> type:
+    hint = typing.get_type_hints(owner)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config` and one flag per config field. Unset flags stay absent (SUPPRESS)."""
+    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file with sections: "
+                        + ", ".join(sections()) + " (flags override it)")
+    seen: set[str] = set()
+    for section, cls in _section_types().items():
+        group = parser.add_argument_group(f"{section} options")
+        for f in dataclasses.fields(cls):
+            flag = _flag(f)
+            assert flag not in seen, f"duplicate flag {flag}"  # a programming error, not user input
+            seen.add(flag)
+            kind = _base_type(f, cls)
+            help_text = f"{f.metadata['help']} (default: {f.default})"
+            dest = f"{section}.{f.name}"
+            if flag == "--resume":
+                group.add_argument(flag, dest=dest, nargs="?", const="latest", metavar="FILE",
+                                   default=argparse.SUPPRESS, help=help_text)
+            elif kind is bool:
+                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                   default=argparse.SUPPRESS, help=help_text)
+            else:
+                group.add_argument(flag, dest=dest, type=kind, choices=f.metadata["choices"],
+                                   metavar=f.metadata["metavar"], default=argparse.SUPPRESS,
+                                   help=help_text)
+
+
+def _coerce(value: Any, kind: type, where: str) -> Any:
+    if value is None:
+        return None
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise UsageError(f"{where}: expected true/false, got {value!r}")
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise UsageError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def load_config_file(path: str) -> dict[str, dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--config: no such file: {path}")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"--config: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise not_utf8(p, exc) from None
+    try:
+        if p.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise UsageError(f"--config: {path}: use a .yaml, .yml or .toml file")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(f"--config: {path} is not valid {p.suffix[1:].upper()}: {first}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config: {path}: expected sections ({', '.join(sections())})")
+    return data
+
+
+def build_config(file_values: dict[str, dict[str, Any]] | None = None,
+                 overrides: dict[str, Any] | None = None, source: str = "config") -> RunConfig:
+    """Defaults, then file sections ({section: {field: value}}), then flat `section.field` overrides."""
+    types = _section_types()
+    values: dict[str, dict[str, Any]] = {s: {} for s in types}
+    for section, body in (file_values or {}).items():
+        if section not in types:
+            raise UsageError(f"{source}: unknown section '{section}' (known: {', '.join(types)})")
+        if not isinstance(body, dict):
+            raise UsageError(f"{source}: section '{section}' must be a mapping")
+        names = {f.name: f for f in dataclasses.fields(types[section])}
+        for key, value in body.items():
+            key = key.replace("-", "_")
+            if key not in names:
+                raise UsageError(f"{source}: unknown key '{section}.{key}' "
+                                 f"(known: {', '.join(names)})")
+            kind = _base_type(names[key], types[section])
+            values[section][key] = _coerce(value, kind, f"{source}: {section}.{key}")
+            choices = names[key].metadata["choices"]
+            if choices and values[section][key] not in choices:
+                raise UsageError(f"{source}: {section}.{key} must be one of {', '.join(choices)}, "
+                                 f"got {value!r}")
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".", 1)
+        values[section][key] = value
+    cfg = RunConfig(**{s: types[s](**values[s]) for s in types})
+    return cfg.validate()
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    overrides = {k: v for k, v in vars(args).items() if "." in k}
+    file_values = load_config_file(args.config) if getattr(args, "config", None) else None
+    return build_config(file_values, overrides, source=args.config or "config")
+
+
+def config_to_argv(cfg: RunConfig) -> list[str]:
+    """The command-line flags that reproduce `cfg` (used to launch the same run elsewhere)."""
+    argv: list[str] = []
+    defaults = RunConfig()
+    for section, cls in _section_types().items():
+        for f in dataclasses.fields(cls):
+            value = getattr(getattr(cfg, section), f.name)
+            if value == getattr(getattr(defaults, section), f.name):
+                continue
+            flag = _flag(f)
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + flag[2:])
+            else:
+                argv += [flag, str(value)]
+    return argv
+
+
+def save_config(cfg: RunConfig, path: os.PathLike) -> None:
+    write_text_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
