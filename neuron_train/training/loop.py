@@ -178,6 +178,7 @@ class Trainer:
         if self.nan_step is not None:
             raise RunError(f"loss is not finite at step {self.nan_step}; try a lower --lr, "
                            "--precision fp32 or bf16-autocast, or --grad-clip")
+        # asked again, not reused from above: a stop signal may have arrived during the evaluation
         if self.checkpointer.should_save(step, last=last, stopping=self.stop_signal is not None):
             path, acted = self.checkpointer.save(self.model, self.optimizer, self.pos), True
             if self.stop_signal:
