@@ -17,13 +17,13 @@ from neuron_train.common.errors import RunError, UsageError
 
 # name -> (module, one-line help). The order is the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("neuron_train.ops.doctor", "check this machine: devices, Neuron SDK versions, cache, limits"),
-    "precompile": ("neuron_train.precompile.command", "precompile every graph of a run into the compile cache"),
-    "train": ("neuron_train.training.command", "train a model (the same as torchrun neuron_train/run.py)"),
-    "check-graphs": ("neuron_train.graphs.command", "find recompilations and host syncs in any XLA command"),
-    "cache": ("neuron_train.precompile.cache_command", "list / verify / prune / pack / unpack a compile cache"),
-    "bench": ("neuron_train.cost.bench", "benchmark this machine and write one result file"),
-    "report": ("neuron_train.cost.report", "merge benchmark results into a price-performance report"),
+    "doctor": ("neuron_train.commands.doctor", "check this machine: devices, Neuron SDK versions, cache, limits"),
+    "precompile": ("neuron_train.commands.precompile", "precompile every graph of a run into the compile cache"),
+    "train": ("neuron_train.commands.train", "train a model (the same as torchrun neuron_train/run.py)"),
+    "check-graphs": ("neuron_train.commands.check_graphs", "find recompilations and host syncs in any XLA command"),
+    "cache": ("neuron_train.commands.cache", "list / verify / prune / pack / unpack a compile cache"),
+    "bench": ("neuron_train.commands.bench", "benchmark this machine and write one result file"),
+    "report": ("neuron_train.commands.report", "merge benchmark results into a price-performance report"),
 }
 # Options one product adds to another's command, which never imports it: name -> a module with
 # `configure_parser(parser)` and `prepare(args)`, whose result (or None) the command gets as

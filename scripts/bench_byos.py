@@ -74,7 +74,7 @@ def agreement(script_dir: Path, runs: int, tmp: Path) -> list[float]:
 def overhead(script_dir: Path, blocks: int, steps: int) -> tuple[float, float]:
     """Median ms per step with torch_xla's own functions and with the probe's wrappers."""
     from neuron_train.graphs.process import ENV_DIR
-    from neuron_train.precompile import script_probe
+    from neuron_train.instrument import probe as script_probe
 
     records = tempfile.mkdtemp(prefix="bench-byos-probe-")  # the probe writes its record at exit ...
     atexit.register(shutil.rmtree, records, True)            # ... and this runs after it (atexit: LIFO)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "neuron_train"
-COMMANDS = {"neuron_train.training.command", "neuron_train.graphs.command", "neuron_train.precompile.command",
-            "neuron_train.precompile.cache_command", "neuron_train.cost.bench", "neuron_train.cost.report",
-            "neuron_train.ops.doctor"}
+COMMANDS = {"neuron_train.commands.train", "neuron_train.commands.check_graphs", "neuron_train.commands.precompile",
+            "neuron_train.commands.cache", "neuron_train.commands.bench", "neuron_train.commands.report",
+            "neuron_train.commands.doctor"}
 TRAINING_MAY_USE = {"neuron_train.graphs", "neuron_train.precompile.hook"}
 
 
@@ -41,7 +41,7 @@ def imports_of(source: str, known: set[str]) -> set[str]:
 
 
 def load_graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in PACKAGE.rglob("*.py") if "_instrument" not in p.parts}
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py") if "_startup" not in p.parts}
     known = set(files)
     return {name: imports_of(path.read_text(), known) for name, path in files.items()}
 
@@ -104,7 +104,7 @@ def test_the_package_follows_its_dependency_rules():
 
 @pytest.mark.parametrize("planted, expected", [
     ({"neuron_train.training.data": {"neuron_train.training.loop"}}, "import circle"),
-    ({"neuron_train.training.loop": {"neuron_train.precompile.command"}}, "imports the command module"),
+    ({"neuron_train.training.loop": {"neuron_train.commands.precompile"}}, "imports the command module"),
     ({"neuron_train.common.fileio": {"neuron_train.training.config"}}, "(common) imports"),
     ({"neuron_train.graphs.analyzer": {"neuron_train.training.config"}}, "(the checker) imports"),
     ({"neuron_train.training.loop": {"neuron_train.precompile.store"}}, "use the hook objects only"),

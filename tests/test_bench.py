@@ -13,8 +13,7 @@ import pytest
 from conftest import ROOT, cpu_env
 
 from neuron_train import cli
-from neuron_train.common.errors import UsageError
-from neuron_train.cost.bench import (
+from neuron_train.commands.bench import (
     MeasureFailed,
     Measurement,
     Plan,
@@ -23,6 +22,7 @@ from neuron_train.cost.bench import (
     sweep,
     validate_result,
 )
+from neuron_train.common.errors import UsageError
 from neuron_train.cost.measure import classify_failure
 
 

@@ -16,10 +16,10 @@ from conftest import cpu_env
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost import script_bench
+from neuron_train.instrument.script import ScriptRun
+from neuron_train.instrument.steps import StepWindow, fold
 from neuron_train.precompile import coverage, store
 from neuron_train.precompile.manifest import ConfigRecord, FileRecord, GraphRecord, Manifest
-from neuron_train.precompile.script import ScriptRun
-from neuron_train.precompile.steps import StepWindow, fold
 
 
 def nt(cwd: Path, *argv: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -222,7 +222,7 @@ def test_a_script_that_crashes_mid_tour_leaves_the_cache_untouched(tmp_path):
 
 
 def test_the_stop_ends_the_processes_below_it_deepest_first():
-    from neuron_train.precompile.script_probe import descendants
+    from neuron_train.instrument.probe import descendants
 
     parents = {10: 1, 11: 10, 12: 10, 13: 11, 20: 1, 21: 99}
     assert descendants(10, parents) == [11, 12, 13]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from neuron_train.commands import doctor as d
 from neuron_train.common import neuron_env as ne
 from neuron_train.common.errors import UsageError
 from neuron_train.ops import checks as doctor_checks
-from neuron_train.ops import doctor as d
 from neuron_train.ops import facts as doctor_facts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"

@@ -460,7 +460,7 @@ def test_an_unlogged_compile_says_why_it_has_no_hash():
 
 
 def test_a_failed_commands_last_line_is_its_error():
-    from neuron_train.graphs.runner import last_error
+    from neuron_train.instrument.runner import last_error
 
     tail = ["Traceback (most recent call last):", '  File "t.py", line 3', "ValueError: bad", "",
             "neuron-train check-graphs: note"]

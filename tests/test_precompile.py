@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, run_train, summary_of
 
+from neuron_train.commands import precompile as pc
 from neuron_train.common import neuron_env
 from neuron_train.common.errors import UsageError
-from neuron_train.precompile import command as pc
 from neuron_train.precompile import coverage, hook, store
 from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
 from neuron_train.training.config_io import build_config

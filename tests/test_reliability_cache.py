@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from neuron_train import cli
+from neuron_train.commands import bench
 from neuron_train.common.errors import RunError
 from neuron_train.common.fileio import work_path
-from neuron_train.cost import bench
 from neuron_train.precompile import maintenance, store
 from neuron_train.precompile.manifest import Manifest, ManifestError, is_cache_file_path
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from neuron_train.common.errors import RunError
 from neuron_train.cost.measure import Measurement, Workload
 from neuron_train.graphs.report import short
-from neuron_train.precompile.script import ScriptRun, require_ran, run_script
-from neuron_train.precompile.steps import StepWindow, fold
+from neuron_train.instrument.script import ScriptRun, require_ran, run_script
+from neuron_train.instrument.steps import StepWindow, fold
 
 DEFAULT_STEPS = 20      # steady intervals measured when --steps is not given
 MIN_INTERVALS = 3       # fewer steady intervals than this is no measurement

@@ -22,7 +22,8 @@ from pathlib import Path
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import refuse_s3
 from neuron_train.graphs.report import short
-from neuron_train.precompile import script_probe as probe
+from neuron_train.instrument import probe
+from neuron_train.instrument.script import ScriptRun, checked_command, load_probes, probe_vars
 from neuron_train.precompile import store
 from neuron_train.precompile.coverage import (
     coverage_report,
@@ -34,7 +35,6 @@ from neuron_train.precompile.coverage import (
 )
 from neuron_train.precompile.hook import cache_flags
 from neuron_train.precompile.maintenance import check_files
-from neuron_train.precompile.script import ScriptRun, checked_command, load_probes, probe_vars
 from neuron_train.precompile.script_precompile import script_device
 
 USAGE = "neuron-train check-graphs --compile-cache DIR [--require-precompiled] -- COMMAND [ARGS...]"

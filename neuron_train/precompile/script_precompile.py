@@ -22,17 +22,17 @@ from pathlib import Path
 from neuron_train.common.errors import RunError
 from neuron_train.common.neuron_env import neuron_device_present
 from neuron_train.graphs.report import short
-from neuron_train.precompile import script_probe as probe
-from neuron_train.precompile import store
-from neuron_train.precompile.coverage import fingerprint, script_config
-from neuron_train.precompile.hook import cache_flags, record_graphs
-from neuron_train.precompile.script import (
+from neuron_train.instrument import probe
+from neuron_train.instrument.script import (
     RETRIES_ENV,
     ScriptRun,
     parse_compile_summary,
     require_ran,
     run_script,
 )
+from neuron_train.precompile import store
+from neuron_train.precompile.coverage import fingerprint, script_config
+from neuron_train.precompile.hook import cache_flags, record_graphs
 
 DEFAULT_STEPS = 5
 

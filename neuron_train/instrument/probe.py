@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from neuron_train.precompile.steps import Sites, StepWindow
+from neuron_train.instrument.steps import Sites, StepWindow
 
 MODE_ENV = "NEURON_TRAIN_PROBE_MODE"          # tour | check | bench
 STEPS_ENV = "NEURON_TRAIN_PROBE_STEPS"        # tour: steps before stopping; bench: measured steps

@@ -30,12 +30,12 @@ from neuron_train.common.cli_parser import CommandParser
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3
 from neuron_train.common.neuron_env import EXTRACT_ENV
+from neuron_train.instrument.script import RETRIES_ENV, checked_command, parse_compile_summary, stream
 from neuron_train.precompile import store
 from neuron_train.precompile.hook import PRECOMPILE_ENV, cache_flags, network_fs_warning, tour_steps, warn
 from neuron_train.precompile.listing import describe_config
 from neuron_train.precompile.maintenance import check_files
 from neuron_train.precompile.manifest import Manifest
-from neuron_train.precompile.script import RETRIES_ENV, checked_command, parse_compile_summary, stream
 from neuron_train.precompile.script_precompile import (
     DEFAULT_STEPS,
     execute_script_plan,

@@ -15,7 +15,7 @@ from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, RECORD_PREFIX
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"
 DEFAULT_WARMUP = 0  # --warmup-steps: the per-call-site rule alone (analyzer.py)
-_INSTRUMENT_DIR = Path(__file__).resolve().parent / "_instrument"
+_INSTRUMENT_DIR = Path(__file__).resolve().parent / "_startup"
 TAIL_LINES = 15  # a failed command's last stderr lines kept for the report
 
 

@@ -27,7 +27,7 @@ from neuron_train.common.neuron_env import library_versions
 from neuron_train.cost import script_bench
 from neuron_train.cost.measure import InferBench, MeasureFailed, Measurement, Workload, measure_train
 from neuron_train.cost.schema import MODES, SCHEMA_NAME, SCHEMA_VERSION, validate_result
-from neuron_train.precompile.script import checked_command
+from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
 from neuron_train.training.metrics import median_and_spread

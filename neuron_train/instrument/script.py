@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.graphs import runner as graph_runner
 from neuron_train.graphs.process import ENV_EXTENSIONS, ENV_EXTENSIONS_ONLY
-from neuron_train.precompile import script_probe as probe
+from neuron_train.instrument import probe
+from neuron_train.instrument import runner as graph_runner
 
-PROBE_EXTENSION = "neuron_train.precompile.script_probe:arm"
+PROBE_EXTENSION = "neuron_train.instrument.probe:arm"
 TAIL_LINES = 4000
 RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
 

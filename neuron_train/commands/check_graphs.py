@@ -16,7 +16,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.graphs.report import format_report
-from neuron_train.graphs.runner import (
+from neuron_train.instrument.runner import (
     DEFAULT_WARMUP,
     instrumented_env,
     load_records,
