@@ -25,10 +25,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("neuron_train.commands.bench", "benchmark this machine and write one result file"),
     "report": ("neuron_train.commands.report", "merge benchmark results into a price-performance report"),
 }
-# Options one product adds to another's command, which never imports it: name -> a module with
-# `configure_parser(parser)` and `prepare(args)`, whose result (or None) the command gets as
-# `args.extension` (graphs.runner.RunExtension).
-EXTENSIONS: dict[str, str] = {"check-graphs": "neuron_train.precompile.script_check"}
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -74,15 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     parser = CommandParser(prog=f"neuron-train {name}", description=COMMANDS[name][1])
     module.configure_parser(parser)
-    extension = importlib.import_module(EXTENSIONS[name]) if name in EXTENSIONS else None
-    if extension is not None:
-        extension.configure_parser(parser)
     args = _parse(parser, rest)
     if isinstance(args, int):
         return args
     try:
-        if extension is not None:
-            args.extension = extension.prepare(args)
         return int(module.main(args) or 0)
     except UsageError as exc:
         print(f"neuron-train {name}: error: {exc}", file=sys.stderr)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Precompile every graph of a training run into the compile cache and record its graph manifest.
 #
-#   scripts/precompile.sh [--dry-run] [--cache-dir DIR] [--num-parallel N] [--nproc-per-node W] \
+#   scripts/precompile.sh [--dry-run] [--compile-cache DIR] [--num-parallel N] [--nproc-per-node W] \
 #       -- <the same arguments as neuron-train train>
-#   scripts/precompile.sh [--dry-run] [--cache-dir DIR] [--steps N] -- python my_train.py ARGS
+#   scripts/precompile.sh [--dry-run] [--compile-cache DIR] [--steps N] -- python my_train.py ARGS
 #
 # A thin wrapper over `neuron-train precompile` (see docs/precompile.md and --help). It decides
 # nothing itself: the step limit and the graph-extraction switch live in the Python process, so

@@ -154,7 +154,7 @@ def test_precompile_hint_keeps_the_graph_settings_only(tmp_path):
     cfg = build_config({"train": {"batch_size": 64, "output_dir": "/tmp/r"},
                         "compile": {"compile_cache": str(tmp_path), "require_precompiled": True}})
     hint = shlex.split(hook.precompile_hint(cfg, tmp_path, 2))
-    assert hint[:5] == ["scripts/precompile.sh", "--cache-dir", str(tmp_path), "--nproc-per-node", "2"]
+    assert hint[:5] == ["scripts/precompile.sh", "--compile-cache", str(tmp_path), "--nproc-per-node", "2"]
     assert hint[5:] == ["--", "--batch-size", "64"]
 
 

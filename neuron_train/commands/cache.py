@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import refuse_s3
 from neuron_train.precompile.archive import pack, unpack
@@ -37,8 +38,7 @@ from neuron_train.precompile.store import (
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, metavar="DIR",
-                        help=f"the compile cache directory (default: {DEFAULT_CACHE_DIR})")
+    add_cache_option(common, default=DEFAULT_CACHE_DIR, help=f"the compile cache directory (default: {DEFAULT_CACHE_DIR})")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = sub.add_parser("list", parents=[common], help="size, entries, age and configurations")
     p.add_argument("--json", action="store_true", help="print the listing as JSON")
@@ -66,7 +66,7 @@ S3_INSTEAD = "move caches to and from S3 with `cache pack s3://...` and `cache u
 
 
 def _existing(cache_dir: str) -> Path:
-    refuse_s3(cache_dir, "--cache-dir", S3_INSTEAD)
+    refuse_s3(cache_dir, "--compile-cache", S3_INSTEAD)
     cache = Path(cache_dir)
     if not cache.is_dir():
         raise UsageError(f"no such cache directory: {cache_dir}")
@@ -74,13 +74,13 @@ def _existing(cache_dir: str) -> Path:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    info = cache_listing(_existing(args.cache_dir))
+    info = cache_listing(_existing(args.compile_cache))
     print(json.dumps(info, indent=2) if args.json else format_listing(info))
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    cache = _existing(args.cache_dir)
+    cache = _existing(args.compile_cache)
     manifest, entries = load_manifest(cache), scan(cache)
     if not entries and not manifest.files:
         print(f"{cache}: empty cache, nothing to verify")
@@ -109,7 +109,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    cache = _existing(args.cache_dir)
+    cache = _existing(args.compile_cache)
     if not (args.older_than or args.max_size or args.failed):
         raise UsageError("say what to prune: --older-than AGE, --max-size SIZE and/or --failed")
     older = parse_age(args.older_than) if args.older_than is not None else None
@@ -136,7 +136,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    result = pack(_existing(args.cache_dir), args.archive)
+    result = pack(_existing(args.compile_cache), args.archive)
     print(f"packed {result.entries} entries ({result.files} files, {human_size(result.bytes)}) "
           f"into {args.archive}")
     if result.left_out:
@@ -145,9 +145,9 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
-    refuse_s3(args.cache_dir, "--cache-dir", S3_INSTEAD)
-    result = unpack(args.archive, Path(args.cache_dir))
-    print(f"unpacked {result.new_files} new files into {args.cache_dir} ({result.identical} already "
+    refuse_s3(args.compile_cache, "--compile-cache", S3_INSTEAD)
+    result = unpack(args.archive, Path(args.compile_cache))
+    print(f"unpacked {result.new_files} new files into {args.compile_cache} ({result.identical} already "
           f"present and identical, {result.configs} configuration(s) merged into the manifest)")
     return 0
 

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from dataclasses import asdict
 
+from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.fileio import new_output, write_json_atomic
 from neuron_train.ops.checks import FAIL, OK, SKIP, WARN, Check, exit_code, load_pins, run_checks
 from neuron_train.ops.facts import gather_facts
@@ -76,8 +77,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="also check EFA and memlock, and fail on a cache on shared storage")
     parser.add_argument("--require-neuron", action="store_true",
                         help="fail when there is no Neuron device (image builds, cluster prologs)")
-    parser.add_argument("--compile-cache", metavar="DIR",
-                        help="also check this project compile cache (the train/precompile flag)")
+    add_cache_option(parser, help="also check this project compile cache (the train/precompile flag)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON (never "
                         "overwrites an existing file)")
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_train.common.cli_parser import CommandParser
+from neuron_train.common.cli_parser import CommandParser, add_cache_option
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3
 from neuron_train.common.neuron_env import EXTRACT_ENV
@@ -121,8 +121,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                           "(`-- python my_train.py ARGS`, `-- torchrun ... my_train.py ARGS`), then check "
                           "its real run with `neuron-train check-graphs --compile-cache DIR -- COMMAND`.")
     parser.add_argument("--dry-run", action="store_true", help="print the commands and environment; run nothing")
-    parser.add_argument("--cache-dir", metavar="DIR", help=f"compile cache directory (default: --compile-cache "
-                        f"in TRAIN_ARGS, else {store.DEFAULT_CACHE_DIR}); one per host")
+    add_cache_option(parser, help=f"compile cache directory (default: --compile-cache in TRAIN_ARGS, else "
+                     f"{store.DEFAULT_CACHE_DIR}); one per host")
     parser.add_argument("--steps", type=int, metavar="N", help=f"COMMAND: stop the tour once every call site "
                         f"is warm and at least N steps ran (default {DEFAULT_STEPS}; 0: run the command to its "
                         "end); TRAIN_ARGS: the same as --precompile-steps N")
@@ -161,7 +161,7 @@ def _resolve_cache(cli_dir: str | None, cfg: RunConfig | None) -> Path:
         raise UsageError("the compile cache must be a local directory; move it to and from S3 with "
                          "`neuron-train cache pack/unpack s3://...`")
     if cli_dir and in_args and Path(cli_dir).resolve() != Path(in_args).resolve():
-        raise UsageError(f"--cache-dir {cli_dir} and --compile-cache {in_args} in TRAIN_ARGS "
+        raise UsageError(f"--compile-cache {cli_dir} and --compile-cache {in_args} in TRAIN_ARGS "
                          "differ: the real run must use the cache precompile fills")
     return Path(chosen).absolute()
 
@@ -213,7 +213,7 @@ def _preflight(cache: Path, retry_failed: bool) -> None:
     damaged = [f for f in check_files(cache, store.load_manifest(cache).files) if f.problem == "corrupt"]
     if damaged:
         raise RunError(f"{cache} has {len(damaged)} damaged file(s), e.g. {damaged[0].entry}: "
-                       f"{damaged[0].detail}; run `neuron-train cache verify --cache-dir {cache} "
+                       f"{damaged[0].detail}; run `neuron-train cache verify --compile-cache {cache} "
                        "--quarantine` first")
     failed = [e for e in store.scan(cache) if e.state == store.FAILED]
     if failed and not retry_failed:
@@ -259,7 +259,7 @@ def _main_script(args: argparse.Namespace) -> int:
     if args.nproc_per_node != 1:
         raise UsageError("--nproc-per-node is for neuron-train's own loop: a COMMAND starts its own processes "
                          "(e.g. `-- torchrun --standalone --nproc_per_node=W my_train.py`)")
-    cache = _resolve_cache(args.cache_dir, None)
+    cache = _resolve_cache(args.compile_cache, None)
     plan = plan_script(script, cache=cache, target=_target(args), steps=DEFAULT_STEPS if args.steps is None
                        else args.steps, num_parallel=args.num_parallel, retries=args.retries,
                        retry_failed=args.retry_failed, env=os.environ)
@@ -286,7 +286,7 @@ def main(args: argparse.Namespace) -> int:
         return _main_script(args)
     train_args = _loop_args(args)
     cfg = _train_config(train_args)
-    cache = _resolve_cache(args.cache_dir, cfg)
+    cache = _resolve_cache(args.compile_cache, cfg)
     plan = build_plan(cfg, train_args, cache=cache, target=_target(args), world=args.nproc_per_node,
                       num_parallel=args.num_parallel, retries=args.retries, retry_failed=args.retry_failed,
                       env=os.environ, run_id=uuid.uuid4().hex[:12])

@@ -25,3 +25,11 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         see = self.help_command or f"{self.prog} --help"
         self.exit(2, f"{self.prog}: error: {message} (see `{see}`)\n")
+
+
+def add_cache_option(parser, *, help: str, default: str | None = None) -> None:
+    """`--compile-cache DIR`, the one name of the compile cache option in every command, and
+    `--cache-dir DIR`, its older name, kept working but hidden from --help."""
+    parser.add_argument("--compile-cache", dest="compile_cache", metavar="DIR", default=default, help=help)
+    parser.add_argument("--cache-dir", dest="compile_cache", metavar="DIR", default=default,
+                        help=argparse.SUPPRESS)

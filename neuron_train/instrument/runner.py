@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Protocol
 
 from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, RECORD_PREFIX
 
@@ -17,17 +16,6 @@ REPORT_FORMAT = "neuron-train/graph-report/v1"
 DEFAULT_WARMUP = 0  # --warmup-steps: the per-call-site rule alone (analyzer.py)
 _INSTRUMENT_DIR = Path(__file__).resolve().parent / "_startup"
 TAIL_LINES = 15  # a failed command's last stderr lines kept for the report
-
-
-class RunExtension(Protocol):
-    """What another product adds to a check-graphs run (e.g. precompile coverage): cli.py hands it
-    over as `args.extension`, so the checker never imports it."""
-
-    def env(self, folder: Path) -> dict[str, str]:
-        """Variables to set for the command (`folder` is where its processes write records)."""
-
-    def finish(self, folder: Path, records: list[dict], exit_code: int) -> tuple[str, bool]:
-        """After the command: the text to print below the report, and whether it passed."""
 
 
 def run_command(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:

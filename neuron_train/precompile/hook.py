@@ -67,7 +67,7 @@ def network_fs_warning(cache: Path, mounts: str | None = None) -> str | None:
         return None
     return (f"{cache} is on {facts.fstype} ({facts.mount_point}): several hosts sharing one cache on "
             "NFS/EFS/FSx do not see each other's file locks and can corrupt entries; use one cache "
-            "directory per host (e.g. --cache-dir /var/tmp/neuron-train-cache) and move it with "
+            "directory per host (e.g. --compile-cache /var/tmp/neuron-train-cache) and move it with "
             "`neuron-train cache pack/unpack`")
 
 
@@ -152,7 +152,7 @@ class CompileCacheHook:
             if corrupt:
                 raise RunError(f"compile cache {self.dir} has {len(corrupt)} damaged file(s), e.g. "
                                f"{corrupt[0].entry}: {corrupt[0].detail}; it will not be used: run `neuron-train cache "
-                               f"verify --cache-dir {self.dir} --quarantine`, then precompile again")
+                               f"verify --compile-cache {self.dir} --quarantine`, then precompile again")
             missing = [f for f in findings if f.problem == "missing"]
             failed = [e for e in store.scan(self.dir) if e.state == store.FAILED]
             if missing:
@@ -249,7 +249,7 @@ def precompile_hint(cfg: RunConfig, cache: Path, world: int) -> str:
         if argv[i] not in run_only:
             flags += argv[i:i + 1 + takes_value]
         i += 1 + takes_value
-    return shlex.join(["scripts/precompile.sh", "--cache-dir", str(cache), "--nproc-per-node", str(world),
+    return shlex.join(["scripts/precompile.sh", "--compile-cache", str(cache), "--nproc-per-node", str(world),
                        "--", *flags])
 
 

@@ -1,19 +1,17 @@
 """`neuron-train check-graphs --compile-cache DIR [--require-precompiled] -- COMMAND`: coverage of a
 script's real run by what `neuron-train precompile -- COMMAND` put into DIR.
 
-cli.py adds these options to check-graphs and hands `prepare(args)`'s `CoverageCheck` to it (a
-graphs.runner.RunExtension: the checker never imports precompile). Before the command runs the
-cache is checked (a manifest that is missing, damaged, or describes files this cache does not
+commands/check_graphs.py builds a `CoverageCheck` when --compile-cache is given. Before the command
+runs the cache is checked (a manifest that is missing, damaged, or describes files this cache does not
 hold is refused) and the graph hashes it covers for this compile environment are known; the
 command then runs with NEURON_CC_FLAGS pointing the compiler at DIR. Afterwards every graph the
 command compiled is compared with the manifest (coverage.coverage_report: hash, call site, and what
 differs from the nearest precompiled graph of the same line). With --require-precompiled the probe
-(script_probe.CompileWatch) stops the command as the first uncovered graph's compile starts.
+(instrument/probe.py: CompileWatch) stops the command as the first uncovered graph's compile starts.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -23,7 +21,7 @@ from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import refuse_s3
 from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
-from neuron_train.instrument.script import ScriptRun, checked_command, load_probes, probe_vars
+from neuron_train.instrument.script import ScriptRun, load_probes, probe_vars
 from neuron_train.precompile import store
 from neuron_train.precompile.coverage import (
     coverage_report,
@@ -37,32 +35,15 @@ from neuron_train.precompile.hook import cache_flags
 from neuron_train.precompile.maintenance import check_files
 from neuron_train.precompile.script_precompile import script_device
 
-USAGE = "neuron-train check-graphs --compile-cache DIR [--require-precompiled] -- COMMAND [ARGS...]"
-
-
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("precompile coverage (of a cache `neuron-train precompile -- COMMAND` filled)")
-    group.add_argument("--compile-cache", metavar="DIR", help="compare every graph the command compiles with "
-                       "DIR's manifest: coverage, and for each graph not precompiled its line and what differs "
-                       "from the precompiled graph of the same line; the compiler uses DIR as its cache")
-    group.add_argument("--require-precompiled", action="store_true", help="with --compile-cache: stop the "
-                       "command at the first graph DIR does not hold, as its compile starts (exit 1)")
-
-
-def prepare(args: argparse.Namespace) -> CoverageCheck | None:
-    if args.require_precompiled and not args.compile_cache:
-        raise UsageError("--require-precompiled needs --compile-cache DIR (the cache precompile filled)")
-    if not args.compile_cache:
-        return None
-    return CoverageCheck(args.compile_cache, checked_command(list(args.command), USAGE), args.require_precompiled)
-
 
 class CoverageCheck:
+    """A check-graphs run's coverage check: `env` before the command runs, `finish` after it."""
+
     def __init__(self, cache_dir: str, command: list[str], require: bool):
         refuse_s3(cache_dir, "--compile-cache", "unpack it first: `neuron-train cache unpack s3://... "
-                  "--cache-dir DIR`")
+                  "--compile-cache DIR`")
         self.cache, self.command, self.require = Path(cache_dir).absolute(), command, require
-        self.hint = shlex.join(["neuron-train", "precompile", "--cache-dir", str(self.cache), "--", *command])
+        self.hint = shlex.join(["neuron-train", "precompile", "--compile-cache", str(self.cache), "--", *command])
         if not store.has_manifest(self.cache):
             raise UsageError(f"{self.cache} holds no {store.MANIFEST}: it is not a precompiled cache; "
                              f"fill it first: {self.hint}")
@@ -81,7 +62,7 @@ class CoverageCheck:
         corrupt = [f for f in findings if f.problem == "corrupt"]
         if corrupt:
             raise RunError(f"compile cache {self.cache} has {len(corrupt)} damaged file(s), e.g. {corrupt[0].entry}: "
-                           f"{corrupt[0].detail}; run `neuron-train cache verify --cache-dir {self.cache} "
+                           f"{corrupt[0].detail}; run `neuron-train cache verify --compile-cache {self.cache} "
                            "--quarantine`, then precompile again")
         missing = [f for f in findings if f.problem == "missing"]
         if self.manifest.files and len(missing) == len(self.manifest.files):
@@ -89,7 +70,6 @@ class CoverageCheck:
                            f"not in {self.cache} (e.g. {missing[0].entry}): a manifest copied from another "
                            f"cache, or an emptied cache; precompile into it again: {self.hint}")
 
-    # ----- graphs.runner.RunExtension ---------------------------------------------------------
     def env(self, folder: Path) -> dict[str, str]:
         flags, _ = cache_flags(os.environ, self.cache)
         env = {**probe_vars("check"), "NEURON_CC_FLAGS": flags}  # the compiler reads and writes DIR

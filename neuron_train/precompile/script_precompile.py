@@ -1,4 +1,4 @@
-"""`neuron-train precompile [--cache-dir DIR] [--steps N] [--dry-run] -- CMD`: any script's graphs.
+"""`neuron-train precompile [--compile-cache DIR] [--steps N] [--dry-run] -- CMD`: any script's graphs.
 
 The command (`python my_train.py ...`, `torchrun ... my_train.py ...`) runs once as a *graph tour*:
 on Neuron under `neuron_parallel_compile` (graph extraction, then a parallel compile into DIR), on

@@ -21,9 +21,10 @@ DATASETS = ("digits", "synthetic", "folder")
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None,
-        metavar: str | None = None) -> Any:
-    """A config field that is also a command-line flag (`--field-name` unless `flag` is given)."""
-    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar}
+        metavar: str | None = None, alias: str | None = None) -> Any:
+    """A config field that is also a command-line flag (`--field-name` unless `flag` is given;
+    `alias`: an older name that still works, hidden from --help)."""
+    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "alias": alias}
     return field(default=default, metadata=meta)
 
 
@@ -172,7 +173,8 @@ class CompileConfig:
                              "its cause and source line")
     graph_warmup_steps: int = opt(2, "optimizer steps allowed to compile new train graphs")
     compile_cache: str | None = opt(None, "persistent compile cache directory (holds the graph "
-                                    "manifest written by precompile)", metavar="DIR")
+                                    "manifest written by precompile)", metavar="DIR",
+                                    alias="--cache-dir")
     require_precompiled: bool = opt(False, "fail when the run compiles a graph the cache's "
                                     "manifest lacks, naming the configuration difference")
 

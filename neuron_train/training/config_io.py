@@ -51,15 +51,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             help_text = f"{f.metadata['help']} (default: {f.default})"
             dest = f"{section}.{f.name}"
             if flag == "--resume":
-                group.add_argument(flag, dest=dest, nargs="?", const="latest", metavar="FILE",
-                                   default=argparse.SUPPRESS, help=help_text)
+                kwargs: dict[str, Any] = {"nargs": "?", "const": "latest", "metavar": "FILE"}
             elif kind is bool:
-                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
-                                   default=argparse.SUPPRESS, help=help_text)
+                kwargs = {"action": argparse.BooleanOptionalAction}
             else:
-                group.add_argument(flag, dest=dest, type=kind, choices=f.metadata["choices"],
-                                   metavar=f.metadata["metavar"], default=argparse.SUPPRESS,
-                                   help=help_text)
+                kwargs = {"type": kind, "choices": f.metadata["choices"], "metavar": f.metadata["metavar"]}
+            group.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=help_text, **kwargs)
+            if f.metadata.get("alias"):
+                group.add_argument(f.metadata["alias"], dest=dest, default=argparse.SUPPRESS,
+                                   help=argparse.SUPPRESS, **kwargs)
 
 
 def _coerce(value: Any, kind: type, where: str) -> Any:
