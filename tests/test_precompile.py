@@ -22,8 +22,9 @@ from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, run_train, summary_of
 from neuron_train.commands import precompile as pc
 from neuron_train.common import neuron_env
 from neuron_train.common.errors import UsageError
-from neuron_train.precompile import coverage, hook, store
+from neuron_train.precompile import cache_env, coverage, store
 from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
+from neuron_train.training import cache_hook
 from neuron_train.training.config_io import build_config
 
 FIXTURES = ROOT / "tests" / "fixtures" / "precompile"
@@ -42,7 +43,7 @@ def precompile(*args: str, env: dict | None = None, wait: bool = True):
 
 def config(**sections) -> dict:
     cfg = build_config(sections)
-    return coverage.graph_config(cfg, world_size=1, num_classes=10, device="CPU", env={},
+    return cache_hook.graph_config(cfg, world_size=1, num_classes=10, device="CPU", env={},
                            versions={"torch": "2.9.0", "torch-xla": "2.9.0"})
 
 
@@ -82,14 +83,14 @@ def test_compiler_flags_drop_the_cache_wrappers_own_flags():
 
 
 def test_cache_flags_point_the_compiler_at_the_cache(tmp_path):
-    flags, note = hook.cache_flags({"NEURON_CC_FLAGS": "-O1"}, tmp_path)
+    flags, note = cache_env.cache_flags({"NEURON_CC_FLAGS": "-O1"}, tmp_path)
     assert flags == f"-O1 --cache_dir={tmp_path.resolve()}" and note is None
-    _, note = hook.cache_flags({"NEURON_COMPILE_CACHE_URL": "/var/tmp/other"}, tmp_path)
+    _, note = cache_env.cache_flags({"NEURON_COMPILE_CACHE_URL": "/var/tmp/other"}, tmp_path)
     assert "overridden" in note
-    same, _ = hook.cache_flags({"NEURON_CC_FLAGS": f"--cache_dir={tmp_path}"}, tmp_path)
+    same, _ = cache_env.cache_flags({"NEURON_CC_FLAGS": f"--cache_dir={tmp_path}"}, tmp_path)
     assert same == f"--cache_dir={tmp_path}"
     with pytest.raises(UsageError, match="another cache"):
-        hook.cache_flags({"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"}, tmp_path)
+        cache_env.cache_flags({"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"}, tmp_path)
 
 
 def test_coverage_full_partial_and_explained():
@@ -132,9 +133,9 @@ def test_coverage_without_fingerprints_is_unknown_not_perfect():
 
 
 def test_tour_steps_reach_every_step_dependent_variant():
-    assert hook.tour_steps(build_config({"train": {"precompile_steps": 2}})) == 3  # past the graph warm-up
+    assert cache_hook.tour_steps(build_config({"train": {"precompile_steps": 2}})) == 3  # past the graph warm-up
     sifted = build_config({"sift": {"sift": "topk", "sift_delay": 10}})
-    assert hook.tour_steps(sifted) == 12  # full-batch steps before the delay, sifted ones after
+    assert cache_hook.tour_steps(sifted) == 12  # full-batch steps before the delay, sifted ones after
 
 
 def test_parse_the_real_compilation_summary():
@@ -145,15 +146,15 @@ def test_parse_the_real_compilation_summary():
 
 def test_network_file_systems_are_flagged(tmp_path):
     nfs = f"fs-1.efs.us-east-1.amazonaws.com:/ {tmp_path} nfs4 rw,relatime 0 0\n"
-    assert "one cache directory per host" in hook.network_fs_warning(tmp_path / "cache", nfs)
+    assert "one cache directory per host" in cache_env.network_fs_warning(tmp_path / "cache", nfs)
     local = f"/dev/nvme0n1p1 {tmp_path} ext4 rw 0 0\n"
-    assert hook.network_fs_warning(tmp_path / "cache", local) is None
+    assert cache_env.network_fs_warning(tmp_path / "cache", local) is None
 
 
 def test_precompile_hint_keeps_the_graph_settings_only(tmp_path):
     cfg = build_config({"train": {"batch_size": 64, "output_dir": "/tmp/r"},
                         "compile": {"compile_cache": str(tmp_path), "require_precompiled": True}})
-    hint = shlex.split(hook.precompile_hint(cfg, tmp_path, 2))
+    hint = shlex.split(cache_hook.precompile_hint(cfg, tmp_path, 2))
     assert hint[:5] == ["scripts/precompile.sh", "--compile-cache", str(tmp_path), "--nproc-per-node", "2"]
     assert hint[5:] == ["--", "--batch-size", "64"]
 

@@ -1,6 +1,6 @@
 """`neuron-train precompile`: compile every graph of a run ahead of it, then prove the run needed no more.
 
-Two kinds of run, one machinery (the manifest records of hook.record_graphs, coverage.py, store.py):
+Two kinds of run, one machinery (the manifest records of cache_env.record_graphs, coverage.py, store.py):
 
 - neuron-train's own loop (`-- TRAIN_ARGS`, e.g. `-- --model vit-nano`): the loop in "graph tour"
   mode (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile on Neuron and by us elsewhere): a
@@ -32,9 +32,14 @@ from neuron_train.common.fileio import is_s3
 from neuron_train.common.neuron_env import EXTRACT_ENV
 from neuron_train.instrument.script import RETRIES_ENV, checked_command, parse_compile_summary, stream
 from neuron_train.precompile import store
-from neuron_train.precompile.hook import PRECOMPILE_ENV, cache_flags, network_fs_warning, tour_steps, warn
+from neuron_train.precompile.cache_env import (
+    PRECOMPILE_ENV,
+    cache_flags,
+    check_cache,
+    network_fs_warning,
+    warn,
+)
 from neuron_train.precompile.listing import describe_config
-from neuron_train.precompile.maintenance import check_files
 from neuron_train.precompile.manifest import Manifest
 from neuron_train.precompile.script_precompile import (
     DEFAULT_STEPS,
@@ -43,6 +48,7 @@ from neuron_train.precompile.script_precompile import (
     plan_script,
     script_device,
 )
+from neuron_train.training.cache_hook import tour_steps
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args
 
@@ -210,15 +216,7 @@ def _report(manifest: Manifest, run_id: str, cache: Path, added: list[str], summ
 def _preflight(cache: Path, retry_failed: bool) -> None:
     """Refuse a damaged cache (the compiler would skip those graphs); warn about failed compiles."""
     cache.mkdir(parents=True, exist_ok=True)
-    damaged = [f for f in check_files(cache, store.load_manifest(cache).files) if f.problem == "corrupt"]
-    if damaged:
-        raise RunError(f"{cache} has {len(damaged)} damaged file(s), e.g. {damaged[0].entry}: "
-                       f"{damaged[0].detail}; run `neuron-train cache verify --compile-cache {cache} "
-                       "--quarantine` first")
-    failed = [e for e in store.scan(cache) if e.state == store.FAILED]
-    if failed and not retry_failed:
-        warn(f"{len(failed)} graph(s) in {cache} are cached as failed compiles and will stay failed "
-             f"(e.g. {failed[0].path}): add --retry-failed to compile them again")
+    check_cache(cache, store.load_manifest(cache), retry_failed=retry_failed)
 
 
 def _execute(plan: Plan) -> tuple[str, dict]:

@@ -1,13 +1,12 @@
-"""Precompile and the compile cache: which settings determine a run's graphs (`coverage`), the cache
-directory, its locks and manifest (`store`), keeping it sound (`maintenance`: verify, quarantine,
-prune), moving it between hosts (`archive`: pack, unpack), what `cache list` shows (`listing`), the
-training loop's hook that records or checks graphs (`hook`), and the `neuron-train precompile`
-(`command`) / `neuron-train cache` (`cache_command`) commands. Any other PyTorch/XLA command:
-`script` runs it instrumented, `script_probe` is the part inside its processes (step windows, the
-tour's stop, --require-precompiled), `steps` the rules on step windows (pure), `script_precompile`
-its tour, `script_check` the coverage options cli.py adds to check-graphs.
+"""The compile cache and what it holds: which settings determine a run's graphs and whether a cache
+covers them (`coverage`), the cache directory, its locks and manifest (`store`, `manifest`), keeping
+it sound (`maintenance`: verify, quarantine, prune), moving it between hosts (`archive`: pack,
+unpack), what `cache list` shows (`listing`), what every user of a cache agrees on (`cache_env`: the
+compiler flags, recording a graph tour, the one check before anything compiles into it), and for any
+PyTorch/XLA script its precompile tour (`script_precompile`) and the coverage check of its real run
+(`script_check`, used by check-graphs --compile-cache).
 
-May import: `neuron_train.common`, `neuron_train.training.config` and `config_io` (a run's settings, its flags), and the
-checker's runner, process set-up, frames and records (to run any command instrumented). Never the
-training loop or `cost`.
+May import: `neuron_train.common`, the checker's report helpers (`neuron_train.graphs`) and
+`neuron_train.instrument` (to run a script). Never `training`, `cost` or a command: the training
+loop's cache hook lives in training/cache_hook.py and imports this package, not the other way.
 """

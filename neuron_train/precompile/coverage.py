@@ -2,7 +2,7 @@
 
 A *configuration* is the set of settings that determine which graphs a run compiles (plain JSON
 values) and its fingerprint; the manifest (store.py) records the graph hashes each precompiled
-configuration produced. For neuron-train's own loop it is the run's settings (`graph_config`); for
+configuration produced. For neuron-train's own loop it is the run's settings (training/cache_hook.py); for
 any other script, its command line and compile environment (`script_config`). Coverage compares
 the graphs a run compiled with those records and names what differs: per configuration ("batch
 size 64 here, 32 in the manifest") and per graph, against the precompiled graph of the same call
@@ -22,22 +22,13 @@ from neuron_train.common.neuron_env import compiler_flags, library_versions
 from neuron_train.graphs.report import short
 from neuron_train.precompile.manifest import Manifest
 from neuron_train.precompile.store import MANIFEST
-from neuron_train.training.config import RunConfig
 
 GRAPH_LIBRARIES = ("torch", "torch-xla", "timm", "torch-neuronx", "neuronx-cc", "libneuronxla")
 
 
-LABELS = {
-    "model": "model", "img_size": "image size", "num_classes": "number of classes",
-    "drop_path": "drop path", "batch_size": "batch size", "grad_accum": "gradient accumulation",
-    "batches_per_execution": "batches per execution", "precision": "precision",
-    "world_size": "world size", "step_compiler": "step compiler", "optimizer": "optimizer",
-    "optimizer_impl": "optimizer implementation", "zero1": "ZeRO-1",
-    "grad_clip": "gradient clipping", "sift": "sifting", "sift_keep": "sift keep fraction",
-    "sift_beta": "sift beta", "sift_history": "sift history", "teacher_model": "teacher model",
-    "teacher_bf16": "teacher bf16", "device": "device", "neuron_cc_flags": "NEURON_CC_FLAGS",
-    "script": "command",
-}
+# Labels of the keys a compile environment and a script's configuration hold; our loop's settings
+# are labelled where they are declared (training/config.py) and handed in as `labels`.
+LABELS = {"device": "device", "neuron_cc_flags": "NEURON_CC_FLAGS", "script": "command"}
 
 
 COMPILE_ENV_KEYS = ("device", "neuron_cc_flags", "versions")
@@ -49,31 +40,6 @@ MAX_NAMED = 3   # shape differences named per graph
 
 def graph_library_versions() -> dict[str, str]:
     return library_versions(GRAPH_LIBRARIES)
-
-
-def graph_config(cfg: RunConfig, *, world_size: int, num_classes: int, device: str,
-                 env: Mapping[str, str], versions: dict[str, str]) -> dict:
-    """The settings that determine which graphs a run compiles (plain JSON values).
-
-    Learning rate, momentum, weight decay and the distillation weights are left out: they reach
-    the graph as data (the schedule avoids the constants 0 and 1, see optim.py).
-    """
-    sift = cfg.sift.sift != "off"
-    teacher = cfg.distill.teacher_model
-    return {
-        "model": cfg.model.name, "img_size": cfg.model.img_size, "num_classes": num_classes,
-        "drop_path": cfg.model.drop_path, "batch_size": cfg.train.batch_size,
-        "grad_accum": cfg.train.grad_accum, "batches_per_execution": cfg.data.batches_per_execution,
-        "precision": cfg.train.precision, "world_size": world_size, "step_compiler": cfg.train.step_compiler,
-        "optimizer": cfg.optim.optimizer, "optimizer_impl": cfg.optim.optimizer_impl, "zero1": cfg.optim.zero1,
-        "grad_clip": "on" if cfg.optim.grad_clip > 0 else "off",
-        "sift": cfg.sift.sift,
-        "sift_keep": cfg.sift.sift_keep if cfg.sift.sift == "topk" else None,
-        "sift_beta": cfg.sift.sift_beta if cfg.sift.sift == "relative" else None,
-        "sift_history": cfg.sift.sift_history if sift else None,
-        "teacher_model": teacher, "teacher_bf16": cfg.distill.teacher_bf16 if teacher else None,
-        "device": device, "neuron_cc_flags": compiler_flags(env), "versions": dict(sorted(versions.items())),
-    }
 
 
 def script_config(command: list[str], *, device: str, env: Mapping[str, str]) -> dict:
@@ -95,10 +61,13 @@ def _shown(value) -> str:
     return str(value)
 
 
-def differences(here: dict, there: dict) -> list[str]:
-    """Human-readable differences: 'batch size 64 here, 32 in the manifest'."""
+def differences(here: dict, there: dict, labels: Mapping[str, str] | None = None) -> list[str]:
+    """Human-readable differences: 'batch size 64 here, 32 in the manifest' (a key without a label
+    is named by its words: 'sift_keep' -> 'sift keep')."""
+    names = {**LABELS, **(labels or {})}
     diffs = []
-    for key, label in LABELS.items():
+    for key in [k for k in {**here, **there} if k != "versions"]:
+        label = names.get(key, key.replace("_", " "))
         if key == "script" and here.get(key) and there.get(key):
             diffs += command_differences(here[key], there[key])
         elif here.get(key) != there.get(key):
@@ -148,13 +117,14 @@ def same_compile_env(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in COMPILE_ENV_KEYS)
 
 
-def nearest_config(manifest: Manifest, config: dict) -> tuple[str | None, list[str]]:
+def nearest_config(manifest: Manifest, config: dict,
+                   labels: Mapping[str, str] | None = None) -> tuple[str | None, list[str]]:
     """The precompiled configuration closest to `config` (fewest differences) and the differences."""
     best: tuple[str | None, list[str]] = (None, [])
     for fp, record in manifest.configs.items():
         if ("script" in record.config) != ("script" in config):
             continue  # our loop's settings and a script's command line do not compare
-        diffs = differences(config, record.config)
+        diffs = differences(config, record.config, labels)
         if best[0] is None or len(diffs) < len(best[1]):
             best = (fp, diffs)
     return best
@@ -171,7 +141,7 @@ def covering_hashes(manifest: Manifest, config: dict) -> set[str]:
             for h in record.graphs}
 
 
-def explain(manifest: Manifest, config: dict, cache_dir: str) -> str:
+def explain(manifest: Manifest, config: dict, cache_dir: str, labels: Mapping[str, str] | None = None) -> str:
     """Why graphs of this configuration are missing from the manifest, in one sentence."""
     fp = fingerprint(config)
     if not manifest.configs:
@@ -184,14 +154,15 @@ def explain(manifest: Manifest, config: dict, cache_dir: str) -> str:
         steps = "--steps" if "script" in config else "--precompile-steps"
         return ("this configuration was precompiled, but the precompile run did not reach these graphs "
                 f"(a code path its graph tour missed): raise {steps} and precompile again")
-    nearest, diffs = nearest_config(manifest, config)
+    nearest, diffs = nearest_config(manifest, config, labels)
     if nearest is None:
         return f"nothing of this kind was precompiled into {cache_dir}"
     return "; ".join(diffs) + f" (compared with precompiled configuration {nearest})"
 
 
-def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_dir: str) -> dict:
-    """Compare the graphs a run compiled with the manifest (pure)."""
+def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_dir: str,
+                    labels: Mapping[str, str] | None = None) -> dict:
+    """Compare the graphs a run compiled with the manifest (pure); `labels` name the settings."""
     fp = fingerprint(config)
     known = covering_hashes(manifest, config)
     seen: dict[str, dict] = {}
@@ -210,12 +181,13 @@ def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_
         "cache_dir": cache_dir, "fingerprint": fp, "precompiled": fp in manifest.configs,
         "graphs": len(seen), "covered": covered, "coverage": ratio, "unidentified": unidentified,
         "missing": missing, "unused": sorted(precompiled - set(seen)), "config": config,
-        "explanation": _explanation(manifest, config, cache_dir, missing),
+        "explanation": _explanation(manifest, config, cache_dir, missing, labels),
     }
     return report
 
 
-def _explanation(manifest: Manifest, config: dict, cache_dir: str, missing: list[dict]) -> str:
+def _explanation(manifest: Manifest, config: dict, cache_dir: str, missing: list[dict],
+                 labels: Mapping[str, str] | None) -> str:
     """Why graphs are missing. A script's command line can be the one precompiled while the script
     itself changed (a constant, its data): then its graphs differ at lines the tour did reach."""
     if not missing:
@@ -223,7 +195,7 @@ def _explanation(manifest: Manifest, config: dict, cache_dir: str, missing: list
     if "script" in config and fingerprint(config) in manifest.configs and any(m["nearest"] for m in missing):
         return ("this command line was precompiled, but the script compiled other graphs at lines its tour "
                 "reached (the script or its data changed since: see each graph)")
-    return explain(manifest, config, cache_dir)
+    return explain(manifest, config, cache_dir, labels)
 
 
 def _missing(graph: dict, manifest: Manifest, config: dict) -> dict:

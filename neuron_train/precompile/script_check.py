@@ -23,6 +23,7 @@ from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.script import ScriptRun, load_probes, probe_vars
 from neuron_train.precompile import store
+from neuron_train.precompile.cache_env import cache_flags, check_cache
 from neuron_train.precompile.coverage import (
     coverage_report,
     covering_hashes,
@@ -31,8 +32,6 @@ from neuron_train.precompile.coverage import (
     nearest_graph,
     script_config,
 )
-from neuron_train.precompile.hook import cache_flags
-from neuron_train.precompile.maintenance import check_files
 from neuron_train.precompile.script_precompile import script_device
 
 
@@ -58,13 +57,7 @@ class CoverageCheck:
         self.use = store.CacheUse(self.cache)  # a prune must not delete entries under this run
 
     def _check_files(self) -> None:
-        findings = check_files(self.cache, self.manifest.files)
-        corrupt = [f for f in findings if f.problem == "corrupt"]
-        if corrupt:
-            raise RunError(f"compile cache {self.cache} has {len(corrupt)} damaged file(s), e.g. {corrupt[0].entry}: "
-                           f"{corrupt[0].detail}; run `neuron-train cache verify --compile-cache {self.cache} "
-                           "--quarantine`, then precompile again")
-        missing = [f for f in findings if f.problem == "missing"]
+        missing = check_cache(self.cache, self.manifest)
         if self.manifest.files and len(missing) == len(self.manifest.files):
             raise RunError(f"{self.cache}/{store.MANIFEST} vouches for {len(missing)} cache file(s) that are "
                            f"not in {self.cache} (e.g. {missing[0].entry}): a manifest copied from another "

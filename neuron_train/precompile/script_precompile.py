@@ -5,7 +5,7 @@ on Neuron under `neuron_parallel_compile` (graph extraction, then a parallel com
 other devices directly, with torch_xla's persistent cache staged privately. The probe
 (script_probe.py) ends each process once every call site it has seen is warm and N steps have
 passed, so a 100-epoch script is not run in full. Every graph the tour compiled goes into the
-manifest with its hash, call site, phase and input shapes (coverage.record_graphs, the function
+manifest with its hash, call site, phase and input shapes (cache_env.record_graphs, the function
 our own loop's tour uses); a failed tour records nothing and leaves no staged file behind.
 """
 
@@ -31,8 +31,8 @@ from neuron_train.instrument.script import (
     run_script,
 )
 from neuron_train.precompile import store
+from neuron_train.precompile.cache_env import cache_flags, record_graphs
 from neuron_train.precompile.coverage import fingerprint, script_config
-from neuron_train.precompile.hook import cache_flags, record_graphs
 
 DEFAULT_STEPS = 5
 

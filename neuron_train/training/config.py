@@ -1,13 +1,16 @@
 """Typed run configuration: one dataclass per component, every field a flag.
 
 Each field carries its own flag name and help text (`opt`), so the parser, the config file keys and
-`--help` cannot drift apart (config_io.py turns flags and files into a RunConfig and back).
+`--help` cannot drift apart (config_io.py turns flags and files into a RunConfig and back). A field
+that changes which graphs a run compiles says so too (`graph=Graph("label")`): the precompile
+manifest records it, and a coverage message names it ("batch size 64 here, 32 in the manifest").
 Validation happens here, at the edge: a bad value raises UsageError (one line, exit code 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,11 +23,24 @@ PRECISIONS = ("fp32", "bf16-autocast", "bf16", *LEGACY_BF16_PRECISIONS)
 DATASETS = ("digits", "synthetic", "folder")
 
 
+@dataclass(frozen=True)
+class Graph:
+    """On a field whose value changes the graphs a run compiles (a shape, a dtype, a traced branch).
+
+    Learning rate, momentum, weight decay and the distillation weights have none: they reach the
+    graph as data (the schedule avoids the constants 0 and 1, see optim.py).
+    """
+    label: str                                          # how a coverage message names it
+    key: str | None = None                              # its key in the manifest (default: the field's name)
+    when: Callable[[RunConfig], bool] | None = None     # otherwise not in play: recorded as None
+    value: Callable[[Any], Any] | None = None           # what is recorded (default: the value itself)
+
+
 def opt(default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None,
-        metavar: str | None = None, alias: str | None = None) -> Any:
+        metavar: str | None = None, alias: str | None = None, graph: Graph | None = None) -> Any:
     """A config field that is also a command-line flag (`--field-name` unless `flag` is given;
-    `alias`: an older name that still works, hidden from --help)."""
-    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "alias": alias}
+    `alias`: an older name that still works, hidden from --help; `graph`: it changes the graphs)."""
+    meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar, "alias": alias, "graph": graph}
     return field(default=default, metadata=meta)
 
 
@@ -36,12 +52,14 @@ def _need(cond: bool, msg: str) -> None:
 @dataclass
 class ModelConfig:
     name: str = opt("vit-digits", "timm model name (e.g. vit_tiny_patch16_224) or a preset: "
-                    "vit-digits, vit-digits-teacher, vit-nano, vit-micro", flag="--model", metavar="NAME")
-    img_size: int = opt(32, "input image size in pixels (square)")
-    num_classes: int = opt(0, "number of classes; 0 takes it from the dataset")
+                    "vit-digits, vit-digits-teacher, vit-nano, vit-micro", flag="--model", metavar="NAME",
+                    graph=Graph("model", key="model"))
+    img_size: int = opt(32, "input image size in pixels (square)", graph=Graph("image size"))
+    num_classes: int = opt(0, "number of classes; 0 takes it from the dataset",
+                           graph=Graph("number of classes"))
     pretrained: str | None = opt(None, "local weights file to start from (never downloads)",
                                  metavar="FILE")
-    drop_path: float = opt(0.0, "stochastic depth rate (timm drop_path_rate)")
+    drop_path: float = opt(0.0, "stochastic depth rate (timm drop_path_rate)", graph=Graph("drop path"))
 
     def validate(self) -> None:
         _need(bool(self.name), "--model must not be empty")
@@ -63,7 +81,7 @@ class DataConfig:
                            "add processes and pickling), 2 for folder (image decoding)")
     synthetic_size: int = opt(2048, "number of samples in the synthetic training set")
     batches_per_execution: int = opt(1, "batches traced into one XLA execution (MpDeviceLoader; "
-                                     "with --step-compiler lazy)")
+                                     "with --step-compiler lazy)", graph=Graph("batches per execution"))
     check_images: bool = opt(True, "folder: check every image file before training (empty, unreadable "
                              "header, cut short); ~0.25 ms a file, on rank 0")
 
@@ -87,19 +105,20 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    optimizer: str = opt("adamw", "optimizer", choices=("adamw", "sgd"))
+    optimizer: str = opt("adamw", "optimizer", choices=("adamw", "sgd"), graph=Graph("optimizer"))
     lr: float = opt(1e-3, "peak learning rate")
     weight_decay: float = opt(0.05, "weight decay")
     momentum: float = opt(0.9, "SGD momentum")
-    grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0 disables")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0 disables",
+                           graph=Graph("gradient clipping", value=lambda v: "on" if v > 0 else "off"))
     schedule: str = opt("cosine", "LR schedule after warm-up", choices=("cosine", "linear", "constant"))
     warmup_steps: int = opt(20, "linear LR warm-up steps")
     min_lr: float = opt(1e-5, "LR at the end of the cosine/linear decay")
-    zero1: bool = opt(False, "shard optimizer state across data-parallel ranks (ZeRO-1)")
+    zero1: bool = opt(False, "shard optimizer state across data-parallel ranks (ZeRO-1)", graph=Graph("ZeRO-1"))
     optimizer_impl: str = opt("foreach", "foreach: torch's multi-tensor update and clipping (a few "
                               "large ops to trace); for-loop: one update per tensor (what torch "
                               "picks by itself for XLA tensors, and Neuron's samples run)",
-                              choices=("foreach", "for-loop"))
+                              choices=("foreach", "for-loop"), graph=Graph("optimizer implementation"))
 
     def validate(self) -> None:
         _need(self.lr > 0, f"--lr must be > 0, got {self.lr}")
@@ -112,16 +131,16 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = opt(32, "batch size per device (per process)")
+    batch_size: int = opt(32, "batch size per device (per process)", graph=Graph("batch size"))
     epochs: int = opt(10, "epochs to train (ignored when --max-steps is set)")
     max_steps: int = opt(0, "stop after this many optimizer steps; 0 trains --epochs epochs")
-    grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
+    grad_accum: int = opt(1, "micro-batches accumulated per optimizer step", graph=Graph("gradient accumulation"))
     eval_every: int = opt(0, "evaluate every N optimizer steps; 0 evaluates at each epoch's end")
     seed: int = opt(0, "random seed (model init, data order)")
     precision: str = opt("fp32", "fp32; bf16-autocast (matmuls in bf16, f32 weights); bf16 (weights "
                          "in bf16, stochastic rounding on Neuron); xla-use-bf16 / xla-downcast-bf16 "
                          "(the legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 environment modes)",
-                         choices=PRECISIONS)
+                         choices=PRECISIONS, graph=Graph("precision"))
     output_dir: str | None = opt(None, "run directory (default: runs/<model>-<time>)", metavar="DIR")
     step_compiler: str = opt("dynamo-full", "dynamo-full: torch.compile(backend='openxla') captures "
                              "forward, backward and the optimizer update (clipping included) once, "
@@ -129,7 +148,7 @@ class TrainConfig:
                              "device; not validated on Neuron); dynamo: forward and backward only, "
                              "the update traced lazily; lazy: trace the whole step with lazy tensors "
                              "every step (the torch_xla way Neuron's own samples use)",
-                             choices=STEP_COMPILERS)
+                             choices=STEP_COMPILERS, graph=Graph("step compiler"))
     warmup_measure_steps: int = opt(3, "steps left out of the steady-state throughput figures")
     precompile_steps: int = opt(4, "train steps run under NEURON_EXTRACT_GRAPHS_ONLY "
                                 "(graph extraction by neuron_parallel_compile)")
@@ -187,12 +206,13 @@ class CompileConfig:
 @dataclass
 class DistillConfig:
     teacher_model: str | None = opt(None, "teacher: timm model name or preset (enables distillation)",
-                                    metavar="NAME")
+                                    metavar="NAME", graph=Graph("teacher model"))
     teacher_checkpoint: str | None = opt(None, "teacher weights: a checkpoint of ours or a state "
                                          "dict file", metavar="FILE")
     distill_alpha: float = opt(0.5, "weight of the KL term (1 - alpha weighs cross-entropy)")
     distill_temperature: float = opt(4.0, "softmax temperature T (the KL term is scaled by T^2)")
-    teacher_bf16: bool = opt(False, "compute teacher logits in bf16")
+    teacher_bf16: bool = opt(False, "compute teacher logits in bf16",
+                             graph=Graph("teacher bf16", when=lambda c: bool(c.distill.teacher_model)))
 
     def validate(self) -> None:
         _need(0.0 <= self.distill_alpha <= 1.0, f"--distill-alpha must be in [0, 1], got {self.distill_alpha}")
@@ -209,10 +229,13 @@ class DistillConfig:
 @dataclass
 class SiftConfig:
     sift: str = opt("off", "loss-based data sifting: keep the highest-loss samples of each batch",
-                    choices=("off", "topk", "relative"))
-    sift_keep: float = opt(0.5, "topk: fraction of each batch kept for the backward pass")
-    sift_beta: float = opt(1.0, "relative: keep probability = rank-percentile ** beta")
-    sift_history: int = opt(500, "relative: number of recent losses the percentile is taken over")
+                    choices=("off", "topk", "relative"), graph=Graph("sifting"))
+    sift_keep: float = opt(0.5, "topk: fraction of each batch kept for the backward pass",
+                           graph=Graph("sift keep fraction", when=lambda c: c.sift.sift == "topk"))
+    sift_beta: float = opt(1.0, "relative: keep probability = rank-percentile ** beta",
+                           graph=Graph("sift beta", when=lambda c: c.sift.sift == "relative"))
+    sift_history: int = opt(500, "relative: number of recent losses the percentile is taken over",
+                            graph=Graph("sift history", when=lambda c: c.sift.sift != "off"))
     sift_delay: int = opt(0, "optimizer steps trained on full batches before sifting starts")
 
     def validate(self) -> None:
@@ -263,3 +286,26 @@ class RunConfig:
 
 def sections(cfg: RunConfig | type[RunConfig] = RunConfig) -> list[str]:
     return [f.name for f in dataclasses.fields(cfg)]
+
+
+def _graph_fields(cfg: RunConfig) -> list[tuple[str, dataclasses.Field, Graph]]:
+    return [(section, f, f.metadata["graph"]) for section in sections(cfg)
+            for f in dataclasses.fields(getattr(cfg, section)) if f.metadata.get("graph")]
+
+
+def graph_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings that change which graphs the run compiles, as the manifest records them."""
+    out = {}
+    for section, f, graph in _graph_fields(cfg):
+        value = getattr(getattr(cfg, section), f.name)
+        if graph.when is not None and not graph.when(cfg):
+            value = None
+        elif graph.value is not None:
+            value = graph.value(value)
+        out[graph.key or f.name] = value
+    return out
+
+
+def graph_labels() -> dict[str, str]:
+    """The manifest key -> label of every graph-changing setting (for coverage messages)."""
+    return {graph.key or f.name: graph.label for _, f, graph in _graph_fields(RunConfig())}

@@ -23,8 +23,8 @@ from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import write_json_atomic
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.graphs import GraphWatch
-from neuron_train.precompile.hook import CompileCacheHook
 from neuron_train.training import zero1
+from neuron_train.training.cache_hook import CompileCacheHook
 from neuron_train.training.checkpointer import Checkpointer, Position
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import save_config

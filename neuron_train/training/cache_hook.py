@@ -1,5 +1,7 @@
 """The training loop's link to the compile cache: records graphs (precompile's graph tour) or
-checks a real run against the manifest. Also the environment both sides agree on.
+checks a real run against the manifest; which settings make up a run's configuration
+(`graph_config`: the fields training/config.py marks `graph=`, plus world size, device and the
+compile environment); the precompile command a run names (`precompile_hint`) and the tour's length.
 """
 
 from __future__ import annotations
@@ -7,72 +9,45 @@ from __future__ import annotations
 import os
 import shlex
 import socket
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, write_json_atomic
-from neuron_train.common.neuron_env import EXTRACT_ENV, NETWORK_FS, neuron_cache_location, path_facts
+from neuron_train.common.neuron_env import EXTRACT_ENV, compiler_flags
 from neuron_train.precompile import store
+from neuron_train.precompile.cache_env import (
+    PRECOMPILE_ENV,
+    cache_flags,
+    check_cache,
+    network_fs_warning,
+    record_graphs,
+    warn,
+)
 from neuron_train.precompile.coverage import (
-    GRAPH_DETAILS,
     coverage_report,
     covering_hashes,
     explain,
     fingerprint,
     format_coverage,
-    graph_config,
     graph_library_versions,
 )
-from neuron_train.precompile.maintenance import check_files
-from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
-from neuron_train.training.config import RunConfig
+from neuron_train.training.config import RunConfig, graph_labels, graph_settings
 from neuron_train.training.config_io import config_to_argv
 
-PRECOMPILE_ENV = "NEURON_TRAIN_PRECOMPILE"   # set by precompile to its run id; the loop records under it
+RUNTIME_LABELS = {"world_size": "world size"}
 
 
-def cache_flags(env: Mapping[str, str], cache: Path) -> tuple[str, str | None]:
-    """NEURON_CC_FLAGS pointing the Neuron compiler at `cache`, and a note about what it overrides.
-
-    A --cache_dir elsewhere is an error: the compiler would write and look up NEFFs in a different
-    directory than the one the manifest describes.
-    """
-    location, source = neuron_cache_location(env)
-    flags = env.get("NEURON_CC_FLAGS", "")
-    if source == "NEURON_CC_FLAGS --cache_dir":
-        if location.startswith("s3://") or Path(location).resolve() != cache.resolve():
-            raise UsageError(f"NEURON_CC_FLAGS has --cache_dir={location} but the compile cache is {cache}: "
-                             "the compiler would use another cache than the manifest; drop one of them")
-        return flags, None
-    note = None
-    if source == "NEURON_COMPILE_CACHE_URL":
-        note = f"NEURON_COMPILE_CACHE_URL={location} is overridden by --cache_dir={cache.resolve()}"
-    return f"{flags} --cache_dir={cache.resolve()}".strip(), note
+def graph_config(cfg: RunConfig, *, world_size: int, num_classes: int, device: str,
+                 env: Mapping[str, str], versions: dict[str, str]) -> dict:
+    """The settings that determine which graphs a run compiles (plain JSON values): the fields
+    config.py marks `graph=`, the number of classes the data gave, and where and how it compiles."""
+    return {**graph_settings(cfg), "num_classes": num_classes, "world_size": world_size, "device": device,
+            "neuron_cc_flags": compiler_flags(env), "versions": dict(sorted(versions.items()))}
 
 
-def network_fs_warning(cache: Path, mounts: str | None = None) -> str | None:
-    """A warning when the cache sits on a network file system (file locks unreliable across hosts).
-
-    `mounts` is /proc/mounts' text (read when not given).
-    """
-    if mounts is None:
-        try:
-            mounts = Path("/proc/mounts").read_text()
-        except OSError:
-            return None
-    facts = path_facts(str(cache), mounts)
-    if facts.fstype not in NETWORK_FS:
-        return None
-    return (f"{cache} is on {facts.fstype} ({facts.mount_point}): several hosts sharing one cache on "
-            "NFS/EFS/FSx do not see each other's file locks and can corrupt entries; use one cache "
-            "directory per host (e.g. --compile-cache /var/tmp/neuron-train-cache) and move it with "
-            "`neuron-train cache pack/unpack`")
-
-
-def warn(message: str) -> None:
-    print(f"neuron-train: warning: {message}", file=sys.stderr, flush=True)
+def config_labels() -> dict[str, str]:
+    return {**graph_labels(), **RUNTIME_LABELS}
 
 
 class CompileCacheHook:
@@ -146,26 +121,16 @@ class CompileCacheHook:
     def _check_start(self) -> None:
         """Before any compile: refuse damaged entries; with --require-precompiled, a config mismatch."""
         manifest = store.load_manifest(self.dir)
-        if self.speaks:
-            findings = check_files(self.dir, manifest.files)
-            corrupt = [f for f in findings if f.problem == "corrupt"]
-            if corrupt:
-                raise RunError(f"compile cache {self.dir} has {len(corrupt)} damaged file(s), e.g. "
-                               f"{corrupt[0].entry}: {corrupt[0].detail}; it will not be used: run `neuron-train cache "
-                               f"verify --compile-cache {self.dir} --quarantine`, then precompile again")
-            missing = [f for f in findings if f.problem == "missing"]
-            failed = [e for e in store.scan(self.dir) if e.state == store.FAILED]
+        if self.speaks:  # one process per host: the files are the host's
+            missing = check_cache(self.dir, manifest)
             if missing:
                 warn(f"{len(missing)} recorded cache file(s) are gone from {self.dir} (e.g. {missing[0].entry}): "
                      "those graphs will compile again")
-            if failed:
-                warn(f"{len(failed)} graph(s) in {self.dir} are cached as FAILED compiles and will not be "
-                     f"retried (e.g. {failed[0].path}): precompile with --retry-failed")
         record = manifest.configs.get(self.fp)
         if not self.require or (record and not record.pruned_files):
             return
         raise RunError(f"--require-precompiled: this configuration is not precompiled in {self.dir}: "
-                       f"{explain(manifest, self.config, str(self.dir))}. Precompile it first: {self.hint}")
+                       f"{explain(manifest, self.config, str(self.dir), config_labels())}. Precompile it first: {self.hint}")
 
     def check(self, watch) -> None:
         """Step closure: with --require-precompiled, stop at the first graph the manifest lacks.
@@ -191,7 +156,7 @@ class CompileCacheHook:
             if g["hash"] not in known:
                 raise RunError(f"--require-precompiled: graph {g['hash'][:12]} ({g.get('phase')}, step "
                                f"{g.get('step')}) is not in {self.dir}/{store.MANIFEST}: "
-                               f"{explain(manifest, self.config, str(self.dir))}. Precompile: {self.hint}")
+                               f"{explain(manifest, self.config, str(self.dir), config_labels())}. Precompile: {self.hint}")
 
     def finish(self, graph_summary: dict, run_dir: Path | None) -> float | None:
         """At the end of the run: record (graph tour) or report coverage; returns the coverage."""
@@ -202,7 +167,8 @@ class CompileCacheHook:
             if self.recording:
                 self._record(graphs)
                 return None
-            report = coverage_report(graphs, store.load_manifest(self.dir), self.config, str(self.dir))
+            report = coverage_report(graphs, store.load_manifest(self.dir), self.config, str(self.dir),
+                                     config_labels())
             if self.writes_report:
                 print(format_coverage(report), flush=True)
                 if run_dir is not None:
@@ -212,30 +178,6 @@ class CompileCacheHook:
             return report["coverage"]
         finally:
             self.use.release()
-
-
-def record_graphs(cache: Path, fp: str, config: dict, graphs: list[dict], *, precompile_id: str | None,
-                  tour_steps: int) -> None:
-    """Add a graph tour's graphs to the manifest under configuration `fp` (our loop's tour and any
-    script's precompile both record through here): hash, phase, step, compile time, and the details
-    coverage compares later (call site, kind, input shapes) when the tour knew them."""
-    now = store.utc_now()
-
-    def add(manifest: Manifest) -> None:
-        record = manifest.configs.setdefault(fp, ConfigRecord(config=config, created=now))
-        for g in graphs:
-            if g.get("hash"):
-                record.graphs.setdefault(g["hash"], GraphRecord(
-                    phase=g.get("phase"), step=g.get("step"), compile_time_s=g.get("compile_time_s"),
-                    extra={k: g[k] for k in GRAPH_DETAILS if g.get(k)}))
-        unidentified = sum(1 for g in graphs if not g.get("hash"))
-        record.unidentified_graphs = max(record.unidentified_graphs, unidentified)
-        if precompile_id and precompile_id not in record.precompile_ids:
-            record.precompile_ids.append(precompile_id)
-        record.updated, record.host, record.tour_steps = now, socket.gethostname(), tour_steps
-        record.pruned_files, record.pruned_at = 0, None  # precompiled again: its entries are rebuilt
-
-    store.update_manifest(cache, add)
 
 
 def precompile_hint(cfg: RunConfig, cache: Path, world: int) -> str:

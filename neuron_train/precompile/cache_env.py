@@ -1,0 +1,102 @@
+"""What the compile cache's users agree on: the compiler flags that point at it, the variable that
+marks a precompile run, recording a graph tour into the manifest, and the one check a cache passes
+before anything compiles into it (training's cache hook, check-graphs --compile-cache, precompile).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.neuron_env import NETWORK_FS, neuron_cache_location, path_facts
+from neuron_train.precompile import store
+from neuron_train.precompile.coverage import GRAPH_DETAILS
+from neuron_train.precompile.maintenance import Finding, check_files
+from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
+
+PRECOMPILE_ENV = "NEURON_TRAIN_PRECOMPILE"   # set by precompile to its run id; the loop records under it
+
+
+def cache_flags(env: Mapping[str, str], cache: Path) -> tuple[str, str | None]:
+    """NEURON_CC_FLAGS pointing the Neuron compiler at `cache`, and a note about what it overrides.
+
+    A --cache_dir elsewhere is an error: the compiler would write and look up NEFFs in a different
+    directory than the one the manifest describes.
+    """
+    location, source = neuron_cache_location(env)
+    flags = env.get("NEURON_CC_FLAGS", "")
+    if source == "NEURON_CC_FLAGS --cache_dir":
+        if location.startswith("s3://") or Path(location).resolve() != cache.resolve():
+            raise UsageError(f"NEURON_CC_FLAGS has --cache_dir={location} but the compile cache is {cache}: "
+                             "the compiler would use another cache than the manifest; drop one of them")
+        return flags, None
+    note = None
+    if source == "NEURON_COMPILE_CACHE_URL":
+        note = f"NEURON_COMPILE_CACHE_URL={location} is overridden by --cache_dir={cache.resolve()}"
+    return f"{flags} --cache_dir={cache.resolve()}".strip(), note
+
+
+def network_fs_warning(cache: Path, mounts: str | None = None) -> str | None:
+    """A warning when the cache sits on a network file system (file locks unreliable across hosts).
+
+    `mounts` is /proc/mounts' text (read when not given).
+    """
+    if mounts is None:
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return None
+    facts = path_facts(str(cache), mounts)
+    if facts.fstype not in NETWORK_FS:
+        return None
+    return (f"{cache} is on {facts.fstype} ({facts.mount_point}): several hosts sharing one cache on "
+            "NFS/EFS/FSx do not see each other's file locks and can corrupt entries; use one cache "
+            "directory per host (e.g. --compile-cache /var/tmp/neuron-train-cache) and move it with "
+            "`neuron-train cache pack/unpack`")
+
+
+def warn(message: str) -> None:
+    print(f"neuron-train: warning: {message}", file=sys.stderr, flush=True)
+
+
+def record_graphs(cache: Path, fp: str, config: dict, graphs: list[dict], *, precompile_id: str | None,
+                  tour_steps: int) -> None:
+    """Add a graph tour's graphs to the manifest under configuration `fp` (our loop's tour and any
+    script's precompile both record through here): hash, phase, step, compile time, and the details
+    coverage compares later (call site, kind, input shapes) when the tour knew them."""
+    now = store.utc_now()
+
+    def add(manifest: Manifest) -> None:
+        record = manifest.configs.setdefault(fp, ConfigRecord(config=config, created=now))
+        for g in graphs:
+            if g.get("hash"):
+                record.graphs.setdefault(g["hash"], GraphRecord(
+                    phase=g.get("phase"), step=g.get("step"), compile_time_s=g.get("compile_time_s"),
+                    extra={k: g[k] for k in GRAPH_DETAILS if g.get(k)}))
+        unidentified = sum(1 for g in graphs if not g.get("hash"))
+        record.unidentified_graphs = max(record.unidentified_graphs, unidentified)
+        if precompile_id and precompile_id not in record.precompile_ids:
+            record.precompile_ids.append(precompile_id)
+        record.updated, record.host, record.tour_steps = now, socket.gethostname(), tour_steps
+        record.pruned_files, record.pruned_at = 0, None  # precompiled again: its entries are rebuilt
+
+    store.update_manifest(cache, add)
+
+
+def check_cache(cache: Path, manifest: Manifest, *, retry_failed: bool = False) -> list[Finding]:
+    """Before anything compiles into `cache`: refuse damaged entries (the compiler would trust them),
+    warn about failed compiles it would not retry. Returns the recorded files that are gone."""
+    findings = check_files(cache, manifest.files)
+    corrupt = [f for f in findings if f.problem == "corrupt"]
+    if corrupt:
+        raise RunError(f"compile cache {cache} has {len(corrupt)} damaged file(s), e.g. {corrupt[0].entry}: "
+                       f"{corrupt[0].detail}; it will not be used: run `neuron-train cache verify "
+                       f"--compile-cache {cache} --quarantine`, then precompile again")
+    failed = [e for e in store.scan(cache) if e.state == store.FAILED]
+    if failed and not retry_failed:
+        warn(f"{len(failed)} graph(s) in {cache} are cached as failed compiles and will not be retried "
+             f"(e.g. {failed[0].path}): precompile with --retry-failed")
+    return [f for f in findings if f.problem == "missing"]
