@@ -34,8 +34,8 @@ from neuron_train.instrument.script import RETRIES_ENV, checked_command, parse_c
 from neuron_train.precompile import store
 from neuron_train.precompile.cache_env import (
     PRECOMPILE_ENV,
-    cache_flags,
     check_cache,
+    compile_command,
     network_fs_warning,
     warn,
 )
@@ -80,27 +80,17 @@ def build_plan(cfg: RunConfig, train_args: list[str], *, cache: Path, target: st
                num_parallel: int | None, retries: int, retry_failed: bool, env: Mapping[str, str],
                run_id: str) -> Plan:
     """The exact commands and environment of a precompile (pure: nothing runs)."""
-    flags, note = cache_flags(env, cache)
-    if retry_failed:
-        flags += " --retry_failed_compilation"  # a wrapper flag (Neuron Persistent Cache docs)
     extra = [] if cfg.compile.compile_cache else ["--compile-cache", str(cache)]
     steps = tour_steps(cfg)
     tour = extra + ([] if steps == cfg.train.precompile_steps else ["--precompile-steps", str(steps)])
-    inner = [*launcher(world), *train_args, *tour]
-    changes = {"NEURON_CC_FLAGS": flags, PRECOMPILE_ENV: run_id}
-    if target == "neuron":
-        command = ["neuron_parallel_compile", *(["--num_parallel", str(num_parallel)] if num_parallel else []),
-                   *inner]
-        changes[RETRIES_ENV] = str(retries)
-    else:
-        command = inner
+    run = compile_command([*launcher(world), *train_args, *tour], cache=cache, target=target,
+                          num_parallel=num_parallel, retries=retries, retry_failed=retry_failed, env=env)
+    changes = {**run.env, PRECOMPILE_ENV: run_id}
+    if target != "neuron":
         changes[EXTRACT_ENV] = "1"  # we play neuron_parallel_compile's extraction role
     real = [*launcher(world), *train_args, *extra,
             *([] if cfg.compile.require_precompiled else ["--require-precompiled"])]
-    notes = [n for n in (note,) if n]
-    if target == "cpu" and num_parallel:
-        notes.append("--num-parallel only applies to neuron_parallel_compile (Neuron)")
-    return Plan(target, cache, command, changes, real, notes)
+    return Plan(target, cache, run.command, changes, real, run.notes)
 
 
 def format_plan(plan: Plan) -> str:

@@ -8,10 +8,12 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import NETWORK_FS, neuron_cache_location, path_facts
+from neuron_train.instrument.script import RETRIES_ENV
 from neuron_train.precompile import store
 from neuron_train.precompile.coverage import GRAPH_DETAILS
 from neuron_train.precompile.maintenance import Finding, check_files
@@ -37,6 +39,34 @@ def cache_flags(env: Mapping[str, str], cache: Path) -> tuple[str, str | None]:
     if source == "NEURON_COMPILE_CACHE_URL":
         note = f"NEURON_COMPILE_CACHE_URL={location} is overridden by --cache_dir={cache.resolve()}"
     return f"{flags} --cache_dir={cache.resolve()}".strip(), note
+
+
+@dataclass(frozen=True)
+class CompileCommand:
+    command: list[str]          # what runs
+    env: dict[str, str]         # set on top of the current environment
+    notes: list[str]
+
+
+def compile_command(tour: list[str], *, cache: Path, target: str, num_parallel: int | None, retries: int,
+                    retry_failed: bool, env: Mapping[str, str]) -> CompileCommand:
+    """How a graph tour fills `cache` (pure: nothing runs): under neuron_parallel_compile on Neuron
+    (it extracts the graphs, then compiles them in parallel), the tour itself elsewhere. The one
+    plan builder of `precompile`, for our loop's tour and for any script."""
+    flags, note = cache_flags(env, cache)
+    if retry_failed:
+        flags += " --retry_failed_compilation"  # a wrapper flag (Neuron Persistent Cache docs)
+    changes = {"NEURON_CC_FLAGS": flags}
+    notes = [n for n in (note,) if n]
+    if target == "neuron":
+        command = ["neuron_parallel_compile", *(["--num_parallel", str(num_parallel)] if num_parallel else []),
+                   *tour]
+        changes[RETRIES_ENV] = str(retries)
+    else:
+        command = list(tour)
+        if num_parallel:
+            notes.append("--num-parallel only applies to neuron_parallel_compile (Neuron)")
+    return CompileCommand(command, changes, notes)
 
 
 def network_fs_warning(cache: Path, mounts: str | None = None) -> str | None:

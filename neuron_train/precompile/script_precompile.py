@@ -24,14 +24,13 @@ from neuron_train.common.neuron_env import neuron_device_present
 from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.script import (
-    RETRIES_ENV,
     ScriptRun,
     parse_compile_summary,
     require_ran,
     run_script,
 )
 from neuron_train.precompile import store
-from neuron_train.precompile.cache_env import cache_flags, record_graphs
+from neuron_train.precompile.cache_env import compile_command, record_graphs
 from neuron_train.precompile.coverage import fingerprint, script_config
 
 DEFAULT_STEPS = 5
@@ -63,20 +62,9 @@ class ScriptPlan:
 def plan_script(script: list[str], *, cache: Path, target: str, steps: int, num_parallel: int | None,
                 retries: int, retry_failed: bool, env) -> ScriptPlan:
     """The exact command and environment of a script's precompile (pure: nothing runs)."""
-    flags, note = cache_flags(env, cache)
-    if retry_failed:
-        flags += " --retry_failed_compilation"  # a wrapper flag (Neuron Persistent Cache docs)
-    changes = {"NEURON_CC_FLAGS": flags}
-    notes = [n for n in (note,) if n]
-    if target == "neuron":
-        command = ["neuron_parallel_compile", *(["--num_parallel", str(num_parallel)] if num_parallel else []),
-                   *script]
-        changes[RETRIES_ENV] = str(retries)
-    else:
-        command = list(script)
-        if num_parallel:
-            notes.append("--num-parallel only applies to neuron_parallel_compile (Neuron)")
-    return ScriptPlan(target, cache, list(script), command, changes, steps, notes)
+    run = compile_command(script, cache=cache, target=target, num_parallel=num_parallel, retries=retries,
+                          retry_failed=retry_failed, env=env)
+    return ScriptPlan(target, cache, list(script), run.command, run.env, steps, run.notes)
 
 
 def format_script_plan(plan: ScriptPlan) -> str:
