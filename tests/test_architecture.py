@@ -1,10 +1,13 @@
 """The package's dependency rules, read from the source (no import is executed):
 
 - no import circle between neuron_train modules (module-level imports, and function-level ones);
+- no circle between its subpackages either (training -> precompile and precompile -> training is one);
+- libraries never import commands: only `neuron_train.cli` names a module of `neuron_train.commands`
+  (a command may import any library, not another command);
 - `neuron_train.common` imports no other neuron_train subpackage;
-- only `neuron_train.cli` imports command modules;
-- the training loop never imports the checker's or the cache's internals, only their hook objects;
-- the checker (`graphs`) imports nothing of `training`, `precompile` or `cost`.
+- the training loop uses the checker through `neuron_train.graphs` only, and the compile cache
+  library from its cache hook (training/cache_hook.py) only;
+- the checker (`graphs`) imports nothing but `common`: it checks any script.
 Each rule is checked on a planted violation too, so the test can fail.
 """
 
@@ -16,9 +19,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "neuron_train"
-COMMANDS = {"neuron_train.commands.train", "neuron_train.commands.check_graphs", "neuron_train.commands.precompile",
-            "neuron_train.commands.cache", "neuron_train.commands.bench", "neuron_train.commands.report",
-            "neuron_train.commands.doctor"}
+COMMANDS = "neuron_train.commands"
 TRAINING_MAY_USE = {"neuron_train.graphs"}
 CACHE_HOOK = "neuron_train.training.cache_hook"  # the loop's one link to the compile cache
 
@@ -81,19 +82,38 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def package(module: str) -> str:
+    """The subpackage a module belongs to (neuron_train.training.loop -> neuron_train.training)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        edges = packages.setdefault(package(mod), set())
+        edges |= {package(d) for d in deps if package(d) != package(mod) and d != "neuron_train"}
+    return packages
+
+
+def is_command(module: str) -> bool:
+    return module.startswith(COMMANDS + ".")
+
+
 def violations(graph: dict[str, set[str]]) -> list[str]:
     found = [f"import circle: {' <-> '.join(c)}" for c in cycles(graph)]
+    found += [f"package circle: {' <-> '.join(c)}" for c in cycles(package_graph(graph))]
     for mod, deps in sorted(graph.items()):
         for dep in sorted(deps):
-            if dep in COMMANDS and mod != "neuron_train.cli":
+            if is_command(dep) and mod != "neuron_train.cli":
                 found.append(f"{mod} imports the command module {dep} (only neuron_train.cli may)")
             if mod.startswith("neuron_train.common") and not dep.startswith("neuron_train.common"):
                 found.append(f"{mod} (common) imports {dep}")
-            if mod.startswith("neuron_train.graphs") and dep.startswith(
-                    ("neuron_train.training", "neuron_train.precompile", "neuron_train.cost")):
+            if mod.startswith("neuron_train.graphs") and not dep.startswith(("neuron_train.graphs",
+                                                                               "neuron_train.common")):
                 found.append(f"{mod} (the checker) imports {dep}")
             if mod.startswith("neuron_train.training") and dep.startswith(
-                    ("neuron_train.graphs", "neuron_train.precompile", "neuron_train.cost", "neuron_train.ops")) \
+                    ("neuron_train.graphs", "neuron_train.precompile", "neuron_train.cost", "neuron_train.ops",
+                     "neuron_train.instrument")) \
                     and dep not in TRAINING_MAY_USE and not (mod == CACHE_HOOK and dep.startswith("neuron_train.precompile")):
                 found.append(f"{mod} (training) imports {dep}: use the hook objects only")
     return found
@@ -105,13 +125,27 @@ def test_the_package_follows_its_dependency_rules():
 
 @pytest.mark.parametrize("planted, expected", [
     ({"neuron_train.training.data": {"neuron_train.training.loop"}}, "import circle"),
+    ({"neuron_train.precompile.coverage": {"neuron_train.training.config"}}, "package circle"),
+    ({"neuron_train.instrument.steps": {"neuron_train.precompile.store"}}, "package circle"),
     ({"neuron_train.training.loop": {"neuron_train.commands.precompile"}}, "imports the command module"),
+    ({"neuron_train.cost.measure": {"neuron_train.commands.bench"}}, "imports the command module"),
+    ({"neuron_train.commands.bench": {"neuron_train.commands.report"}}, "imports the command module"),
     ({"neuron_train.common.fileio": {"neuron_train.training.config"}}, "(common) imports"),
     ({"neuron_train.graphs.analyzer": {"neuron_train.training.config"}}, "(the checker) imports"),
+    ({"neuron_train.graphs.api": {"neuron_train.instrument.runner"}}, "(the checker) imports"),
+    ({"neuron_train.graphs.report": {"neuron_train.cost.rows"}}, "(the checker) imports"),
     ({"neuron_train.training.loop": {"neuron_train.precompile.store"}}, "use the hook objects only"),
+    ({"neuron_train.training.cache_hook": {"neuron_train.graphs.recorder"}}, "use the hook objects only"),
 ])
 def test_each_rule_catches_a_planted_violation(planted, expected):
     graph = load_graph()
     for mod, extra in planted.items():
         graph[mod] = graph[mod] | extra
     assert any(expected in v for v in violations(graph)), violations(graph)
+
+
+def test_a_package_circle_is_caught_even_without_a_module_circle():
+    graph = load_graph()
+    graph["neuron_train.precompile.listing"] = graph["neuron_train.precompile.listing"] | {"neuron_train.training.data"}
+    assert not any("import circle" in v for v in violations(graph))  # no module imports back...
+    assert any("package circle" in v and "neuron_train.training" in v for v in violations(graph))  # ...but a package does
