@@ -1,8 +1,9 @@
 """torchrun entry point: `torchrun --standalone --nproc_per_node=N neuron_train/run.py [train options]`.
 
-Thin on purpose: everything is `neuron-train train`. Run as a script, Python puts this file's own
-folder first on sys.path, where our module names (data, models, ...) would shadow real packages;
-replace it with the project root so `neuron_train` imports as a package.
+Thin on purpose: everything is `neuron-train train` (neuron_train/commands/train.py). Run as a
+script, Python puts this file's own folder first on sys.path, where our subpackage names (common,
+training, ops, ...) would shadow real top-level packages; replace it with the project root so
+`neuron_train` imports as a package.
 """
 
 import os

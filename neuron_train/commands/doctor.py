@@ -1,7 +1,8 @@
 """`neuron-train doctor`: check this machine and say what is wrong and what to do.
 
 Two halves on purpose: `facts.gather_facts` runs the tools and records their raw output; every
-check in `checks` is a pure function over those recorded facts. This module prints the report.
+check in `ops/checks.py` is a pure function over those recorded facts (ops/facts.py gathers them).
+This module parses the options and prints the report.
 """
 
 from __future__ import annotations
@@ -16,18 +17,6 @@ from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.fileio import new_output, write_json_atomic
 from neuron_train.ops.checks import FAIL, OK, SKIP, WARN, Check, exit_code, load_pins, run_checks
 from neuron_train.ops.facts import gather_facts
-
-# The user-space pieces that must come from one release; the driver may be newer (backward compatible).
-# ----------------------------------------------------------------------------- pins
-
-
-# ----------------------------------------------------------------------------- parsers (pure)
-
-
-# ----------------------------------------------------------------------------- checks (pure)
-
-
-# ----------------------------------------------------------------------------- report
 
 
 def format_report(checks: list[Check], pins: dict) -> str:
@@ -64,12 +53,6 @@ def report_dict(checks: list[Check], pins: dict) -> dict:
 def write_json_report(path: str, report: dict) -> None:
     """Write atomically; never replace an existing file (a previous report may be someone's record)."""
     write_json_atomic(new_output(path, "--json"), report)
-
-
-# ----------------------------------------------------------------------------- gathering (impure)
-
-
-# ----------------------------------------------------------------------------- command
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,6 @@
-"""Operating a machine: `neuron-train doctor` (devices, Neuron SDK versions, cache, limits).
+"""Operating a machine: the facts `neuron-train doctor` gathers (`facts`: devices, Neuron SDK
+versions, cache location, limits) and the pure checks over them (`checks`, with the pinned versions).
+The command itself is neuron_train/commands/doctor.py.
 
 May import: `neuron_train.common` only.
 """
