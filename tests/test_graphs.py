@@ -528,7 +528,7 @@ def test_our_multi_epoch_run_is_graph_stable(tmp_path):
     assert {g["phase"] for g in report["late_graphs"]} <= {"eval"}
     # every train graph is a warm-up one, all from the first two steps (the default dynamo-full path:
     # 8, forward, backward and update captured apart; lazy: 2), the eval graph the only late one;
-    # README section 4 states these 9
+    # docs/guide.md section 4 states these 9
     train = [g for g in report["graphs"] if g["phase"] == "train"]
     assert {g["kind"] for g in train} == {"warmup"} and max(g["step"] for g in train) <= 1, train
     assert report["distinct_graphs"] <= 9, report["graphs"]
