@@ -20,6 +20,7 @@ import time
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training import rundir
 from neuron_train.training.config_io import add_config_arguments, config_from_args
+from neuron_train.training.summary import RunSummary
 
 _QUIET_RANK_GRACE_S = 3.0
 
@@ -30,19 +31,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
-def format_summary(s: dict) -> str:
-    def num(key: str, fmt: str) -> str:
-        return "n/a" if s.get(key) is None else format(s[key], fmt)
+def format_summary(s: RunSummary) -> str:
+    def num(value: float | None, fmt: str) -> str:
+        return "n/a" if value is None else format(value, fmt)
 
     lines = [
-        f"run        {s['run_dir']}",
-        f"model      {s['model']} ({s['params'] / 1e6:.2f} M params), {s['precision']}, "
-        f"{s['device']} x {s['world_size']} rank(s), global batch {s['global_batch_size']}",
-        f"steps      {s['steps']} ({s['epochs']} epochs), final loss {num('final_loss', '.4f')}",
-        f"eval       accuracy {num('eval_accuracy', '.4f')}, loss {num('eval_loss', '.4f')}",
-        f"speed      {num('samples_per_sec', '.1f')} samples/s, step {num('step_time_ms_median', '.1f')} ms "
-        f"median (after {s['warmup_steps_excluded']} warm-up steps)",
-        f"graphs     {s['compile_count']} compiled in {s['compile_time_s']:.1f} s",
+        f"run        {s.run_dir}",
+        f"model      {s.model} ({s.params / 1e6:.2f} M params), {s.precision}, "
+        f"{s.device} x {s.world_size} rank(s), global batch {s.global_batch_size}",
+        f"steps      {s.steps} ({s.epochs} epochs), final loss {num(s.final_loss, '.4f')}",
+        f"eval       accuracy {num(s.eval_accuracy, '.4f')}, loss {num(s.eval_loss, '.4f')}",
+        f"speed      {num(s.samples_per_sec, '.1f')} samples/s, step {num(s.step_time_ms_median, '.1f')} ms "
+        f"median (after {s.warmup_steps_excluded} warm-up steps)",
+        f"graphs     {s.compile_count} compiled in {s.compile_time_s:.1f} s",
     ]
     return "\n".join(lines)
 
@@ -100,5 +101,5 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     if backend.is_main:
-        print(format_summary(summary), flush=True)
+        print(format_summary(RunSummary.from_json(summary)), flush=True)
     return 0

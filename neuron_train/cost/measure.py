@@ -6,7 +6,6 @@ out-of-memory or other, with the line that says why.
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import shlex
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import config_to_argv
 from neuron_train.training.metrics import median_and_spread
+from neuron_train.training.summary import RunSummary
 
 RUN_SCRIPT = Path(__file__).resolve().parent.parent / "run.py"
 
@@ -103,14 +103,14 @@ def measure_train(cfg: RunConfig, nproc: int, workdir: Path) -> Measurement:
         raise classify_failure(proc.returncode, proc.stdout)
     if not summary_path.is_file():
         raise MeasureFailed("failed", f"the run exited 0 but wrote no summary.json ({shlex.join(cmd)})")
-    s = json.loads(summary_path.read_text())
-    if not s.get("samples_per_sec") or not s.get("step_time_ms_median"):
-        raise MeasureFailed("failed", f"no steady-state steps measured ({s.get('measured_steps', 0)} "
+    s = RunSummary.from_json(summary_path)
+    if not s.samples_per_sec or not s.step_time_ms_median:
+        raise MeasureFailed("failed", f"no steady-state steps measured ({s.measured_steps} "
                                       "after warm-up): raise --max-steps")
-    return Measurement(s["samples_per_sec"], s["step_time_ms_median"], s["compile_time_s"],
-                       s["compile_count"], s["measured_steps"], s["world_size"], s["global_batch_size"],
-                       s["device"], details={k: s.get(k) for k in ("final_loss", "eval_accuracy",
-                                                                   "xla_execute_ms_median")})
+    return Measurement(s.samples_per_sec, s.step_time_ms_median, s.compile_time_s, s.compile_count,
+                       s.measured_steps, s.world_size, s.global_batch_size, s.device,
+                       details={"final_loss": s.final_loss, "eval_accuracy": s.eval_accuracy,
+                                "xla_execute_ms_median": s.xla_execute_ms_median})
 
 
 # Neuron compiler casting per precision (explicit: the compiler's default changed across releases).
