@@ -214,7 +214,10 @@ def _merge_files(cache: Path, extracted: Path, incoming: Manifest, manifest: Man
 
 def _read_archive_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path) -> Manifest:
     try:
-        data = json.loads(tar.extractfile(member).read().decode("utf-8"))
+        raw = tar.extractfile(member)  # None when the member is not a regular file
+        if raw is None:
+            raise RunError(f"{archive}: its {MANIFEST} is not a regular file")
+        data = json.loads(raw.read().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunError(f"{archive}: its {MANIFEST} is not valid JSON ({exc})") from None
     try:

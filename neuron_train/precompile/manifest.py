@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from neuron_train.common.errors import RunError
 from neuron_train.common.values import header_problem, kind_problem
@@ -91,7 +91,7 @@ class Manifest:
         problem = header_problem(data, "format", MANIFEST_FORMAT, "version", MANIFEST_VERSION)
         if problem:
             raise ManifestError(f"{where}: not a neuron-train graph manifest ({problem})")
-        top: dict = data  # a JSON object: header_problem checked it
+        top = cast(dict, data)  # a JSON object: header_problem checked it
         configs = _mapping(_required(top, "configs", where, "the manifest"), where, "configs")
         files = _mapping(_required(top, "files", where, "the manifest"), where, "files")
         return cls(configs={fp: _config_record(raw, where, f"configs[{fp!r}]") for fp, raw in configs.items()},

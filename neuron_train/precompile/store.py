@@ -35,7 +35,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -90,8 +90,9 @@ class CacheUse:
     """A shared 'in use' lock held for a whole precompile or run: prune waits for it to end."""
 
     def __init__(self, cache: Path):
-        self._ctx = file_lock(Path(cache) / USE_LOCK, shared=True)
-        self._ctx.__enter__()
+        ctx = file_lock(Path(cache) / USE_LOCK, shared=True)
+        ctx.__enter__()
+        self._ctx: AbstractContextManager[None] | None = ctx
 
     def release(self) -> None:
         if self._ctx is not None:

@@ -91,12 +91,17 @@ class CompileCacheHook:
         else:
             self._check_start()
 
+    @property
+    def _cache(self) -> Path:
+        assert self.dir is not None  # the methods below run only once --compile-cache was given
+        return self.dir
+
     def _point_compiler_at_cache(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        flags, note = cache_flags(os.environ, self.dir)
+        self._cache.mkdir(parents=True, exist_ok=True)
+        flags, note = cache_flags(os.environ, self._cache)
         os.environ["NEURON_CC_FLAGS"] = flags  # read by the Neuron compiler wrapper when it compiles
         if self.speaks:
-            for message in (note, network_fs_warning(self.dir)):
+            for message in (note, network_fs_warning(self._cache)):
                 if message:
                     warn(message)
 
@@ -107,30 +112,30 @@ class CompileCacheHook:
             return  # Neuron caches NEFFs itself, in NEURON_CC_FLAGS --cache_dir
         import torch_xla.runtime as xr
 
-        self.staging = self.dir / store.STAGING_DIR / f"{socket.gethostname()}-{os.getpid()}"
+        self.staging = self._cache / store.STAGING_DIR / f"{socket.gethostname()}-{os.getpid()}"
         self.staging.mkdir(parents=True, exist_ok=True)
         xr.initialize_cache(str(self.staging), readonly=False)
 
     def _record(self, graphs: list[dict]) -> None:
-        record_graphs(self.dir, self.fp, self.config, graphs, precompile_id=self.precompile_id,
+        record_graphs(self._cache, self.fp, self.config, graphs, precompile_id=self.precompile_id,
                       tour_steps=self.tour_steps)
         if self.staging is not None:
-            store.commit_staged(self.dir, self.staging, self.fp)
+            store.commit_staged(self._cache, self.staging, self.fp)
 
     # ----- checking (a real run) -------------------------------------------------------------
     def _check_start(self) -> None:
         """Before any compile: refuse damaged entries; with --require-precompiled, a config mismatch."""
-        manifest = store.load_manifest(self.dir)
+        manifest = store.load_manifest(self._cache)
         if self.speaks:  # one process per host: the files are the host's
-            missing = check_cache(self.dir, manifest)
+            missing = check_cache(self._cache, manifest)
             if missing:
-                warn(f"{len(missing)} recorded cache file(s) are gone from {self.dir} (e.g. {missing[0].entry}): "
+                warn(f"{len(missing)} recorded cache file(s) are gone from {self._cache} (e.g. {missing[0].entry}): "
                      "those graphs will compile again")
         record = manifest.configs.get(self.fp)
         if not self.require or (record and not record.pruned_files):
             return
-        raise RunError(f"--require-precompiled: this configuration is not precompiled in {self.dir}: "
-                       f"{explain(manifest, self.config, str(self.dir), config_labels())}. Precompile it first: {self.hint}")
+        raise RunError(f"--require-precompiled: this configuration is not precompiled in {self._cache}: "
+                       f"{explain(manifest, self.config, str(self._cache), config_labels())}. Precompile it first: {self.hint}")
 
     def check(self, watch) -> None:
         """Step closure: with --require-precompiled, stop at the first graph the manifest lacks.

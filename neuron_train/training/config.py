@@ -97,7 +97,7 @@ class DataConfig:
         _need(self.batches_per_execution >= 1, "--batches-per-execution must be >= 1")
         if self.dataset == "folder":
             _need(bool(self.data_dir), "--dataset folder needs --data-dir DIR")
-            _need(Path(self.data_dir).is_dir(), f"--data-dir: no such directory: {self.data_dir}")
+            _need(Path(str(self.data_dir)).is_dir(), f"--data-dir: no such directory: {self.data_dir}")
         else:
             _need(self.data_dir is None, f"--data-dir is only used with --dataset folder, "
                                          f"not --dataset {self.dataset}")
@@ -220,7 +220,7 @@ class DistillConfig:
         if self.teacher_model:
             _need(bool(self.teacher_checkpoint), "--teacher-model needs --teacher-checkpoint FILE "
                                                  "(a random teacher teaches nothing)")
-            _need(Path(self.teacher_checkpoint).is_file(),
+            _need(Path(str(self.teacher_checkpoint)).is_file(),
                   f"--teacher-checkpoint: no such file: {self.teacher_checkpoint}")
         else:
             _need(self.teacher_checkpoint is None, "--teacher-checkpoint needs --teacher-model NAME")
