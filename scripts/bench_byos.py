@@ -6,7 +6,7 @@
    by bench and with time.time() by the script, which counts 37 steps for 38 timed: 2.7% low).
 2. Overhead: in this process, the same script's model and optimizer step (batch 32, MLP 784-120-84-10)
    runs in alternating blocks with torch_xla's own sync and Tensor.to, and with the probe's wrappers
-   (`script_probe.arm` in bench mode, as `bench -- COMMAND` installs them). Alternating blocks cancel
+   (`instrument.probe.arm` in bench mode, as `bench -- COMMAND` installs them). Alternating blocks cancel
    the machine's load drift; the median block difference is the probe's cost per step.
 
     python scripts/bench_byos.py --script-dir tests/corpus/neuron_mnist_mlp --runs 5

@@ -1,9 +1,9 @@
 """`neuron-train bench -- CMD`: the steady-state throughput of any PyTorch/XLA training script.
 
-The command runs once per repeat with the probe in bench mode (precompile/script_probe.py): each
+The command runs once per repeat with the probe in bench mode (instrument/probe.py): each
 sync that ran a graph closes a step window, timed when the sync returns. The step is the call site
 with the most steady intervals; a steady interval runs from one of its windows to the next, both
-compiling nothing (script_probe.Sites, the class the tour's stop rule lives in). Step
+compiling nothing (instrument/steps.Sites, the class the tour's stop rule lives in). Step
 time is their median; throughput is samples per step x steady intervals / their summed time,
 summed over the processes. Samples per step: --samples-per-step, else the leading dimension of the
 input batch, the largest host-to-device copy of most steady windows. Windows before the first

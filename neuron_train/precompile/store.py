@@ -23,7 +23,7 @@ refuse while anyone uses the cache. fcntl locks are only as good as the file sys
 on NFS/EFS/FSx several hosts may not see each other's locks (hence: one cache per host).
 
 Maintenance (verify, quarantine, prune) is in `maintenance.py`, archives in `archive.py`, the
-`neuron-train cache` command in `cache_command.py`.
+`neuron-train cache` command in commands/cache.py.
 """
 
 from __future__ import annotations
