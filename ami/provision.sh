@@ -278,7 +278,7 @@ prewarm_cache() {
     log "pre-warming $NT_CACHE_DIR with: ${args[*]}"
     # As the training user: the cache then belongs to whoever trains from this image.
     sudo -u "$NT_USER" env PATH="$NT_PREFIX/venv/bin:/opt/aws/neuron/bin:$PATH" \
-        "$SRC_DIR/scripts/precompile.sh" --cache-dir "$NT_CACHE_DIR" -- "${args[@]}"
+        "$SRC_DIR/scripts/precompile.sh" --compile-cache "$NT_CACHE_DIR" -- "${args[@]}"
 }
 
 main() {
