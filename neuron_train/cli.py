@@ -1,6 +1,7 @@
 """`neuron-train` console command: a thin dispatcher over one module per subcommand.
 
-Each subcommand module exposes `configure_parser(parser)` and `main(args) -> int`. Modules are
+The modules live in neuron_train/commands/; a new command is one module there and one line in
+COMMANDS below (docs/architecture.md). Each exposes `configure_parser(parser)` and `main(args) -> int`. Modules are
 imported only for the subcommand that runs, so `neuron-train --help` does not pay for torch_xla.
 A usage error is one line and exit 2 (`CommandParser`), as is a `UsageError`; a `RunError` is one
 line and exit 1.
