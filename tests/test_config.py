@@ -163,3 +163,15 @@ def test_help_names_the_default_of_each_device():
     assert helps["--step-compiler"].endswith("(default: dynamo-full on the CPU device; lazy on a Neuron device)")
     assert helps["--optimizer-impl"].endswith("(default: foreach on the CPU device; for-loop on a Neuron device)")
     assert helps["--lr"].endswith("(default: 0.001)")
+
+
+def test_the_pjrt_device_is_the_users_else_this_machines():
+    """bench_loop's children and prepare_environment take the device from here: PJRT_DEVICE wins,
+    else a Neuron device when this machine has one (never a fixed CPU)."""
+    from neuron_train.common.neuron_env import default_pjrt_device, neuron_device_present
+
+    assert default_pjrt_device({"PJRT_DEVICE": "NEURON"}) == "NEURON"
+    assert default_pjrt_device({"PJRT_DEVICE": "CPU"}) == "CPU"
+    assert default_pjrt_device({}) == ("NEURON" if neuron_device_present() else "CPU")
+    loop = (ROOT / "scripts" / "bench_loop.py").read_text()
+    assert '"PJRT_DEVICE": _device()' in loop and 'get("PJRT_DEVICE", "CPU")' not in loop
