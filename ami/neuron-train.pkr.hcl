@@ -24,12 +24,18 @@ variable "neuron_sdk" {
 
 variable "base" {
   type        = string
-  default     = "dlami"
-  description = "dlami: Deep Learning Base Neuron AMI (Ubuntu 22.04); ubuntu: Canonical Ubuntu 22.04."
+  default     = "ubuntu"
+  description = "ubuntu: Canonical Ubuntu 22.04, nothing of Neuron pre-installed (provision.sh installs the pinned release); dlami: the Deep Learning Base Neuron AMI (Ubuntu 22.04) named by dlami_name."
   validation {
     condition     = contains(["dlami", "ubuntu"], var.base)
     error_message = "The base must be \"dlami\" or \"ubuntu\"."
   }
+}
+
+variable "dlami_name" {
+  type        = string
+  default     = "Deep Learning Base Neuron AMI (Ubuntu 22.04) 2026050?"
+  description = "With base = dlami: the image name (EC2 wildcards * and ?). The default matches images built 2026-05-01..09, after SDK 2.29.1 (2026-05-01) and before 2.30.0 (2026-05-21); if none matches in your region, set the exact name (aws ec2 describe-images --owners amazon --filters Name=name,Values='Deep Learning Base Neuron AMI (Ubuntu 22.04) 202605*'). A newer one brings a newer driver and runtime that provision.sh would have to downgrade."
 }
 
 variable "region" {
@@ -82,7 +88,7 @@ locals {
   pins        = jsondecode(file("${local.project_dir}/neuron_train/data/neuron_versions.json"))
   release     = local.pins.releases[var.neuron_sdk]
   bases = {
-    dlami  = { name = "Deep Learning Base Neuron AMI (Ubuntu 22.04) *", owners = ["amazon"] }
+    dlami  = { name = var.dlami_name, owners = ["amazon"] }
     ubuntu = { name = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*", owners = ["099720109477"] }
   }
   stamp   = formatdate("YYYYMMDDhhmm", timestamp())

@@ -253,12 +253,26 @@ install_python_env() {
     py=$venv/bin/python
     "$py" -m pip install --quiet --upgrade pip
     # Exact pins: the public index only has empty placeholder wheels (torch-neuronx 1.0, ...)
-    # under these names, and an exact version keeps pip from ever picking them.
+    # under these names, and an exact version keeps pip from ever picking them. No torch-xla pin:
+    # torch-neuronx requires the torch-xla it was built against (checked below).
     "$py" -m pip install --quiet --extra-index-url "$NT_REPO_PIP" \
-        "torch==$NT_TORCH" "torch-xla==$NT_TORCH_XLA" "torchvision==$NT_TORCHVISION" \
+        "torch==$NT_TORCH" "torchvision==$NT_TORCHVISION" \
         "torch-neuronx==$NT_TORCH_NEURONX" "neuronx-cc==$NT_NEURONX_CC" "libneuronxla==$NT_LIBNEURONXLA"
+    check_torch_xla "$py"
     "$py" -m pip install --quiet --extra-index-url "$NT_REPO_PIP" "$SRC_DIR"
     ln -sf "$venv/bin/neuron-train" /usr/local/bin/neuron-train
+}
+
+# The torch-xla that torch-neuronx brought (pip show): present, and of the minor release the project
+# is built for (the minor of NT_TORCH_XLA); logged with what torch-neuronx requires.
+check_torch_xla() {
+    local py=$1 requires have
+    requires=$("$py" -m pip show torch-neuronx 2>/dev/null | sed -n 's/^Requires: //p') || true
+    have=$("$py" -m pip show torch-xla 2>/dev/null | sed -n 's/^Version: //p') || true
+    [[ -n $have ]] || die "torch-neuronx $NT_TORCH_NEURONX installed no torch-xla (requires: ${requires:-?}): check the Neuron pip repository ($NT_REPO_PIP) and the NT_NEURON_SDK release"
+    [[ $have == "${NT_TORCH_XLA%.*}".* ]] ||
+        die "torch-neuronx $NT_TORCH_NEURONX brought torch-xla $have, not ${NT_TORCH_XLA%.*}.x: pick an NT_NEURON_SDK release built for torch ${NT_TORCH%.*}"
+    log "torch-neuronx $NT_TORCH_NEURONX chose torch-xla $have (requires: ${requires:-?})"
 }
 
 run_doctor() {

@@ -204,18 +204,25 @@ def run_one(which: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--_one", which, "--model", args.model, "--img-size", str(args.img_size),
            "--num-classes", str(args.num_classes), "--batch-size", str(args.batch_size),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--device-steps", str(args.device_steps)]
-    env = {**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU"), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PJRT_DEVICE": _device(), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{which} run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def default_loop() -> str:
-    """The candidate that is our loop's default configuration."""
-    from neuron_train.training.config import RunConfig
+def _device() -> str:
+    """The children's PJRT device: PJRT_DEVICE, else this machine's (Neuron when present, else CPU)."""
+    from neuron_train.common.neuron_env import default_pjrt_device
 
-    cfg = RunConfig()
+    return default_pjrt_device()
+
+
+def default_loop() -> str:
+    """The candidate that is our loop's default configuration on this machine's device."""
+    from neuron_train.training.config_io import build_config
+
+    cfg = build_config(device_kind=_device())
     wanted = {"train.step_compiler": cfg.train.step_compiler, "optim.optimizer_impl": cfg.optim.optimizer_impl}
     return next((name for name, spec in CANDIDATES.items() if spec == wanted), "?")
 
@@ -258,7 +265,7 @@ def main() -> None:
         p.error(f"--loops: unknown {', '.join(unknown)} (known: {', '.join(LOOPS)})")
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, fp32, {args.steps} measured "
           f"steps after {args.warmup} warm-up and {args.device_steps} one-at-a-time steps, device "
-          f"{os.environ.get('PJRT_DEVICE', 'CPU')}", flush=True)
+          f"{_device()}", flush=True)
     results: dict[str, list[dict]] = {which: [] for which in loops}
     for _ in range(args.repeats):
         for which in loops:

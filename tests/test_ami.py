@@ -119,7 +119,12 @@ def test_template_bases_are_the_neuron_dlami_or_ubuntu_22_04(template):
     (local,) = template["locals"]
     bases = local["bases"]
     assert set(bases) == {"dlami", "ubuntu"}
-    assert bases["dlami"]["name"].startswith("Deep Learning Base Neuron AMI (Ubuntu 22.04)")
+    # plain Ubuntu by default (no Neuron package for apt to downgrade); the DLAMI pinned to the
+    # 2.29.1 era by its dated name, never "the newest"
+    assert variables(template)["base"]["default"] == "ubuntu"
+    assert bases["dlami"]["name"] == "${var.dlami_name}"
+    dlami_name = variables(template)["dlami_name"]["default"]
+    assert dlami_name == "Deep Learning Base Neuron AMI (Ubuntu 22.04) 2026050?"
     assert bases["dlami"]["owners"] == ["amazon"]
     assert "ubuntu-jammy-22.04-amd64-server" in bases["ubuntu"]["name"]
     assert bases["ubuntu"]["owners"] == ["099720109477"]  # Canonical
@@ -225,6 +230,36 @@ def test_load_pins_reads_the_versions_file_and_env_wins():
     assert older.stdout.strip() == PINS["releases"]["2.28.1"]["neuronx-cc"]
     unknown = bash(f'load_pins "{versions}"', env={"NT_NEURON_SDK": "2.30.0"})
     assert unknown.returncode == 1 and "Neuron SDK 2.30.0 is not in" in unknown.stderr
+
+
+@pytest.fixture
+def pip_standin(tmp_path):
+    """A stand-in for the venv's python: answers only `-m pip show NAME` from files (our contract
+    with pip show's output: `Version:` and `Requires:` lines). Not pip."""
+    py = tmp_path / "python"
+    py.write_text('#!/bin/bash\n[[ $1 == -m && $2 == pip && $3 == show ]] || exit 9\n'
+                  f'cat "{tmp_path}/show-$4" 2>/dev/null || exit 1\n')
+    py.chmod(0o755)
+    return tmp_path
+
+
+@pytest.mark.parametrize("xla_version, ok", [("2.9.0", True), ("2.9.1", True), ("2.8.0", False), (None, False)])
+def test_check_torch_xla_accepts_only_the_minor_torch_neuronx_should_bring(pip_standin, xla_version, ok):
+    (pip_standin / "show-torch-neuronx").write_text("Name: torch-neuronx\nRequires: libneuronxla, torch, torch-xla\n")
+    if xla_version:
+        (pip_standin / "show-torch-xla").write_text(f"Name: torch-xla\nVersion: {xla_version}\n")
+    versions = ROOT / "neuron_train" / "data" / "neuron_versions.json"
+    shown = bash(f'load_pins "{versions}"; check_torch_xla "{pip_standin}/python"', env={"NT_NEURON_SDK": ""})
+    assert (shown.returncode == 0) is ok, shown.stderr
+    if ok:
+        assert f"chose torch-xla {xla_version} (requires: libneuronxla, torch, torch-xla)" in shown.stderr + shown.stdout
+    else:
+        assert "torch-xla" in shown.stderr and ("not 2.9.x" in shown.stderr or "installed no torch-xla" in shown.stderr)
+
+
+def test_provision_pins_no_torch_xla_of_its_own():
+    pip_lines = [ln for ln in PROVISION.read_text().splitlines() if "==$NT_" in ln]
+    assert pip_lines and not any("torch-xla==" in ln for ln in pip_lines)
 
 
 def test_fetch_source_without_a_source_says_what_to_set():

@@ -241,10 +241,13 @@ def _plan(args: argparse.Namespace, cfg: RunConfig) -> Plan:
 
 def _check_mode_fits(mode: str, instance_type: str) -> None:
     from neuron_train.cost.catalog import load_catalog
+    from neuron_train.cost.measure import refuse_inf1_inference
 
     spec = load_catalog().get(instance_type)
     if mode == "train" and spec is not None and not spec.can_train:
         raise UsageError(f"{instance_type} cannot train: {spec.train_note}; use --mode infer")
+    if mode == "infer":
+        refuse_inf1_inference(instance_type)
 
 
 def _workload_facts(cfg: RunConfig) -> tuple[int, int, int]:
@@ -279,7 +282,7 @@ def _measure(plan: Plan, cfg: RunConfig, instance_type: str, num_classes: int, m
                 cfg.train.batch_size = bs
                 return measure_train(cfg, nproc, Path(tmp))
         else:
-            bench = InferBench(cfg, num_classes, instance_type)
+            bench = InferBench(cfg, num_classes, instance_type, Path(tmp))
 
             def measure(bs: int, nproc: int) -> Measurement:
                 return bench.measure(bs, measured, cfg.train.warmup_measure_steps)

@@ -32,7 +32,7 @@ from neuron_train.cost.render import (
     report_blocks,
     write_csv,
 )
-from neuron_train.cost.rows import Group, Row, device_text
+from neuron_train.cost.rows import Group, Row, device_text, precision_text
 from neuron_train.cost.schema import validate_result
 
 OUTPUT_FILES = ("report.md", "report.csv", "report.html", "throughput.png", "price_performance.png",
@@ -67,13 +67,15 @@ def check_same_workload(results: list[tuple[Path, dict]]) -> None:
 
 
 def measured_row(path: Path, r: dict) -> Row:
-    kind = r["device"]["kind"]
-    where = f"{r['host'].get('cpu', '?')}, " if kind == "CPU" else ""
+    device = r["device"]
+    where = f"{r['host'].get('cpu', '?')}, " if device["kind"] == "CPU" else ""
+    how = f"measured with {device['harness']}" if device.get("harness") else "measured here"
     return Row(
         instance_type=r["instance_type"].lower(), mode=r["mode"], model=r["model"]["name"],
-        img_size=r["model"]["img_size"], origin="measured", device=device_text(kind),
-        provenance=f"measured here: {path.name} ({where}{r['created_at'][:10]})",
-        precision=r["precision"], batch_size=r["batch_size_per_device"], world_size=r["world_size"],
+        img_size=r["model"]["img_size"], origin="measured", device=device_text(device),
+        provenance=f"{how}: {path.name} ({where}{r['created_at'][:10]})",
+        precision=precision_text(r["precision"], device.get("compiler_args")),
+        batch_size=r["batch_size_per_device"], world_size=r["world_size"],
         samples_per_sec=r["samples_per_sec"]["median"], spread=r["samples_per_sec"]["spread"],
         compile_time_s=r["compile"]["time_s"], graph_count=r["compile"]["graph_count"],
         epoch_samples=r["dataset"]["train_samples"],

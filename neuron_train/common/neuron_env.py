@@ -27,6 +27,13 @@ def neuron_device_present() -> bool:
     return any(Path("/dev").glob("neuron[0-9]*"))
 
 
+def default_pjrt_device(env: Mapping[str, str] | None = None) -> str:
+    """The PJRT device a run uses: PJRT_DEVICE if set, else NEURON when a Neuron device is present,
+    else CPU (the CPU XLA device)."""
+    env = os.environ if env is None else env
+    return env.get("PJRT_DEVICE") or ("NEURON" if neuron_device_present() else "CPU")
+
+
 def extracting_graphs(env: Mapping[str, str] | None = None) -> bool:
     """True under neuron_parallel_compile's extraction run: outputs are garbage, keep no results."""
     env = os.environ if env is None else env

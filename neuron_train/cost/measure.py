@@ -5,8 +5,6 @@ out-of-memory or other, with the line that says why.
 
 from __future__ import annotations
 
-import importlib.util
-import re
 import shlex
 import subprocess
 import sys
@@ -15,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from neuron_train.common.errors import UsageError
+from neuron_train.cost.failures import MeasureFailed, classify_failure
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import config_to_argv
 from neuron_train.training.metrics import median_and_spread
@@ -51,37 +51,6 @@ class Workload:
     batch_size: int            # per device
     precision: str
     config: dict               # the settings or the command that reproduce it
-
-
-class MeasureFailed(Exception):
-    """A configuration that could not be measured: status 'oom' or 'failed', with the reason."""
-
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-_OOM_PATTERNS = (
-    re.compile(r"RESOURCE_EXHAUSTED"),                                 # XLA / PJRT
-    re.compile(r"Failed to allocate [\d.]+\s*[KMGT]?B"),                # Neuron runtime (TDRV)
-    re.compile(r"out of memory", re.IGNORECASE),                        # CUDA, generic
-    re.compile(r"can't allocate memory|MemoryError"),                   # torch CPU allocator, Python
-    re.compile(r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9"),              # torchrun: child killed
-)
-
-
-def classify_failure(returncode: int, output: str) -> MeasureFailed:
-    """Out-of-memory or another failure, with the line that says why (from a run's output)."""
-    if returncode in (-9, 137):
-        return MeasureFailed("oom", "killed by SIGKILL (most likely the host's out-of-memory killer)")
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    for pattern in _OOM_PATTERNS:
-        for line in reversed(lines):
-            if pattern.search(line):
-                return MeasureFailed("oom", line[:300])
-    errors = [ln for ln in lines if "error" in ln.lower() or ln.startswith("neuron-train")]
-    reason = (errors or lines or [f"exit code {returncode}"])[-1]
-    return MeasureFailed("failed", reason[:300])
 
 
 def _run_command(cfg: RunConfig, nproc: int, out_dir: Path) -> list[str]:
@@ -121,17 +90,30 @@ _NEURONX_CAST = {"fp32": ["--auto-cast", "none"],
                  "xla-downcast-bf16": ["--auto-cast", "all", "--auto-cast-type", "bf16"]}
 
 
-def _neuron_tracer(instance_type: str) -> str:
-    """inf1 (NeuronCore-v1) traces with torch-neuron; trn1/inf2 with torch-neuronx."""
-    if instance_type.startswith("inf1.") or importlib.util.find_spec("torch_neuronx") is None:
-        return "torch-neuron"
-    return "torch-neuronx"
+INF1_BENCH = "scripts/inf1_bench.py"
+
+
+def refuse_inf1_inference(instance_type: str) -> None:
+    """inf1 (NeuronCore-v1) runs only torch-neuron, built for torch 1.13, and only on drivers this
+    SDK's pins no longer include: it is measured in its own environment, never in ours."""
+    if instance_type.lower().startswith("inf1."):
+        raise UsageError(f"{instance_type}: inf1 runs torch-neuron (torch 1.13), not this environment's torch "
+                         f"2.9; measure it with {INF1_BENCH} in the inf1 DLAMI's venv "
+                         "/opt/aws_neuron_venv_pytorch_1_13_inf1 (docs/inf1.md)")
+
+
+def neuron_cores(instance_type: str) -> int | None:
+    """NeuronCores of the instance type (the catalog's), None when it is not in the catalog."""
+    from neuron_train.cost.catalog import load_catalog
+
+    spec = load_catalog().get(instance_type)
+    return spec.cores if spec is not None else None
 
 
 class InferBench:
     """A forward pass compiled once per batch size and timed in a fixed-shape loop (no gradients)."""
 
-    def __init__(self, cfg: RunConfig, num_classes: int, instance_type: str):
+    def __init__(self, cfg: RunConfig, num_classes: int, instance_type: str, workdir: Path):
         import torch
 
         from neuron_train.common.neuron_env import neuron_device_present
@@ -143,8 +125,11 @@ class InferBench:
         self.dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
         self.model = model.to(self.dtype)
         self.on_neuron = neuron_device_present()
-        self.tracer = _neuron_tracer(instance_type) if self.on_neuron else "torch-xla"
-        self.traced: dict[int, object] = {}   # Neuron: one compiled module per batch size
+        # trn1/inf2 only: inf1 (torch-neuron, torch 1.13) is refused before this, see scripts/inf1_bench.py
+        self.tracer = "torch-neuronx" if self.on_neuron else "torch-xla"
+        self.cores_total = neuron_cores(instance_type) if self.on_neuron else None
+        self.traced: dict[int, str] = {}      # Neuron: one compiled module file per batch size
+        self.workdir = workdir                # where the traced modules are saved for the workers
         self.warmed: set[int] = set()          # batch sizes whose graphs are compiled already
 
     def _input(self, batch: int):
@@ -202,26 +187,26 @@ class InferBench:
                            {"tracer": self.tracer})
 
     def _measure_neuron(self, batch: int, steps: int, warmup: int) -> Measurement:  # pragma: no cover
-        """Neuron hardware only: trace for the NeuronCores, then call the traced module."""
-        x = self._input(batch)
+        """Neuron hardware only: trace once for the NeuronCores, then time a copy on every core of
+        the instance at once (percore.py), as the Neuron SDK's published figures are made."""
+        import torch_neuronx
+
+        from neuron_train.cost.percore import instance_figure, run_per_core
+
+        args = _NEURONX_CAST[self.cfg.train.precision]
         start = time.perf_counter()
         if batch not in self.traced:
-            if self.tracer == "torch-neuron":
-                import torch_neuron  # noqa: F401  inf1 (NeuronCore-v1): registers torch.neuron
-                self.traced[batch] = self.torch.neuron.trace(self.model, example_inputs=[x])
-            else:
-                import torch_neuronx
-                self.traced[batch] = torch_neuronx.trace(
-                    self.model, x, compiler_args=_NEURONX_CAST[self.cfg.train.precision])
+            path = str(self.workdir / f"traced-b{batch}.pt")
+            self.torch.jit.save(torch_neuronx.trace(self.model, self._input(batch), compiler_args=args), path)
+            self.traced[batch] = path
             compile_s, graphs = time.perf_counter() - start, 1
         else:
             compile_s, graphs = 0.0, 0
-        traced = self.traced[batch]
-        with self.torch.no_grad():  # the first calls load the model onto the NeuronCores
-            sps, step_ms = self._timed(lambda: traced(x), batch, steps,
-                                       0 if batch in self.warmed else max(warmup, 1))
-        self.warmed.add(batch)
-        return Measurement(sps, step_ms, compile_s, graphs, steps, 1, batch, "NEURON",
-                           {"tracer": self.tracer, "compiler_args": " ".join(
-                               _NEURONX_CAST[self.cfg.train.precision])
-                            if self.tracer == "torch-neuronx" else ""})
+        cores = list(range(self.cores_total or 1))
+        worker = [sys.executable, "-m", "neuron_train.cost.core_worker", self.traced[batch], str(batch),
+                  str(self.cfg.model.img_size), str(self.dtype).removeprefix("torch."), str(steps), str(warmup)]
+        sps, step_ms = instance_figure(run_per_core(worker, cores))
+        info: dict[str, str | int] = {"tracer": self.tracer, "compiler_args": " ".join(args)}
+        if self.cores_total:
+            info["cores_total"] = self.cores_total
+        return Measurement(sps, step_ms, compile_s, graphs, steps, len(cores), batch * len(cores), "NEURON", info)

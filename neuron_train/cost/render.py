@@ -122,15 +122,21 @@ def _load_text(host: dict) -> str:
     return f", load average {load:g} at the end" if load is not None else ""
 
 
+def _stack_text(versions: dict) -> str:
+    """torch and the framework that ran it (torch-xla / torch-neuronx, or inf1's torch-neuron)."""
+    names = [n for n in ("torch-xla", "torch-neuronx", "torch-neuron") if n in versions] or ["torch-xla"]
+    return ", ".join(f"{n} {versions.get(n, '?')}" for n in ("torch", *names))
+
+
 def provenance_lines(ctx: Context) -> list[str]:
     lines = []
     for path, r in ctx.results:
         v = r["versions"]
         lines.append(f"Measured here: `{path.name}`: {r['mode']} on {r['instance_type']} "
-                     f"({r['instance_type_source']}), {device_text(r['device']['kind'])} x "
+                     f"({r['instance_type_source']}), {device_text(r['device'])} x "
                      f"{r['world_size']}, host {r['host'].get('cpu', '?')} ({r['host'].get('cpu_count')} "
-                     f"CPUs{_load_text(r['host'])}), {r['created_at']}, torch {v.get('torch', '?')}, "
-                     f"torch-xla {v.get('torch-xla', '?')}; command: `{r['command']}`")
+                     f"CPUs{_load_text(r['host'])}), {r['created_at']}, {_stack_text(v)}; "
+                     f"command: `{r['command']}`")
     for path in ctx.references:
         lines.append(f"Imported: `{path.name}` (Neuron SDK performance table, published figures, "
                      "not measured here)")
@@ -163,7 +169,7 @@ def sweep_tables(ctx: Context) -> list[tuple[str, list[list[str]]]]:
                      str(x.get("status", "")), _fmt(x.get("samples_per_sec")), x.get("reason", "")]
                     for x in r["sweep"]]
             tables.append((f"{path.name} ({r['mode']} on {r['instance_type']}, "
-                           f"{device_text(r['device']['kind'])})", rows))
+                           f"{device_text(r['device'])})", rows))
     return tables
 
 

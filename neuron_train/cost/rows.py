@@ -81,9 +81,37 @@ class Group:
         return units.pop() if len(units) == 1 else "samples"
 
 
-def device_text(kind: str) -> str:
-    """What ran a measured row, as the report names it."""
-    return "CPU (XLA device, not Neuron)" if kind == "CPU" else kind
+def device_text(device: dict) -> str:
+    """What ran a measured row, as the report names it: the CPU labelled as not Neuron, and on Neuron
+    how many of the instance's NeuronCores ran it (published figures use all of them)."""
+    if device["kind"] == "CPU":
+        return "CPU (XLA device, not Neuron)"
+    parts = [device["kind"]]
+    if device.get("tracer"):
+        parts.append(device["tracer"])
+    total = device.get("cores_total")
+    if total:
+        parts.append(f"{device['count']} of {total} NeuronCores")
+    elif device["kind"] == "NEURON":
+        parts.append(f"{device['count']} NeuronCore(s), instance total not known")
+    return ", ".join(parts)
+
+
+# What each compiler setting does to an fp32 model, so a row can be compared with published "FP32"
+# rows, whose matmuls the compiler auto-cast to bf16 (inf2/trn1 tables: "Compilation Autocast").
+_CAST_MEANING = {"--auto-cast none": "no auto-cast",
+                 "--auto-cast matmult --auto-cast-type bf16": "matmuls auto-cast to bf16, as the published FP32 rows",
+                 "--auto-cast all --auto-cast-type bf16": "every op auto-cast to bf16",
+                 "--fast-math all": "every fp32 op cast to bf16 (neuron-cc's default, as the published inf1 rows)",
+                 "--fast-math none": "matmuls cast to bf16 (neuron-cc's most precise)"}
+
+
+def precision_text(precision: str, compiler_args: str | None) -> str:
+    """A measured row's precision with the compiler casting that produced it."""
+    if not compiler_args:
+        return precision
+    meaning = _CAST_MEANING.get(compiler_args)
+    return f"{precision} (compiler {compiler_args}" + (f": {meaning})" if meaning else ")")
 
 
 def money(value: float | None, digits: int = 4) -> str:

@@ -31,7 +31,14 @@ RESULT_FIELDS: dict[str, str] = {
     "sweep": "list?", "host": "object", "versions": "object", "command": "str", "config": "object",
 }
 # Optional fields the report reads: checked when present.
-OPTIONAL_FIELDS: dict[str, str] = {"host.cpu": "str?", "host.cpu_count": "int>=1?", "host.load_average_1m": "number>=0?"}
+OPTIONAL_FIELDS: dict[str, str] = {
+    "host.cpu": "str?", "host.cpu_count": "int>=1?", "host.load_average_1m": "number>=0?",
+    # infer on Neuron: what compiled the forward pass and how, and the NeuronCores of the instance
+    # (device.count of device.cores_total ran it; fewer than all is said on the report's row)
+    "device.tracer": "str?", "device.compiler_args": "str?", "device.cores_total": "int>=1?",
+    # a result written outside this package (scripts/inf1_bench.py in the inf1 environment)
+    "device.harness": "str?",
+}
 SWEEP_STATUSES = ("ok", "oom", "failed")
 # A sweep row: every row has the first four; a row with status "ok" has all of them.
 SWEEP_FIELDS: dict[str, str] = {
@@ -77,6 +84,9 @@ def _semantic_problems(d: dict) -> list[str]:
     if d["global_batch_size"] % (d["batch_size_per_device"] * d["world_size"]) != 0:
         p.append(f"global_batch_size {d['global_batch_size']} is not a multiple of batch_size_per_device "
                  f"x world_size ({d['batch_size_per_device']} x {d['world_size']})")
+    total = d["device"].get("cores_total")
+    if isinstance(total, int) and total < d["device"]["count"]:
+        p.append(f"device.count {d['device']['count']} is more than device.cores_total {total}")
     if len(d["samples_per_sec"]["values"]) != d["repeats"]:
         p.append(f"samples_per_sec.values has {len(d['samples_per_sec']['values'])} entries for "
                  f"{d['repeats']} repeats")

@@ -86,7 +86,8 @@ def stream(command: list[str], env: dict[str, str], echo: bool = True) -> tuple[
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", bufsize=1)
     except FileNotFoundError:
-        hint = (": it comes with torch-neuronx (activate the Neuron venv, e.g. /opt/aws_neuronx_venv_pytorch_*)"
+        hint = (": it comes with torch-neuronx; activate the venv that has it (/opt/neuron-train/venv on our "
+                "image, /opt/aws_neuronx_venv_pytorch_2_9 on the Ubuntu 24.04 Neuron DLAMIs)"
                 if command[0] == "neuron_parallel_compile" else "")
         raise RunError(f"{command[0]} not found on PATH{hint}") from None
     except OSError as exc:  # not executable, a directory, ...

@@ -21,6 +21,28 @@ STEP_COMPILERS = ("dynamo-full", "dynamo", "lazy")
 LEGACY_BF16_PRECISIONS = ("xla-use-bf16", "xla-downcast-bf16")  # XLA_USE_BF16 / XLA_DOWNCAST_BF16
 PRECISIONS = ("fp32", "bf16-autocast", "bf16", *LEGACY_BF16_PRECISIONS)
 DATASETS = ("digits", "synthetic", "folder")
+# Defaults that depend on the device a run trains on (PJRT device kind -> {"section.field": value}),
+# declared here once: config_io applies them under file values and flags, --help shows them, and the
+# run's saved config.yaml holds the values they resolved to. On a Neuron device the step path is the
+# one aws-neuron-samples use (lazy tensors, torch.optim's per-tensor update: 4 graphs to compile
+# instead of dynamo-full's 12), because the Neuron SDK 2.29.1 documentation says torch.compile support
+# for torch 2.9 "will be available in a future release"; the CPU XLA device keeps dynamo-full.
+DEVICE_DEFAULTS: dict[str, dict[str, str]] = {
+    "NEURON": {"train.step_compiler": "lazy", "optim.optimizer_impl": "for-loop"},
+}
+_DEVICE_NAMES = {"NEURON": "a Neuron device"}
+
+
+def device_defaults(device_kind: str) -> dict[str, str]:
+    """The defaults that differ from the fields' own on `device_kind` (a PJRT device type)."""
+    return dict(DEVICE_DEFAULTS.get(device_kind.upper(), {}))
+
+
+def default_text(dotted: str, default: Any) -> str:
+    """A field's default as --help states it, with the device kinds whose default differs."""
+    others = [f"{values[dotted]} on {_DEVICE_NAMES.get(kind, kind)}"
+              for kind, values in DEVICE_DEFAULTS.items() if dotted in values]
+    return f"{default}" + (f" on the CPU device; {'; '.join(others)}" if others else "")
 
 
 @dataclass(frozen=True)

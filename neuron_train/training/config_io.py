@@ -18,7 +18,8 @@ import yaml
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import not_utf8, write_text_atomic
-from neuron_train.training.config import RunConfig, sections
+from neuron_train.common.neuron_env import default_pjrt_device
+from neuron_train.training.config import RunConfig, default_text, device_defaults, sections
 
 
 def _section_types() -> dict[str, type]:
@@ -48,8 +49,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             assert flag not in seen, f"duplicate flag {flag}"  # a programming error, not user input
             seen.add(flag)
             kind = _base_type(f, cls)
-            help_text = f"{f.metadata['help']} (default: {f.default})"
             dest = f"{section}.{f.name}"
+            help_text = f"{f.metadata['help']} (default: {default_text(dest, f.default)})"
             if flag == "--resume":
                 kwargs: dict[str, Any] = {"nargs": "?", "const": "latest", "metavar": "FILE"}
             elif kind is bool:
@@ -104,10 +105,15 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
 
 
 def build_config(file_values: dict[str, dict[str, Any]] | None = None,
-                 overrides: dict[str, Any] | None = None, source: str = "config") -> RunConfig:
-    """Defaults, then file sections ({section: {field: value}}), then flat `section.field` overrides."""
+                 overrides: dict[str, Any] | None = None, source: str = "config",
+                 device_kind: str | None = None) -> RunConfig:
+    """Defaults (those of `device_kind`, default: this machine's PJRT device), then file sections
+    ({section: {field: value}}), then flat `section.field` overrides."""
     types = _section_types()
     values: dict[str, dict[str, Any]] = {s: {} for s in types}
+    for dotted, value in device_defaults(device_kind or default_pjrt_device()).items():
+        section, key = dotted.split(".", 1)
+        values[section][key] = value
     for section, body in (file_values or {}).items():
         if section not in types:
             raise UsageError(f"{source}: unknown section '{section}' (known: {', '.join(types)})")

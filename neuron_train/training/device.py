@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.neuron_env import neuron_device_present
+from neuron_train.common.neuron_env import default_pjrt_device
 
 _LEGACY_BF16_ENV = {"xla-use-bf16": "XLA_USE_BF16", "xla-downcast-bf16": "XLA_DOWNCAST_BF16"}
 
@@ -24,7 +24,7 @@ def prepare_environment(precision: str) -> str:
     The legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 variables may also come from the user's shell
     (as in the original scripts): then they decide the precision, and a conflicting flag is an error.
     """
-    os.environ.setdefault("PJRT_DEVICE", "NEURON" if neuron_device_present() else "CPU")
+    os.environ["PJRT_DEVICE"] = default_pjrt_device()
     from_env = [mode for mode, var in _LEGACY_BF16_ENV.items() if os.environ.get(var) == "1"]
     if len(from_env) > 1:
         raise UsageError("set only one of XLA_USE_BF16=1 and XLA_DOWNCAST_BF16=1")
