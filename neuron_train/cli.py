@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("neuron_train.precompile.cache_command", "list / verify / prune / pack / unpack a compile cache"),
     "bench": ("neuron_train.cost.bench", "benchmark this machine and write one result file"),
     "report": ("neuron_train.cost.report", "merge benchmark results into a price-performance report"),
+    "plan": ("neuron_train.commands.plan", "estimate every trn1/inf2 instance type from one CPU run (estimates)"),
 }
 # Options one product adds to another's command, which never imports it: name -> a module with
 # `configure_parser(parser)` and `prepare(args)`, whose result (or None) the command gets as

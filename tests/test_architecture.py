@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "neuron_train"
 COMMANDS = {"neuron_train.training.command", "neuron_train.graphs.command", "neuron_train.precompile.command",
             "neuron_train.precompile.cache_command", "neuron_train.cost.bench", "neuron_train.cost.report",
-            "neuron_train.ops.doctor"}
+            "neuron_train.ops.doctor", "neuron_train.commands.plan"}
 TRAINING_MAY_USE = {"neuron_train.graphs", "neuron_train.precompile.hook"}
 
 

@@ -1,0 +1,1 @@
+"""One module per `neuron-train` subcommand (cli.py dispatches to them)."""
