@@ -7,7 +7,8 @@ Per process (one NeuronCore, data parallel), step time =
 where device compute = FLOPs per step / (peak TFLOPS of the precision x the calibrated fraction
 of peak), memory traffic = bytes in and out of the step's graph / the core's share of device memory
 bandwidth, the host input pipeline = its CPU-seconds per batch on the measuring machine / the data
-workers a process gets on the target (vCPUs / processes, at most the loader's workers), and the
+workers a process gets on the target (vCPUs / processes - 1 for the process itself, at most the
+loader's workers, at least 1), and the
 all-reduce is a ring: 2 (P-1)/P x gradient bytes / the ring's bandwidth.
 """
 
@@ -126,7 +127,8 @@ def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dic
     peak = t.chip.peak_tflops.get(w.precision) or t.chip.peak_tflops["bf16"]
     per_core_flops = peak * 1e12 / t.chip.cores * c.fraction[w.mode]
     per_core_bw = t.chip.memory_gib_per_s * GIB / t.chip.cores
-    workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes))
+    # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
+    workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
     parts = {"compute": w.flops_per_step / per_core_flops, "memory": w.bytes_per_step / per_core_bw,
              "host_input": w.host_input_s / workers, "host_rest": w.host_rest_s}
     if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest

@@ -25,7 +25,7 @@ ASSUMPTIONS = [
     "precision the matrix units run (neuronx-cc casts f32 matmuls to bf16 unless --auto-cast none)",
     "device memory traffic: the step graph's inputs and outputs once, at the core's half of the chip's bandwidth",
     "host: this machine's CPU seconds per step, same speed per vCPU on the target; the input pipeline spread over "
-    "min(loader workers, vCPUs per process) workers",
+    "max(1, min(loader workers, vCPUs per process - 1)) workers (the process itself keeps one vCPU busy)",
     "all-reduce: a ring over the processes; on one chip through device memory, across chips over NeuronLink-v2 "
     "(per-link bandwidth is an assumption, see instances.yaml)",
     "memory fit: weights + gradients + optimizer state + activations per NeuronCore, data parallel (no sharding)",
