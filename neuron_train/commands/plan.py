@@ -25,7 +25,7 @@ from neuron_train.cost.plan_model import (
 from neuron_train.cost.plan_result import plan_document, table
 from neuron_train.cost.schema import MODES, validate_result
 from neuron_train.precompile.script import checked_command
-from neuron_train.training.config_io import add_config_arguments, config_from_args
+from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
 
 USAGE = "neuron-train plan [options] -- COMMAND [ARGS...]  or  neuron-train plan [options] --model NAME [TRAIN OPTIONS]"
 
@@ -158,8 +158,8 @@ def main(args: argparse.Namespace) -> int:
     known = plan_data.targets()
     wanted = [s.strip() for s in args.instances.split(",") if s.strip()] if args.instances else None
     chosen = plan_data.choose_targets(known, wanted, args.mode)
-    if cfg is not None:
-        _ = [_processes(args.nproc_per_instance, t) for t in chosen]
+    for t in chosen:
+        _processes(args.nproc_per_instance, t)  # a bad --nproc-per-instance is refused before the run
     name = (args.workload or _script_name(command)) if command else cfg.model.name
     bench = _load_calibration(args.calibrate, args.mode, name, known) if args.calibrate else None
     if command:
@@ -170,12 +170,16 @@ def main(args: argparse.Namespace) -> int:
                                     name=args.workload)
         img, dataset, precision = _image_size(details.get("batch_shape")), "the script's own", "the script's own"
         epoch_samples = args.epoch_samples
+        line = ["--steps", str(args.steps), "--", *command]
     else:
         w, details = _measure_loop(args, cfg)
         img, dataset, precision = cfg.model.img_size, cfg.data.dataset, cfg.train.precision
         epoch_samples = args.epoch_samples or details.get("train_samples")
+        line = config_to_argv(cfg)
+    command_line = shlex.join(["neuron-train", "plan", "--mode", args.mode, *line])
     return _finish(args, w, details, chosen, known, bench, output,
-                   dict(img_size=img, dataset=dataset, epoch_samples=epoch_samples, precision=precision))
+                   dict(img_size=img, dataset=dataset, epoch_samples=epoch_samples, precision=precision,
+                        command=command_line))
 
 
 def _script_name(command: list[str]) -> str:
@@ -208,8 +212,7 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
     print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "
           f"{best.instance_type if best else 'n/a (no prices)'}")
     if output is not None:
-        document = plan_document(w, ests, calib, details=details, command=shlex.join(
-            ["neuron-train", "plan", *(["--mode", args.mode])]), first_off=first_off, **meta)
+        document = plan_document(w, ests, calib, details=details, first_off=first_off, **meta)
         output.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(output, document)
         print(f"plan: {len(document['results'])} estimate(s) -> {output} (source: estimated)")
