@@ -129,6 +129,20 @@ def test_hlo_flops_count_dots_and_convolutions_and_the_entry_bytes():
     assert f.precision == "fp32"  # most FLOPs in f32
 
 
+DUMPED = """
+ENTRY %SyncTensorsGraph.9 (p0.1: f32[16,4], p1.2: f32[8,16]) -> (f32[8,4]) {
+  %p1.2 = f32[8,16]{1,0} parameter(1)
+  %p0.1 = f32[16,4]{1,0} parameter(0)
+  ROOT %dot.3 = f32[8,4]{1,0} dot(%p1.2, %p0.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_hlo_flops_read_operand_shapes_from_their_definitions_in_xla_dumps():
+    f = hlo_figures(DUMPED)
+    assert f.dots == 1 and f.flops == 2 * 8 * 4 * 16
+
+
 def test_hlo_flops_of_a_real_graph_agree_with_torchs_flop_counter():
     """The forward of a conv + linear model traced on the XLA device: the HLO count is torch's."""
     code = (

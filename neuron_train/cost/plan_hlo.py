@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 _SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([0-9,]*)\]")
-_DOT = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+dot\((\w+)\[([0-9,]*)\]\S*\s+[^,]+,.*?lhs_contracting_dims=\{([0-9,]*)\}")
-_CONV = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+convolution\((\w+)\[([0-9,]*)\]\S*\s+[^,]+,\s*(\w+)\[([0-9,]*)\]"
-                   r".*?dim_labels=\w+_(\w+)->")
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([0-9,]*)\]")
+_DOT = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+dot\((.*?)\),.*?lhs_contracting_dims=\{([0-9,]*)\}")
+_CONV = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+convolution\((.*?)\),.*?dim_labels=\w+_(\w+)->")
+_OPERAND = re.compile(r"^\s*(?:(\w+)\[([0-9,]*)\]\S*\s+)?%?([\w.\-]+)\s*$")
 _ENTRY = re.compile(r"^ENTRY\s+\S+\s+\((.*)\)\s+->\s+(.*)\{\s*$")
 
 
@@ -47,28 +48,54 @@ def _shapes_bytes(text: str) -> float:
     return float(sum(DTYPE_BYTES[m.group(1)] * math.prod(_dims(m.group(2))) for m in _SHAPE.finditer(text)))
 
 
+def _operands(text: str, shapes: dict[str, tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
+    """(dtype, dims) of each operand: printed inline (`f32[4,8]{1,0} %x`) or defined earlier (`%x`)."""
+    out = []
+    for part in text.split(", "):
+        m = _OPERAND.match(part)
+        if m and m.group(1):
+            out.append((m.group(1), _dims(m.group(2))))
+        elif m and m.group(3) in shapes:
+            out.append(shapes[m.group(3)])
+        else:
+            return []
+    return out
+
+
 def hlo_figures(text: str) -> HloFigures:
-    """FLOPs of the dots and convolutions of every computation in `text`, and the entry's bytes."""
+    """FLOPs of the dots and convolutions of every computation in `text`, and the entry's bytes.
+    Operand shapes are read inline when printed (torch_xla's HLO text) or from their definitions
+    (XLA's --xla_dump_to files)."""
     out = HloFigures()
+    shapes: dict[str, tuple[str, list[int]]] = {}
     for line in text.splitlines():
         entry = _ENTRY.match(line.strip())
         if entry:
             out.bytes_in, out.bytes_out = _shapes_bytes(entry.group(1)), _shapes_bytes(entry.group(2))
             continue
-        dot = _DOT.search(line)
-        if dot:
-            lhs = _dims(dot.group(4))
-            contracted = math.prod(lhs[int(i)] for i in _dims(dot.group(5)))
-            _add(out, dot.group(3), 2.0 * math.prod(_dims(dot.group(2))) * contracted)
-            out.dots += 1
-            continue
-        conv = _CONV.search(line)
-        if conv:
-            rhs, labels = _dims(conv.group(6)), conv.group(7)
-            per_output = math.prod(rhs) / rhs[labels.index("o")] if "o" in labels and rhs else 0
-            _add(out, conv.group(3), 2.0 * math.prod(_dims(conv.group(2))) * per_output)
-            out.convolutions += 1
+        d = _DEF.match(line)
+        if d:
+            shapes[d.group(1)] = (d.group(2), _dims(d.group(3)))
+        _count(out, line, shapes)
     return out
+
+
+def _count(out: HloFigures, line: str, shapes: dict[str, tuple[str, list[int]]]) -> None:
+    dot = _DOT.search(line)
+    if dot:
+        ops = _operands(dot.group(3), shapes)
+        if len(ops) == 2:
+            contracted = math.prod(ops[0][1][int(i)] for i in _dims(dot.group(4)))
+            _add(out, ops[0][0], 2.0 * math.prod(_dims(dot.group(2))) * contracted)
+            out.dots += 1
+        return
+    conv = _CONV.search(line)
+    if conv:
+        ops, labels = _operands(conv.group(3), shapes), conv.group(4)
+        if len(ops) == 2 and "o" in labels and ops[1][1]:
+            rhs = ops[1][1]
+            _add(out, ops[0][0], 2.0 * math.prod(_dims(conv.group(2))) * math.prod(rhs) / rhs[labels.index("o")])
+            out.convolutions += 1
 
 
 def _add(out: HloFigures, dtype: str, flops: float) -> None:
