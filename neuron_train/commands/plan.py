@@ -207,6 +207,10 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
           f"and {w.samples_per_step:g} samples per process step; calibration: {calib.source}, "
           f"{calib.fraction[w.mode]:.1%} of peak, band ±{calib.band[w.mode]:.0%})")
     print("\n".join(table(w, ests, unit)))
+    shortest = min(e.step_s for e in ests if e.fits)
+    if not (w.host_input_s or w.host_rest_s) and shortest < 1e-3:
+        print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the host was not measured "
+              "(a COMMAND, or --from-shapes): the host will decide the rate; these figures are an upper bound")
     best = next((e for e in ests if e.rank == 1), None)
     fastest = max((e for e in ests if e.fits), key=lambda e: e.samples_per_sec)
     print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "
