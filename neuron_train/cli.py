@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("neuron_train.commands.cache", "list / verify / prune / pack / unpack a compile cache"),
     "bench": ("neuron_train.commands.bench", "benchmark this machine and write one result file"),
     "report": ("neuron_train.commands.report", "merge benchmark results into a price-performance report"),
+    "plan": ("neuron_train.commands.plan", "estimate every trn1/inf2 instance type from one CPU run (estimates)"),
 }
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import publish_folder, recover_folder
 from neuron_train.cost.catalog import Catalog, load_catalog, resolve_prices
+from neuron_train.cost.plan_result import ESTIMATED, PLAN_SCHEMA, plan_results
 from neuron_train.cost.references import ReferenceRow, read_reference_csv
 from neuron_train.cost.render import (
     Context,
@@ -40,7 +41,8 @@ OUTPUT_FILES = ("report.md", "report.csv", "report.html", "throughput.png", "pri
 DEFAULT_BASELINE = "trn1.2xlarge"  # the reference study's baseline
 # --- loading -------------------------------------------------------------------------------------
 
-def load_result(path: str | Path) -> dict:
+def load_results(path: str | Path) -> list[dict]:
+    """The results of one file: a bench result, or the estimates of a plan file (plan_result.py)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -50,7 +52,9 @@ def load_result(path: str | Path) -> dict:
         raise UsageError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    return validate_result(data, str(path))
+    if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
+        return plan_results(data, str(path))
+    return [validate_result(data, str(path))]
 
 
 def check_same_workload(results: list[tuple[Path, dict]]) -> None:
@@ -66,7 +70,23 @@ def check_same_workload(results: list[tuple[Path, dict]]) -> None:
                 f"{seen[0]} at {seen[1]} px on {seen[2]} ({r['mode']}): compare one workload per mode")
 
 
+def estimated_row(path: Path, r: dict) -> Row:
+    """An estimate of `neuron-train plan`: labelled as such wherever it is shown."""
+    e = r["estimate"]
+    return Row(
+        instance_type=r["instance_type"].lower(), mode=r["mode"], model=r["model"]["name"],
+        img_size=r["model"]["img_size"], origin=ESTIMATED, device="Neuron (ESTIMATE from a CPU run)",
+        provenance=f"estimated: {path.name} (neuron-train plan, {r['created_at'][:10]}; {e['calibration']})",
+        precision=r["precision"], batch_size=r["batch_size_per_device"], world_size=r["world_size"],
+        samples_per_sec=r["samples_per_sec"]["median"], spread=r["samples_per_sec"]["spread"],
+        epoch_samples=r["dataset"]["train_samples"],
+        note=f"ESTIMATE, not measured: bottleneck {e['bottleneck_text']}; band {e['band'][0]:,.1f}-"
+             f"{e['band'][1]:,.1f}")
+
+
 def measured_row(path: Path, r: dict) -> Row:
+    if r.get("source") == ESTIMATED:
+        return estimated_row(path, r)
     device = r["device"]
     where = f"{r['host'].get('cpu', '?')}, " if device["kind"] == "CPU" else ""
     how = f"measured with {device['harness']}" if device.get("harness") else "measured here"
@@ -234,7 +254,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def collect_rows(args: argparse.Namespace, catalog: Catalog) -> tuple[list[Row], list[tuple[Path, dict]]]:
-    results = [(Path(p), load_result(p)) for p in args.results]
+    results = [(Path(p), r) for p in args.results for r in load_results(p)]
     check_same_workload(results)
     rows = [measured_row(path, r) for path, r in results]
     for ref_path in args.reference:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from neuron_train.cost.rows import Group, Row, money
 
-COLORS = {"measured": "#2b6cb0", "imported": "#dd8452"}
+COLORS = {"measured": "#2b6cb0", "imported": "#dd8452", "estimated": "#6b46c1"}
 CPU_HATCH = "///"
+ESTIMATE_HATCH = ".."
 _BAR_H = 0.42      # inches per bar, at least
 _LINE_H = 0.15     # inches per line of a bar's label
 _PANEL_PAD = 1.05  # inches per panel for its title and axis label
@@ -31,12 +32,17 @@ def _legend_handles(groups: list[Group]):
                              label="measured here on the CPU XLA device (not Neuron hardware)"))
     if any(r.origin == "imported" for r in rows):
         handles.append(Patch(color=COLORS["imported"], label="imported (published Neuron SDK table)"))
+    if any(r.origin == "estimated" for r in rows):
+        handles.append(Patch(facecolor="#e9e3f5", edgecolor=COLORS["estimated"], hatch=ESTIMATE_HATCH,
+                             label="ESTIMATE by neuron-train plan (not measured)"))
     return handles
 
 
 def _bar_style(row: Row) -> dict:
     if row.origin == "measured" and row.device.startswith("CPU"):
         return {"facecolor": "white", "edgecolor": COLORS["measured"], "hatch": CPU_HATCH}
+    if row.origin == "estimated":
+        return {"facecolor": "#e9e3f5", "edgecolor": COLORS["estimated"], "hatch": ESTIMATE_HATCH}
     return {"color": COLORS.get(row.origin, "#999999")}
 
 

@@ -102,13 +102,16 @@ class Context:
 
     def footer(self) -> str:
         parts = []
-        if self.results:
-            hosts = sorted({r["host"].get("cpu", "?") for _, r in self.results
-                            if r["device"]["kind"] == "CPU"})
-            others = sorted({r["device"]["kind"] for _, r in self.results} - {"CPU"})
+        measured = [r for _, r in self.results if r.get("source") != "estimated"]
+        if measured:
+            hosts = sorted({r["host"].get("cpu", "?") for r in measured if r["device"]["kind"] == "CPU"})
+            others = sorted({r["device"]["kind"] for r in measured} - {"CPU"})
             cpu = [f"the CPU XLA device of {', '.join(hosts)} (not Neuron hardware)"] if hosts else []
             where = cpu + others
-            parts.append(f"Measured here: {len(self.results)} bench file(s) on {' and '.join(where)}")
+            parts.append(f"Measured here: {len(measured)} bench file(s) on {' and '.join(where)}")
+        if len(measured) < len(self.results):
+            parts.append(f"ESTIMATED (not measured): {len(self.results) - len(measured)} row(s) by "
+                         "neuron-train plan")
         if self.references:
             parts.append("Imported: " + ", ".join(p.name for p in self.references)
                          + " (Neuron SDK performance tables)")
@@ -131,6 +134,11 @@ def _stack_text(versions: dict) -> str:
 def provenance_lines(ctx: Context) -> list[str]:
     lines = []
     for path, r in ctx.results:
+        if r.get("source") == "estimated":
+            lines.append(f"ESTIMATED, not measured: `{path.name}`: {r['mode']} on {r['instance_type']} by "
+                         f"neuron-train plan, {r['created_at']}; {r['estimate']['calibration']}; "
+                         f"bottleneck {r['estimate']['bottleneck_text']}")
+            continue
         v = r["versions"]
         lines.append(f"Measured here: `{path.name}`: {r['mode']} on {r['instance_type']} "
                      f"({r['instance_type_source']}), {device_text(r['device'])} x "
@@ -150,6 +158,9 @@ def provenance_lines(ctx: Context) -> list[str]:
 CPU_WARNING = ("Rows measured on the CPU XLA device are real measurements of the machine that ran "
                "`neuron-train bench`, not of Neuron hardware: read them as the local baseline of the "
                "workflow, never as Trainium or Inferentia numbers.")
+ESTIMATE_WARNING = ("Rows whose origin is `estimated` are ESTIMATES by `neuron-train plan` (a CPU run and "
+                    "published Neuron rows, docs/plan.md), not measurements: each says its error band and "
+                    "bottleneck in its note. Bench one instance type to check them.")
 METHOD = ("Throughput is the median over repeats of steady-state samples/s (warm-up steps and "
           "compile time excluded; spread = half the 10th-90th percentile range, or half the range "
           "for fewer than 3 repeats). Samples per $ = samples/s x 3600 / (USD per hour x instances). "
@@ -181,6 +192,8 @@ def report_blocks(groups: list[Group], ctx: Context, charts: dict[str, str]) -> 
               f"result(s) and {len(ctx.references)} reference table(s).")]
     if ctx.cpu_measured:
         blocks.append(("warn", CPU_WARNING))
+    if any(r.get("source") == "estimated" for _, r in ctx.results):
+        blocks.append(("warn", ESTIMATE_WARNING))
     blocks += [("h2", "Summary"), ("ul", [(g.title, group_summary(g)) for g in groups
                                           if any(r.samples_per_sec for r in g.rows)])]
     for g in groups:

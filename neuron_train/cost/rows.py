@@ -19,7 +19,7 @@ class Row:
     mode: str
     model: str
     img_size: int | None
-    origin: str                  # measured | imported | unsupported
+    origin: str                  # measured | imported | estimated | unsupported
     device: str                  # what ran it, e.g. "CPU (XLA device, not Neuron)"
     provenance: str              # where the figure comes from, readable by a person
     precision: str = ""

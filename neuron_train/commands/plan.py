@@ -1,0 +1,223 @@
+"""`neuron-train plan`: estimate throughput and cost on every trn1/inf2 (and inf1 for inference)
+instance type from one CPU run, before renting any; `--calibrate bench.json` re-fits the device
+side from one real bench. Everything it prints is an estimate (docs/plan.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+from pathlib import Path
+
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import new_output, write_json_atomic
+from neuron_train.cost import plan_calibrate, plan_data
+from neuron_train.cost.plan_model import (
+    GIB,
+    Estimate,
+    Target,
+    estimate,
+    memory_needed_gib,
+    rank_by_price_performance,
+)
+from neuron_train.cost.plan_result import plan_document, table
+from neuron_train.cost.schema import MODES, validate_result
+from neuron_train.precompile.script import checked_command
+from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
+
+USAGE = "neuron-train plan [options] -- COMMAND [ARGS...]  or  neuron-train plan [options] --model NAME [TRAIN OPTIONS]"
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.usage = USAGE
+    parser.description = ("Estimate samples/s, $ per 1M samples and per epoch, the bottleneck and the "
+                          "price-performance ranking of every trn1/inf2 instance type (inf1 too with --mode infer) "
+                          "from one run on this machine's CPU XLA device. Estimates, calibrated on published "
+                          "Neuron rows; --calibrate re-fits them on one real bench result.")
+    g = parser.add_argument_group("plan options")
+    g.add_argument("--mode", choices=MODES, default="train", help="training step or forward pass (default: train)")
+    g.add_argument("--instances", metavar="T1,T2,..", help="instance types to estimate (default: every trn1/inf2 "
+                   "type of the catalog; inf1 too with --mode infer)")
+    g.add_argument("--nproc-per-instance", default="auto", metavar="N|auto",
+                   help="data-parallel processes per instance (default auto: one per NeuronCore)")
+    g.add_argument("--epoch-samples", type=int, metavar="N", help="samples in one epoch, for $ per epoch "
+                   "(default: our loop's dataset size; unknown for a COMMAND)")
+    g.add_argument("--calibrate", metavar="BENCH.json", help="a bench result of this workload on one Neuron "
+                   "instance type: re-fit the device side on it and re-predict the others")
+    g.add_argument("--from-shapes", action="store_true", help="count the model on the meta device instead of "
+                   "running it (automatic when it would not fit in this machine's memory)")
+    g.add_argument("--output", metavar="PLAN.json", help="write the estimates (bench result schema, source: "
+                   "estimated) for 'neuron-train report'")
+    g.add_argument("--force", action="store_true", help="replace an existing --output file")
+    c = parser.add_argument_group("a COMMAND's options (as for bench -- COMMAND)")
+    c.add_argument("--samples-per-step", type=int, metavar="N", help="samples one process's step trains on")
+    c.add_argument("--steps", type=int, default=5, metavar="N", help="steady steps to run before the command "
+                   "is stopped (default 5: the estimate needs the step's graph, not a precise CPU time)")
+    c.add_argument("--workload", metavar="NAME", help="the workload's name (default: the script's file name)")
+    add_config_arguments(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: a PyTorch/XLA command")
+
+
+def _processes(value: str, t: Target) -> int:
+    if value == "auto":
+        return t.cores
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"--nproc-per-instance must be a number or auto, got {value!r}") from None
+    if n < 1:
+        raise UsageError(f"--nproc-per-instance must be >= 1, got {n}")
+    return min(n, t.cores)
+
+
+def _load_calibration(path: str, mode: str, name: str, known: dict[str, Target]) -> dict:
+    """A bench result of this workload, measured on a Neuron instance type the plan knows."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--calibrate {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--calibrate {path}: not a readable JSON file ({str(exc).splitlines()[0]})") from None
+    r = validate_result(data, f"--calibrate {path}")
+    if r.get("source") == "estimated":
+        raise UsageError(f"--calibrate {path} is an estimate, not a measurement: give a bench result file")
+    if r["device"]["kind"] == "CPU" or r["instance_type"].lower() not in known:
+        raise UsageError(f"--calibrate {path} was measured on {r['instance_type']} ({r['device']['kind']}): "
+                         "give a bench result from a trn1/inf2 instance type")
+    if r["mode"] != mode or r["model"]["name"].lower() != name.lower():
+        raise UsageError(f"--calibrate {path} measures {r['mode']} of {r['model']['name']}, this plan "
+                         f"{mode} of {name}: calibrate with a bench result of the same workload")
+    return r
+
+
+def _too_large(cfg) -> tuple[bool, float]:
+    """Would our loop's model (weights, gradients, two optimizer states) fill half this machine's memory?"""
+    import torch
+
+    from neuron_train.training.models import build_model
+
+    with torch.device("meta"):
+        n = sum(p.numel() for p in build_model(cfg.model.name, num_classes=cfg.model.num_classes or 1000,
+                                                img_size=cfg.model.img_size).parameters())
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return n * 16 > available / 2, n * 16 / GIB
+
+
+def _measure_loop(args: argparse.Namespace, cfg):
+    from neuron_train.cost import plan_measure
+    from neuron_train.training.device import prepare_environment
+
+    cfg.train.precision = prepare_environment(cfg.train.precision)
+    large, gib = _too_large(cfg)
+    if args.from_shapes or large:
+        why = f" (weights, gradients and optimizer state ~{gib:.1f} GiB)" if large else ""
+        print(f"plan: counting {cfg.model.name} from shapes on the meta device, nothing allocated{why}", flush=True)
+        return plan_measure.from_shapes(cfg, args.mode)
+    print(f"plan: running {cfg.model.name} for a few steps on this machine's CPU XLA device", flush=True)
+    return plan_measure.measure_loop(cfg, args.mode)
+
+
+def _workload_source(args: argparse.Namespace) -> tuple[list[str] | None, object]:
+    """(COMMAND, None) or (None, our loop's RunConfig); refused when neither or both are given."""
+    train_flags = getattr(args, "config", None) or any("." in key for key in vars(args))
+    if args.command:
+        command = checked_command(args.command, USAGE)
+        if train_flags:
+            raise UsageError("train options (--model, --batch-size, ...) describe neuron-train's own loop: a "
+                             "COMMAND is measured as it runs; drop them")
+        return command, None
+    if not train_flags:
+        raise UsageError(f"nothing to plan: give a training command after -- or our loop's options ({USAGE})")
+    return None, config_from_args(args)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    for flag, value, low in (("--samples-per-step", args.samples_per_step, 1), ("--steps", args.steps, 1),
+                             ("--epoch-samples", args.epoch_samples, 1)):
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+
+
+def _estimates(w, chosen: list[Target], calib, args, epoch_samples) -> list[Estimate]:
+    ests = [estimate(w, t, calib, _processes(args.nproc_per_instance, t), epoch_samples) for t in chosen]
+    if not any(e.fits for e in ests):
+        most = max(t.chip.memory_gib_per_core for t in chosen)
+        raise RunError(f"{w.name} does not fit on any instance type estimated: needs "
+                       f"{memory_needed_gib(w):.1f} GiB per NeuronCore, has {most:g} (data parallel, nothing "
+                       "sharded): use a smaller batch, ZeRO-1 (--zero1) or a model-parallel library")
+    return rank_by_price_performance(ests)
+
+
+def main(args: argparse.Namespace) -> int:
+    # Everything that can be refused is refused before the run: a late failure would lose it.
+    output = new_output(args.output, "--output", replace=args.force, create_folder=True) if args.output else None
+    _check_flags(args)
+    command, cfg = _workload_source(args)
+    known = plan_data.targets()
+    wanted = [s.strip() for s in args.instances.split(",") if s.strip()] if args.instances else None
+    chosen = plan_data.choose_targets(known, wanted, args.mode)
+    for t in chosen:
+        _processes(args.nproc_per_instance, t)  # a bad --nproc-per-instance is refused before the run
+    name = (args.workload or _script_name(command)) if command else cfg.model.name
+    bench = _load_calibration(args.calibrate, args.mode, name, known) if args.calibrate else None
+    if command:
+        from neuron_train.cost.plan_measure import measure_script
+
+        print(f"plan: running {shlex.join(command)} under the probe with XLA's HLO dump", flush=True)
+        w, details = measure_script(command, steps=args.steps, samples_flag=args.samples_per_step, mode=args.mode,
+                                    name=args.workload)
+        img, dataset, precision = _image_size(details.get("batch_shape")), "the script's own", "the script's own"
+        epoch_samples = args.epoch_samples
+        line = ["--steps", str(args.steps), "--", *command]
+    else:
+        w, details = _measure_loop(args, cfg)
+        img, dataset, precision = cfg.model.img_size, cfg.data.dataset, cfg.train.precision
+        epoch_samples = args.epoch_samples or details.get("train_samples")
+        line = config_to_argv(cfg)
+    command_line = shlex.join(["neuron-train", "plan", "--mode", args.mode, *line])
+    return _finish(args, w, details, chosen, known, bench, output,
+                   dict(img_size=img, dataset=dataset, epoch_samples=epoch_samples, precision=precision,
+                        command=command_line))
+
+
+def _script_name(command: list[str]) -> str:
+    from neuron_train.cost.script_bench import script_name
+
+    return script_name(command)
+
+
+def _image_size(shape) -> int | None:
+    return shape[2] if shape and len(shape) == 4 and shape[2] == shape[3] else None
+
+
+def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
+    calib, first_off = plan_calibrate.published_calibration(), None
+    if bench is not None:
+        t = known[bench["instance_type"].lower()]
+        calib, first_off = plan_calibrate.recalibrated(calib, w, t, bench["samples_per_sec"]["median"],
+                                                       bench["world_size"], args.calibrate)
+        print(f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
+              f"({bench['samples_per_sec']['median']:.1f} samples/s measured); device side re-fitted: "
+              f"{calib.fraction[w.mode]:.1%} of peak", flush=True)
+    ests = _estimates(w, chosen, calib, args, meta["epoch_samples"])
+    unit = "samples" if w.mode == "train" else "inferences"
+    print(f"plan: ESTIMATES for {w.mode} of {w.name} ({w.measured_by}; {w.flops_per_step / 1e9:.1f} GFLOP "
+          f"and {w.samples_per_step:g} samples per process step; calibration: {calib.source}, "
+          f"{calib.fraction[w.mode]:.1%} of peak, band ±{calib.band[w.mode]:.0%})")
+    print("\n".join(table(w, ests, unit)))
+    shortest = min(e.step_s for e in ests if e.fits)
+    if not (w.host_input_s or w.host_rest_s) and shortest < 1e-3:
+        print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the host was not measured "
+              "(a COMMAND, or --from-shapes): the host will decide the rate; these figures are an upper bound")
+    best = next((e for e in ests if e.rank == 1), None)
+    fastest = max((e for e in ests if e.fits), key=lambda e: e.samples_per_sec)
+    print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "
+          f"{best.instance_type if best else 'n/a (no prices)'}")
+    if output is not None:
+        document = plan_document(w, ests, calib, details=details, first_off=first_off, **meta)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(output, document)
+        print(f"plan: {len(document['results'])} estimate(s) -> {output} (source: estimated)")
+    return 0

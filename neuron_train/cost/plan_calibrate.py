@@ -1,0 +1,136 @@
+"""Calibration of `neuron-train plan`: the achieved fraction of peak compute, fitted on the
+published Neuron rows (or re-fitted on one real bench result), and the calibration's own error:
+leave-one-out over the published rows, and trn1.2xlarge -> inf2.xlarge cross-prediction on the
+encoder pairs, with the price-performance ranking of each pair (docs/plan.md).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from neuron_train.cost.plan_data import PublishedRow, load_published, published_workload, targets
+from neuron_train.cost.plan_model import Calibration, Target, WorkloadFigures, estimate
+
+MODES = ("train", "infer")
+BAND_PERCENTILE = 0.8     # the error band: 4 in 5 published rows, left out, fell within it
+
+
+def predicted(w: WorkloadFigures, t: Target, fraction: float, processes: int | None = None) -> float:
+    """Samples/s the model predicts at this fraction of peak (the real estimate, no band)."""
+    calib = Calibration({w.mode: fraction}, {w.mode: 0.0}, "fit")
+    return estimate(w, t, calib, processes).samples_per_sec or 0.0
+
+
+def fit_fraction(w: WorkloadFigures, t: Target, measured: float, processes: int | None = None) -> float:
+    """The fraction of peak at which the estimate matches a measured rate (bisection in log space;
+    1.0 when even the full peak is too slow: the row is then bound elsewhere, e.g. memory)."""
+    low, high = 1e-5, 1.0
+    if predicted(w, t, high, processes) <= measured:
+        return high
+    for _ in range(60):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if predicted(w, t, mid, processes) < measured else (low, mid)
+    return math.sqrt(low * high)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    row: PublishedRow
+    workload: WorkloadFigures
+    target: Target
+    fraction: float
+
+    def rate(self, fraction: float) -> float:
+        return predicted(self.workload, self.target, fraction) * self.row.nodes
+
+
+def fitted_rows(rows: list[PublishedRow] | None = None) -> list[Fitted]:
+    """Each published row with the fraction of peak it achieved."""
+    if rows is None:
+        rows, archs = load_published()
+    else:
+        archs = load_published()[1]
+    tgt = targets()
+    out = []
+    for r in rows:
+        w, t = published_workload(r, archs[r.arch]), tgt[r.instance_type]
+        out.append(Fitted(r, w, t, fit_fraction(w, t, r.samples_per_sec / r.nodes)))
+    return out
+
+
+def pooled_fraction(fractions: list[float]) -> float:
+    """The geometric median: the middle of the fractions on a log scale (robust to outliers)."""
+    return math.exp(statistics.median(math.log(f) for f in fractions))
+
+
+def relative_error(predicted_rate: float, actual: float) -> float:
+    return predicted_rate / actual - 1
+
+
+def leave_one_out(fitted: list[Fitted], mode: str) -> list[tuple[Fitted, float]]:
+    """Each row of the mode predicted from the fraction fitted on all the others: (row, error)."""
+    rows = [f for f in fitted if f.row.mode == mode]
+    out = []
+    for i, f in enumerate(rows):
+        others = [o.fraction for j, o in enumerate(rows) if j != i]
+        out.append((f, relative_error(f.rate(pooled_fraction(others)), f.row.samples_per_sec)))
+    return out
+
+
+@dataclass(frozen=True)
+class PairResult:
+    model: str
+    source: Fitted
+    target: Fitted
+    error: float               # predicted / actual - 1 of the target's rate
+    ranking_right: bool        # the cheaper-per-sample type of the pair, predicted vs published
+
+
+def cross_predict(fitted: list[Fitted], source_type: str = "trn1.2xlarge",
+                  target_file: str = "inf2_inference_encoder.csv") -> list[PairResult]:
+    """The encoder pairs: the fraction fitted on the trn1 row alone predicts the inf2 row."""
+    trn = {f.row.model: f for f in fitted if f.row.file == "trn1_inference_encoder.csv"}
+    out = []
+    for g in (f for f in fitted if f.row.file == target_file and f.row.model in trn):
+        s = trn[g.row.model]
+        rate = g.rate(s.fraction)
+        cost = lambda f, r: f.target.usd_per_hour * f.row.nodes / r  # noqa: E731  ($ per sample/s)
+        predicted_cheaper = cost(g, rate) < cost(s, s.row.samples_per_sec)
+        actual_cheaper = cost(g, g.row.samples_per_sec) < cost(s, s.row.samples_per_sec)
+        out.append(PairResult(g.row.model, s, g, relative_error(rate, g.row.samples_per_sec),
+                              predicted_cheaper == actual_cheaper))
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def published_calibration(fitted: list[Fitted] | None = None) -> Calibration:
+    """The shipped calibration: per mode, the pooled fraction of every published row of that mode,
+    and an error band from leave-one-out."""
+    fitted = fitted if fitted is not None else fitted_rows()
+    fraction, band = {}, {}
+    for mode in MODES:
+        fraction[mode] = pooled_fraction([f.fraction for f in fitted if f.row.mode == mode])
+        band[mode] = percentile([abs(e) for _, e in leave_one_out(fitted, mode)], BAND_PERCENTILE)
+    count = {m: sum(f.row.mode == m for f in fitted) for m in MODES}
+    return Calibration(fraction, band, f"published Neuron rows ({count['train']} training, {count['infer']} "
+                                       "inference; neuron_train/data/plan_published.yaml)")
+
+
+def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: float, processes: int,
+                 where: str) -> tuple[Calibration, float]:
+    """The device side re-fitted on one real measurement of this workload: (calibration, how far the
+    first estimate was off, predicted / measured - 1). The band becomes the measurement's own spread
+    plus the cross-instance error of the published pairs (same chip, other host)."""
+    first = predicted(w, t, base.fraction[w.mode], processes)
+    fraction = fit_fraction(w, t, measured, processes)
+    pairs = cross_predict(fitted_rows())
+    band = percentile([abs(p.error) for p in pairs], BAND_PERCENTILE)
+    return (Calibration({**base.fraction, w.mode: fraction}, {**base.band, w.mode: band},
+                        f"re-fitted on {where} ({measured:.1f} samples/s on {t.instance_type})"),
+            relative_error(first, measured))

@@ -1,0 +1,109 @@
+"""The data `neuron-train plan` stands on: instance types with their chips (instances.yaml,
+plan_hardware) and the published Neuron rows with their architectures (plan_published.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from neuron_train.common.errors import UsageError
+from neuron_train.cost.catalog import CATALOG_PATH, Catalog, load_catalog
+from neuron_train.cost.plan_model import Chip, Target, WorkloadFigures
+
+PUBLISHED_PATH = Path(__file__).resolve().parent.parent / "data" / "plan_published.yaml"
+NEURON_KINDS = ("Trainium", "Inferentia2", "Inferentia")
+BYTES_BF16, BYTES_FP32 = 2, 4
+
+
+def load_chips(path: Path = CATALOG_PATH) -> dict[str, Chip]:
+    raw = yaml.safe_load(path.read_text())["plan_hardware"]
+    return {name: Chip(name, int(c["cores_per_chip"]), {k: float(v) for k, v in c["peak_tflops_per_chip"].items()},
+                       float(c["memory_gib_per_chip"]), float(c["memory_gib_per_s_per_chip"]), int(c["chip_links"]),
+                       float(c["link_gb_per_s"]), str(c["source"]))
+            for name, c in raw.items()}
+
+
+def targets(catalog: Catalog | None = None, chips: dict[str, Chip] | None = None) -> dict[str, Target]:
+    """Every Neuron instance type of the catalog that the estimate can model."""
+    catalog = catalog or load_catalog()
+    chips = chips or load_chips()
+    out = {}
+    for name, spec in catalog.instances.items():
+        if spec.accelerator in chips:
+            price = catalog.price(name)
+            out[name] = Target(name, spec.accelerators, spec.cores, spec.vcpus,
+                               price.usd_per_hour if price else None, spec.can_train, chips[spec.accelerator])
+    return out
+
+
+def choose_targets(all_targets: dict[str, Target], wanted: list[str] | None, mode: str) -> list[Target]:
+    """The instance types to estimate: the ones named, else every trn1/inf2 (inf1 too in inference)."""
+    if wanted:
+        unknown = [w for w in wanted if w.lower() not in all_targets]
+        if unknown:
+            raise UsageError(f"--instances: unknown instance type {unknown[0]!r} (known: "
+                             f"{', '.join(sorted(all_targets))})")
+        chosen = [all_targets[w.lower()] for w in wanted]
+        cannot = [t.instance_type for t in chosen if mode == "train" and not t.can_train]
+        if cannot:
+            raise UsageError(f"--instances: {cannot[0]} cannot train (inference only): drop it or use --mode infer")
+        return chosen
+    return [t for t in all_targets.values() if mode == "infer" or t.can_train]
+
+
+# --- published rows -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PublishedRow:
+    model: str
+    arch: str
+    mode: str
+    instance_type: str
+    nodes: int
+    batch_per_core: int
+    seq: int | None
+    precision: str
+    samples_per_sec: float
+    sdk: str
+    file: str
+    model_shards: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} on {self.instance_type}" + (f" x {self.nodes}" if self.nodes > 1 else "")
+
+
+def forward_flops(arch: dict, seq: int | None) -> float:
+    """Forward FLOPs of one sample from the architecture's sizes (the formula in plan_published.yaml)."""
+    if arch["kind"] == "cnn":
+        return 2 * arch["gmacs"] * 1e9
+    tokens = arch.get("tokens") or seq
+    d, ffn, layers = arch["hidden"], arch["ffn"], arch["layers"]
+    attn_proj = 2 * d * d * (1 + arch.get("gqa_kv_fraction", 1.0))
+    mlp = (3 if arch.get("gated_ffn") else 2) * d * ffn
+    return (2 * tokens * layers * (attn_proj + mlp) + 4 * layers * tokens * tokens * d
+            + arch.get("extra_gflops", 0.0) * 1e9)
+
+
+def load_published(path: Path = PUBLISHED_PATH) -> tuple[list[PublishedRow], dict[str, dict]]:
+    data = yaml.safe_load(path.read_text())
+    return [PublishedRow(**r) for r in data["rows"]], data["architectures"]
+
+
+def published_workload(row: PublishedRow, arch: dict) -> WorkloadFigures:
+    """One process (NeuronCore) of a published row: a model replica spans `model_shards` cores, so a
+    core does 1/shards of a replica's work and holds 1/shards of its weights."""
+    train = row.mode == "train"
+    flops = forward_flops(arch, row.seq) * (3 if train else 1)
+    params = arch["params_m"] * 1e6 / row.model_shards
+    per_step = row.batch_per_core / row.model_shards
+    weights = params * BYTES_BF16
+    return WorkloadFigures(
+        name=row.model, mode=row.mode, flops_per_step=flops * per_step,
+        precision=row.precision, bytes_per_step=weights * (3 if train else 1), samples_per_step=per_step,
+        param_bytes=params * BYTES_FP32 if train else weights, grad_bytes=params * BYTES_FP32 if train else 0.0,
+        optimizer_bytes=params * 2 * BYTES_FP32 if train else 0.0, activation_bytes=0.0,
+        measured_by=f"published row ({row.file}, Neuron SDK {row.sdk}); FLOPs from the architecture")

@@ -1,0 +1,173 @@
+"""The estimate of `neuron-train plan`: step time, throughput and cost of one workload on one
+instance type, from what a CPU run measured and the hardware facts (pure; docs/plan.md).
+
+Per process (one NeuronCore, data parallel), step time =
+    max(device compute, device memory traffic, host input pipeline, host rest)   (they overlap)
+  + gradient all-reduce (training only; not overlapped with the step: an assumption)
+where device compute = FLOPs per step / (peak TFLOPS of the precision x the calibrated fraction
+of peak), memory traffic = bytes in and out of the step's graph / the core's share of device memory
+bandwidth, the host input pipeline = its CPU-seconds per batch on the measuring machine / the data
+workers a process gets on the target (vCPUs / processes - 1 for the process itself, at most the
+loader's workers, at least 1), and the
+all-reduce is a ring: 2 (P-1)/P x gradient bytes / the ring's bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One accelerator chip's facts (neuron_train/data/instances.yaml, plan_hardware)."""
+
+    name: str
+    cores: int
+    peak_tflops: dict[str, float]     # per chip, by matmul precision
+    memory_gib: float
+    memory_gib_per_s: float
+    links: int
+    link_gb_per_s: float
+    source: str
+
+    @property
+    def memory_gib_per_core(self) -> float:
+        return self.memory_gib / self.cores
+
+
+@dataclass(frozen=True)
+class Target:
+    """An instance type as the estimate sees it."""
+
+    instance_type: str
+    chips: int
+    cores: int
+    vcpus: int
+    usd_per_hour: float | None
+    can_train: bool
+    chip: Chip
+
+
+@dataclass(frozen=True)
+class WorkloadFigures:
+    """What one process's steady step does (measured on CPU, or counted from shapes)."""
+
+    name: str
+    mode: str                       # train | infer
+    flops_per_step: float           # dot + convolution FLOPs of the steady graph, one process
+    precision: str                  # what the matrix units run: bf16 | fp16 | fp32
+    bytes_per_step: float           # bytes in and out of the steady graph (device memory traffic)
+    samples_per_step: float         # one process
+    param_bytes: float
+    grad_bytes: float               # what a data-parallel all-reduce moves each step
+    optimizer_bytes: float
+    activation_bytes: float         # saved for the backward (0 in inference)
+    host_input_s: float = 0.0       # CPU-seconds per batch in the input pipeline, measuring machine
+    host_rest_s: float = 0.0        # host seconds per step outside it (tracing, dispatch)
+    loader_workers: int = 0         # 0: the input pipeline runs in the training process
+    measured_by: str = "measured on the CPU XLA device"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Achieved fraction of peak compute per mode, and the relative error band of the estimate."""
+
+    fraction: dict[str, float]      # mode -> fraction of peak
+    band: dict[str, float]          # mode -> relative error (e.g. 0.3: -30% .. +30%)
+    source: str
+
+
+@dataclass
+class Estimate:
+    instance_type: str
+    processes: int
+    fits: bool
+    needs_gib_per_core: float
+    has_gib_per_core: float
+    samples_per_sec: float | None = None
+    step_s: float | None = None
+    parts_s: dict[str, float] = field(default_factory=dict)
+    bottleneck: str = ""
+    bottleneck_text: str = ""
+    band: tuple[float, float] | None = None
+    usd_per_hour: float | None = None
+    usd_per_million: float | None = None
+    usd_per_epoch: float | None = None
+    rank: int | None = None
+    note: str = ""
+
+
+BOTTLENECKS = {"compute": "device compute", "memory": "device memory bandwidth",
+               "host_input": "host input pipeline", "host_rest": "host (tracing, dispatch)",
+               "allreduce": "gradient all-reduce"}
+
+
+def memory_needed_gib(w: WorkloadFigures) -> float:
+    """Device memory one data-parallel process needs: weights, gradients, optimizer state, activations."""
+    return (w.param_bytes + w.grad_bytes + w.optimizer_bytes + w.activation_bytes) / GIB
+
+
+def allreduce_s(grad_bytes: float, processes: int, t: Target) -> float:
+    """A ring all-reduce over the processes: 2 (P-1)/P x bytes over the slowest hop. Cores of one
+    chip exchange through its device memory; chips through NeuronLink (two links per ring)."""
+    if processes <= 1 or grad_bytes <= 0:
+        return 0.0
+    chips_used = math.ceil(processes / t.chip.cores)
+    if chips_used <= 1:
+        bandwidth = t.chip.memory_gib_per_s * GIB / 2           # read + write through the chip's memory
+    else:
+        bandwidth = max(t.chip.links // 2, 1) * t.chip.link_gb_per_s * 1e9
+    return 2 * (processes - 1) / processes * grad_bytes / bandwidth
+
+
+def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dict[str, float]:
+    peak = t.chip.peak_tflops.get(w.precision) or t.chip.peak_tflops["bf16"]
+    per_core_flops = peak * 1e12 / t.chip.cores * c.fraction[w.mode]
+    per_core_bw = t.chip.memory_gib_per_s * GIB / t.chip.cores
+    # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
+    workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
+    parts = {"compute": w.flops_per_step / per_core_flops, "memory": w.bytes_per_step / per_core_bw,
+             "host_input": w.host_input_s / workers, "host_rest": w.host_rest_s}
+    if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest
+        parts["host_rest"] += parts.pop("host_input")
+    if w.mode == "train":
+        parts["allreduce"] = allreduce_s(w.grad_bytes, processes, t)
+    return parts
+
+
+def estimate(w: WorkloadFigures, t: Target, c: Calibration, processes: int | None = None,
+             epoch_samples: int | None = None) -> Estimate:
+    """One instance type's estimate (processes: one per NeuronCore unless given)."""
+    processes = processes or t.cores
+    need, has = memory_needed_gib(w), t.chip.memory_gib_per_core
+    est = Estimate(t.instance_type, processes, need <= has, need, has)
+    if not est.fits:
+        est.note = f"does not fit in device memory: needs {need:.1f} GiB per NeuronCore, has {has:g}"
+        return est
+    parts = _parts(w, t, c, processes)
+    overlapped = {k: v for k, v in parts.items() if k != "allreduce"}
+    slowest = max(overlapped, key=lambda k: overlapped[k])
+    est.step_s = overlapped[slowest] + parts.get("allreduce", 0.0)
+    est.parts_s = parts
+    est.bottleneck = "allreduce" if parts.get("allreduce", 0.0) > overlapped[slowest] else slowest
+    est.bottleneck_text = f"{BOTTLENECKS[est.bottleneck]} {parts[est.bottleneck] * 1e3:.2f} ms/step"
+    est.samples_per_sec = w.samples_per_step * processes / est.step_s
+    band = c.band[w.mode]
+    est.band = (est.samples_per_sec * (1 - band), est.samples_per_sec * (1 + band))
+    if t.usd_per_hour:
+        est.usd_per_hour = t.usd_per_hour
+        est.usd_per_million = t.usd_per_hour / (est.samples_per_sec * 3600) * 1e6
+        if epoch_samples:
+            est.usd_per_epoch = epoch_samples / (est.samples_per_sec * 3600) * t.usd_per_hour
+    return est
+
+
+def rank_by_price_performance(estimates: list[Estimate]) -> list[Estimate]:
+    """Cheapest per sample first (1 = best); rows without a price or that do not fit come last."""
+    ranked = sorted(estimates, key=lambda e: (e.usd_per_million is None, e.usd_per_million or 0.0))
+    for i, e in enumerate(r for r in ranked if r.usd_per_million is not None):
+        e.rank = i + 1
+    return ranked

@@ -1,0 +1,106 @@
+"""`neuron-train plan`'s output: the printed table and plan.json, whose `results` are bench result
+files (schema.py, the same versioned schema) with `source: estimated`, one per instance type that
+fits, so `report` puts them beside measured and imported rows, labelled as estimates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from neuron_train.common.errors import UsageError
+from neuron_train.common.values import header_problem
+from neuron_train.cost.plan_model import Calibration, Estimate, WorkloadFigures
+from neuron_train.cost.rows import money
+from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION, validate_result
+
+PLAN_SCHEMA = "neuron-train-plan"
+PLAN_VERSION = 1
+ESTIMATED = "estimated"
+
+ASSUMPTIONS = [
+    "step = max(device compute, device memory traffic, host input pipeline, host rest) + gradient all-reduce "
+    "(the overlapped parts overlap fully; the all-reduce does not overlap)",
+    "device compute: dot/convolution FLOPs of the steady graph at the calibrated fraction of peak TFLOPS of the "
+    "precision the matrix units run (neuronx-cc casts f32 matmuls to bf16 unless --auto-cast none)",
+    "device memory traffic: the step graph's inputs and outputs once, at the core's half of the chip's bandwidth",
+    "host: this machine's CPU seconds per step, same speed per vCPU on the target; the input pipeline spread over "
+    "max(1, min(loader workers, vCPUs per process - 1)) workers (the process itself keeps one vCPU busy)",
+    "all-reduce: a ring over the processes; on one chip through device memory, across chips over NeuronLink-v2 "
+    "(per-link bandwidth is an assumption, see instances.yaml)",
+    "memory fit: weights + gradients + optimizer state + activations per NeuronCore, data parallel (no sharding)",
+    "one process per NeuronCore (data parallel) unless --nproc-per-instance; samples/s sums the processes",
+    "compile time to the first step is not estimated (a CPU compile says nothing of neuronx-cc's)",
+]
+
+
+def estimate_result(w: WorkloadFigures, e: Estimate, calib: Calibration, *, details: dict, img_size: int | None,
+                    dataset: str, epoch_samples: int | None, precision: str, command: str, created: str) -> dict:
+    """One instance type's estimate as a bench result (schema.py) marked `source: estimated`."""
+    step_ms = e.step_s * 1e3
+    result = {
+        "schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION, "created_at": created, "source": ESTIMATED,
+        "mode": w.mode, "instance_type": e.instance_type, "instance_type_source": "estimated by neuron-train plan",
+        "device": {"kind": "Neuron (estimated)", "count": e.processes}, "world_size": e.processes,
+        "model": {"name": w.name, "parameters": details.get("parameters") or None, "img_size": img_size,
+                  "num_classes": details.get("num_classes")},
+        "dataset": {"name": dataset, "train_samples": epoch_samples},
+        "batch_size_per_device": max(1, round(w.samples_per_step)),
+        "global_batch_size": max(1, round(w.samples_per_step)) * e.processes, "precision": precision,
+        "warmup_steps": 0, "measured_steps": 1, "repeats": 1,
+        "samples_per_sec": {"median": e.samples_per_sec, "spread": (e.band[1] - e.band[0]) / 2,
+                            "values": [e.samples_per_sec]},
+        "step_time_ms": {"median": step_ms, "spread": 0.0, "values": [step_ms]},
+        "compile": {"time_s": 0.0, "graph_count": 0},
+        "estimate": {"bottleneck": e.bottleneck, "bottleneck_text": e.bottleneck_text,
+                     "parts_ms": {k: v * 1e3 for k, v in e.parts_s.items()}, "band": list(e.band),
+                     "rank": e.rank, "needs_gib_per_core": e.needs_gib_per_core,
+                     "calibration": calib.source},
+        "sweep": None, "host": {}, "versions": {}, "command": command, "config": {"workload": dataclasses.asdict(w)},
+    }
+    return validate_result(result, f"estimate for {e.instance_type}")
+
+
+def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibration, *, details: dict,
+                  img_size: int | None, dataset: str, epoch_samples: int | None, precision: str, command: str,
+                  first_off: float | None) -> dict:
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    fits = [e for e in estimates if e.fits]
+    return {
+        "schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "created_at": created, "source": ESTIMATED,
+        "workload": dataclasses.asdict(w), "details": details,
+        "calibration": {"fraction_of_peak": calib.fraction, "error_band": calib.band, "source": calib.source,
+                        "first_estimate_off": first_off},
+        "assumptions": ASSUMPTIONS,
+        "does_not_fit": [{"instance_type": e.instance_type, "note": e.note} for e in estimates if not e.fits],
+        "results": [estimate_result(w, e, calib, details=details, img_size=img_size, dataset=dataset,
+                                    epoch_samples=epoch_samples, precision=precision, command=command,
+                                    created=created) for e in fits],
+    }
+
+
+def plan_results(data: object, where: str) -> list[dict]:
+    """The bench results inside a plan file (each checked against the result schema)."""
+    problem = header_problem(data, "schema", PLAN_SCHEMA, "schema_version", PLAN_VERSION)
+    if problem:
+        raise UsageError(f"{where}: not a plan file ({problem})")
+    results = data.get("results")
+    if not isinstance(results, list) or not results:
+        raise UsageError(f"{where}: a plan file without results: run neuron-train plan again")
+    return [validate_result(r, f"{where} results[{i}]") for i, r in enumerate(results)]
+
+
+def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]:
+    """The printed table: one line per instance type, best price-performance first."""
+    head = (f"{'instance type':<15} {'procs':>5} {unit + '/s (estimate)':>24} {'$/1M ' + unit:>13} "
+            f"{'$/epoch':>9} {'rank':>4}  bottleneck")
+    lines = [head, "-" * len(head)]
+    for e in estimates:
+        if not e.fits:
+            lines.append(f"{e.instance_type:<15} {e.processes:>5} {'-':>24} {'-':>13} {'-':>9} {'-':>4}  {e.note}")
+            continue
+        rate = f"{e.samples_per_sec:,.1f} ({e.band[0]:,.0f}-{e.band[1]:,.0f})"
+        epoch = money(e.usd_per_epoch) if e.usd_per_epoch else "-"
+        lines.append(f"{e.instance_type:<15} {e.processes:>5} {rate:>24} {money(e.usd_per_million):>13} "
+                     f"{epoch:>9} {e.rank or '-':>4}  {e.bottleneck_text}")
+    return lines
