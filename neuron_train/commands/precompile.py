@@ -226,7 +226,8 @@ def _execute(plan: Plan) -> tuple[str, dict]:
     run_id = plan.env[PRECOMPILE_ENV]
     use = store.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
     try:
-        code, log = stream(plan.command, {**os.environ, **plan.env})
+        ended = stream(plan.command, {**os.environ, **plan.env})
+        code, log = ended.code, "\n".join(ended.tail)
         summary = parse_compile_summary(log) if plan.target == "neuron" else {}
         if code != 0:
             failed = f"; {summary['failed']} graph(s) failed to compile" if summary.get("failed") else ""
