@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from neuron_train.graphs import syncs
+from neuron_train.instrument.epochs import EPOCH_ENV, Epochs, say
 from neuron_train.instrument.steps import Sites, StepWindow
 
 MODE_ENV = "NEURON_TRAIN_PROBE_MODE"          # tour | check | bench
@@ -69,6 +70,8 @@ class ProbeRecord:
     compile_time_s: float = 0.0    # ... and their compile time (CompileTime), since the probe began
     staging: str = ""              # tour: this process's torch_xla persistent cache files
     device: str = ""               # torch_xla's device type, once a step ran
+    tour: str = ""                 # how far the tour goes (epochs.py), said at its first step
+    to_epoch_end: bool = False     # ... to the first epoch's end
     note: str = ""
 
 
@@ -93,6 +96,7 @@ class Probe:
         self.seen_params: set[int] = set()
         self.written = False
         self.sites = Sites()
+        self.epochs: Epochs | None = None   # tour to the first epoch's end (epochs.py)
 
     # ----- inputs ------------------------------------------------------------------------------
     def _counter(self, name: str) -> int:
@@ -134,11 +138,13 @@ class Probe:
         if len(self.record.windows) < MAX_WINDOWS:
             self.record.windows.append(window)
         self.sites.add(window)
-        reason = self.sites.stop_reason(self.mode, self.record.steps_wanted)
+        if self.steps == 1 and self.epochs is not None:
+            self.record.to_epoch_end, self.record.tour = self.epochs.plan(self.record.steps_wanted)
+            say(self.record.tour)
+        reason = self.sites.stop_reason(self.mode, self.record.steps_wanted, self.record.to_epoch_end)
         if reason and self.record.stop is None:
             self.record.stop = Stop(reason, window.step)
-            print(f"neuron-train: {STOP_WORDS[reason]} after step {window.step}: stopping "
-                  f"{Path(sys.argv[0]).name} here", file=sys.stderr, flush=True)
+            say(f"{STOP_WORDS[reason]} after step {window.step}: stopping {Path(sys.argv[0]).name} here")
             # Unwinds the training code (its finally blocks run); atexit then writes this record and
             # the checker's. From a worker thread (torch_xla.launch runs the function in one per
             # device) the exception reaches the process through the executor's future.
@@ -180,6 +186,9 @@ def arm(recorder, folder: Path) -> None:
         _watch_optimizers(probe)
     if mode == "tour":
         _stage_cache(probe)
+        if os.environ.get(EPOCH_ENV) == "1":
+            probe.epochs = Epochs(probe.sites.epoch_began)
+            probe.epochs.install()
     if mode == "check" and os.environ.get(COVERED_ENV):
         covered = set(json.loads(Path(os.environ[COVERED_ENV]).read_text()))
         CompileWatch(probe, covered).start()
