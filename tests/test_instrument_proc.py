@@ -84,7 +84,7 @@ def test_under_torchrun_the_childs_own_error_is_reported(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_check_graphs_leaves_a_partial_report_and_ends_the_group(tmp_path, sig):
     report, pids_file = tmp_path / "r.json", tmp_path / "pids"
     proc = start(tmp_path, "check-graphs", "--json", str(report), "--", sys.executable, str(LIFECYCLE), "hang",
@@ -103,7 +103,7 @@ def test_a_signal_to_check_graphs_leaves_a_partial_report_and_ends_the_group(tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [["precompile", "--compile-cache", "cc"],
-                                     ["bench", "--output", "b.json", "--steps", "5"]])
+                                     ["bench", "--output", "b.json", "--steps", "5"]], ids=["precompile", "bench"])
 def test_kill_9_of_precompile_or_bench_leaves_nothing_running(tmp_path, command):
     pids_file = tmp_path / "pids"
     proc = start(tmp_path, *command, "--", sys.executable, str(LIFECYCLE), "hang", str(pids_file))
@@ -130,7 +130,7 @@ def test_a_grandchild_holding_stderr_does_not_hold_check_graphs(tmp_path):
 @pytest.mark.parametrize("mode, words", [
     ("os_exit", "imported torch_xla but ended without writing its record"),
     ("sigkill", "the command was killed by SIGKILL"),
-])
+], ids=["os_exit", "sigkill"])
 def test_a_process_that_never_wrote_its_record_is_named(tmp_path, mode, words):
     report = tmp_path / "r.json"
     proc = subprocess.run([*NT, "check-graphs", "--json", str(report), "--", sys.executable, str(LIFECYCLE), mode,

@@ -1,16 +1,16 @@
 """`neuron-train bench -- CMD`: the steady-state throughput of any PyTorch/XLA training script.
 
-The command runs once per repeat with the probe in bench mode (precompile/script_probe.py): each
+The command runs once per repeat with the probe in bench mode (instrument/probe.py): each
 sync that ran a graph closes a step window, timed when the sync returns. The step is the call site
 with the most steady intervals; a steady interval runs from one of its windows to the next, both
-compiling nothing (script_probe.Sites, the class the tour's stop rule lives in). Step
+compiling nothing (instrument/steps.py's Sites, the class the tour's stop rule lives in). Step
 time is their median; throughput is samples per step x steady intervals / their summed time,
 summed over the processes. Samples per step: --samples-per-step, else the leading dimension of the
 input batch, the largest host-to-device copy of most steady windows. Windows before the first
 steady interval (warm-up) and compile time (torch_xla's CompileTime; graphs = UncachedCompile, the
 most of any process) are reported apart, never mixed in. The process stops by itself after N
 steady intervals (--steps; 0 runs the command to its end). The probe runs without the graph
-checker (graphs' extensions-only mode): no debug log or HLO dump is paid on the measured steps.
+checker (instrument/start.py arms the probe alone): no debug log or HLO dump is paid on the measured steps.
 """
 
 from __future__ import annotations

@@ -2,16 +2,18 @@
 
 `neuron-train precompile -- CMD`, `check-graphs --compile-cache DIR -- CMD` and `bench -- CMD` run
 the command with the start-up hook (_startup/sitecustomize.py, start.py) in every Python process;
-right after torch_xla is imported it calls `arm` with the checker's recorder, or, for bench, with none (the checker stays off so the measured steps carry no debug logging). It adds:
+right after torch_xla is imported it calls `arm` with the checker's recorder, or, for bench, with
+none (the checker stays off so the measured steps carry no debug logging). It adds:
 
 - a subscriber to graphs/syncs.py's `torch_xla.sync` wrapper (after the checker's): each sync that
-  ran a graph (torch_xla's compile-cache counters moved) ends a *step window*, timed on return (after the step's closures)
-  and labelled with its call site (the innermost user line above the sync) and its compiles;
+  ran a graph (torch_xla's compile-cache counters moved) ends a *step window*, timed on return
+  (after the step's closures) and labelled with its call site (the innermost user line above the
+  sync) and its compiles;
 - host-to-device copies (`Tensor.to`, and `_xla_tensors_from_aten` behind MpDeviceLoader): the
   shape of the largest one per window gives the samples per step;
-- the stop (steps.py's rules): the tour's once every call site is warm and N steps have passed,
-  bench's after N steady intervals; the process exits cleanly (SystemExit at the sync's return, so
-  atexit writes every record);
+- the stop (steps.py's rules): the tour's past the first epoch's end (epochs.py) or once every call
+  site is warm and N steps have passed, bench's after N steady intervals; the process exits
+  cleanly (SystemExit at the sync's return, so atexit writes every record);
 - with --require-precompiled, a thread that reads torch_xla's compile log: torch_xla logs a
   graph's hash after lowering it and before the compiler runs, so a graph the manifest lacks stops
   the process while its compile has only started.
@@ -76,7 +78,7 @@ class ProbeRecord:
 
 
 class Probe:
-    """One process's probe. `recorder` is the checker's (None under bench's extensions-only mode):
+    """One process's probe. `recorder` is the checker's (None under bench: the probe alone):
     steps are counted here from torch_xla's own counters, so both modes number them alike."""
 
     def __init__(self, recorder, mode: str, folder: Path):
