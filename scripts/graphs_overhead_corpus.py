@@ -8,7 +8,8 @@ aws-neuron-samples' mnist_mlp train.py (a plain mark_step loop, 160 steps), pyto
 test_train_mp_mnist.py (MpDeviceLoader, xm.optimizer_step, an eval loop and mesh_reduce, 2 epochs)
 and test_train_mp_mnist_zero1.py (the same with ZeroRedundancyOptimizer, fake data, one epoch of
 117 steps at batch 512: issue 20 measured 1.45x on it), and, always there, our fixture
-tests/fixtures/instrument/epoch_eval.py (2 epochs of 12 steps and an evaluation). Each runs as
+tests/fixtures/instrument/epoch_eval.py (2 epochs of 12 steps and an evaluation) and
+tests/fixtures/graphs/clean.py (8 steps: start-up alone, nearly). Each runs as
 `python SCRIPT` and as `neuron-train check-graphs -- python SCRIPT`, alternating so that load from
 other processes hits both alike. Prints the median wall time per mode and the ratio.
 """
@@ -35,6 +36,7 @@ SCRIPTS = {
                                      "--num_epochs", "1", "--batch_size", "512", "--target_accuracy", "0",
                                      "--num_workers", "0"],
     "epoch_eval.py": [str(ROOT / "tests" / "fixtures" / "instrument" / "epoch_eval.py")],
+    "clean.py": [str(ROOT / "tests" / "fixtures" / "graphs" / "clean.py")],
 }
 
 

@@ -39,9 +39,11 @@ class Ended:
 
     def how(self) -> str:
         """'exited with code N' or 'was killed by SIGKILL'."""
-        if self.signal is not None:
-            return f"was killed by {signal.Signals(self.signal).name}"
-        return f"exited with code {self.code}"
+        return f"was {self.status()}" if self.signal is not None else f"exited with code {self.code}"
+
+    def status(self) -> str:
+        """'exit code N' or 'killed by SIGKILL'."""
+        return f"killed by {signal.Signals(self.signal).name}" if self.signal is not None else f"exit code {self.code}"
 
 
 def run(command: list[str], env: dict[str, str], *, stdout_too: bool, tail_lines: int,

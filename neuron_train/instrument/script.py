@@ -31,7 +31,7 @@ class ScriptRun:
     records: list[dict]      # the graph checker's, one per process that imported torch_xla
     probes: list[dict]       # the probe's, one per process that imported torch_xla
     tail: str                # the command's last output lines
-    how: str = ""            # how it ended: "exited with code N", "was killed by SIGKILL"
+    how: str = ""            # how it ended: "exit code N", "killed by SIGKILL"
     started: int = 0         # its processes that imported torch_xla (with a record or not)
 
     def stop(self, reason: str) -> dict | None:
@@ -106,7 +106,7 @@ def run_script(command: list[str], folder: Path, *, mode: str, steps: int,
            **(extra_env or {})}
     ended = stream(command, env, echo)
     return ScriptRun(command, ended.code, graph_runner.load_records(folder), load_probes(folder),
-                     "\n".join(ended.tail), ended.how(), len(started(folder)))
+                     "\n".join(ended.tail), ended.status(), len(started(folder)))
 
 
 def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
@@ -115,10 +115,9 @@ def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
     if run.exit_code != 0 and not stopped:
         where = f" at step {run.steps()}" if run.probes else ""
         error = graph_runner.command_error(run.tail.splitlines()) or "(no output)"
-        raise RunError(f"{run.line} failed: it {run.how or f'exited with code {run.exit_code}'}{where}: "
-                       f"{error}; {what}")
+        raise RunError(f"{run.line} failed ({run.how or f'exit code {run.exit_code}'}){where}: {error}; {what}")
     if not run.records and not run.probes and run.started:
-        raise RunError(f"{run.line} {run.how}, but none of its {run.started} process(es) that imported "
+        raise RunError(f"{run.line} ended ({run.how}), but none of its {run.started} process(es) that imported "
                        "torch_xla wrote its records (os._exit, or killed by a signal)")
     if not run.records and not run.probes:
         raise RunError(f"{run.line} never imported torch_xla (no process of it ran an XLA graph): "
