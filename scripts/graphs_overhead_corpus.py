@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """What `neuron-train check-graphs` costs on third-party scripts: wall time with and without it.
 
-    python scripts/graphs_overhead_corpus.py [--repeats 3]
+    python scripts/graphs_overhead_corpus.py [--repeats 3] [--only NAME ...]
 
-Times two graph-stable scripts of the corpus (tests/corpus/SOURCES.md): aws-neuron-samples'
-mnist_mlp train.py (a plain mark_step loop, 160 steps) and pytorch/xla's test_train_mp_mnist.py
-(MpDeviceLoader, xm.optimizer_step, an eval loop and mesh_reduce, 2 epochs), each run as
+Times graph-stable scripts: of the corpus (tests/corpus/SOURCES.md; skipped when not built)
+aws-neuron-samples' mnist_mlp train.py (a plain mark_step loop, 160 steps), pytorch/xla's
+test_train_mp_mnist.py (MpDeviceLoader, xm.optimizer_step, an eval loop and mesh_reduce, 2 epochs)
+and test_train_mp_mnist_zero1.py (the same with ZeroRedundancyOptimizer, fake data, one epoch of
+117 steps at batch 512: issue 20 measured 1.45x on it), and, always there, our fixture
+tests/fixtures/instrument/epoch_eval.py (2 epochs of 12 steps and an evaluation) and
+tests/fixtures/graphs/clean.py (8 steps: start-up alone, nearly). Each runs as
 `python SCRIPT` and as `neuron-train check-graphs -- python SCRIPT`, alternating so that load from
 other processes hits both alike. Prints the median wall time per mode and the ratio.
 """
@@ -28,20 +32,28 @@ SCRIPTS = {
     "test_train_mp_mnist.py": [str(CORPUS / "pytorch_xla" / "test_train_mp_mnist.py"), "--fake_data",
                                "--num_epochs", "2", "--batch_size", "32", "--target_accuracy", "0",
                                "--log_steps", "5"],
+    "test_train_mp_mnist_zero1.py": [str(CORPUS / "pytorch_xla" / "test_train_mp_mnist_zero1.py"), "--fake_data",
+                                     "--num_epochs", "1", "--batch_size", "512", "--target_accuracy", "0",
+                                     "--num_workers", "0"],
+    "epoch_eval.py": [str(ROOT / "tests" / "fixtures" / "instrument" / "epoch_eval.py")],
+    "clean.py": [str(ROOT / "tests" / "fixtures" / "graphs" / "clean.py")],
 }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="+", choices=sorted(SCRIPTS), help="time these scripts alone")
     args = parser.parse_args()
-    missing = [name for name, (path, *_) in SCRIPTS.items() if not Path(path).exists()]
+    chosen = {name: SCRIPTS[name] for name in (args.only or SCRIPTS)}
+    missing = [name for name, (path, *_) in chosen.items() if not Path(path).exists()]
     if missing:
-        sys.exit(f"not in this checkout: {', '.join(missing)}: build tests/corpus as tests/corpus/SOURCES.md says")
+        print(f"skipped, not in this checkout: {', '.join(missing)} (build tests/corpus as tests/corpus/SOURCES.md "
+              "says)")
     py = sys.executable
     print(f"{args.repeats} runs per mode (medians), {os.cpu_count()} CPUs, PJRT_DEVICE=CPU")
     print(f"{'script':26} {'plain s':>8} {'check-graphs s':>15} {'ratio':>6}")
-    for name, script in SCRIPTS.items():
+    for name, script in ((n, s) for n, s in chosen.items() if n not in missing):
         times: dict[str, list[float]] = {"plain": [], "check": []}
         with tempfile.TemporaryDirectory() as folder:
             for _ in range(args.repeats):

@@ -460,11 +460,11 @@ def test_an_unlogged_compile_says_why_it_has_no_hash():
 
 
 def test_a_failed_commands_last_line_is_its_error():
-    from neuron_train.instrument.runner import last_error
+    from neuron_train.instrument.runner import command_error
 
     tail = ["Traceback (most recent call last):", '  File "t.py", line 3', "ValueError: bad", "",
             "neuron-train check-graphs: note"]
-    assert last_error(tail) == "ValueError: bad" and last_error([]) == ""
+    assert command_error(tail) == "ValueError: bad" and command_error([]) == ""
 
 
 def test_uncaught_errors_are_printed_without_the_checkers_frames():

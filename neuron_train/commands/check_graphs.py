@@ -26,6 +26,7 @@ from neuron_train.instrument.runner import (
     run_command,
 )
 from neuron_train.instrument.script import checked_command
+from neuron_train.instrument.start import started
 from neuron_train.precompile.script_check import CoverageCheck
 
 USAGE = "neuron-train check-graphs [options] -- COMMAND [ARGS...]"
@@ -59,12 +60,12 @@ def main(args: argparse.Namespace) -> int:
         env = instrumented_env(Path(folder), args.warmup_steps)
         env.update(coverage.env(Path(folder)) if coverage else {})
         try:
-            code, tail = run_command(command, env)
+            ended = run_command(command, env)  # SIGTERM/SIGINT end it early: the report is partial
         except OSError as exc:  # not executable, a directory, ...
             raise UsageError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
         records = load_records(Path(folder))
-        extra, passed = coverage.finish(Path(folder), records, code) if coverage else ("", True)
-    report = merge_records(records, command, code, args.warmup_steps, args.max_graphs, tail)
+        extra, passed = coverage.finish(Path(folder), records, ended.code) if coverage else ("", True)
+        report = merge_records(records, command, ended, args.warmup_steps, args.max_graphs, started(Path(folder)))
     print("\n== neuron-train check-graphs ==", flush=True)
     print(format_report(report), flush=True)
     if extra:

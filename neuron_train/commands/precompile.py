@@ -120,8 +120,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_cache_option(parser, help=f"compile cache directory (default: --compile-cache in TRAIN_ARGS, else "
                      f"{store.DEFAULT_CACHE_DIR}); one per host")
     parser.add_argument("--steps", type=int, metavar="N", help=f"COMMAND: stop the tour once every call site "
-                        f"is warm and at least N steps ran (default {DEFAULT_STEPS}; 0: run the command to its "
-                        "end); TRAIN_ARGS: the same as --precompile-steps N")
+                        f"is warm and at least N steps ran (0: run the command to its end; default: run to the end "
+                        f"of the first epoch and through its evaluation/checkpoint, at least {DEFAULT_STEPS} steps, "
+                        "when a DataLoader feeds the steps); TRAIN_ARGS: the same as --precompile-steps N")
     parser.add_argument("--num-parallel", type=int, metavar="N", help="graphs neuron_parallel_compile "
                         "compiles at once (default: its own choice; lower it when hosts run out of memory)")
     parser.add_argument("--nproc-per-node", type=int, default=1, metavar="W", help="TRAIN_ARGS only: processes "
@@ -214,7 +215,8 @@ def _execute(plan: Plan) -> tuple[str, dict]:
     run_id = plan.env[PRECOMPILE_ENV]
     use = store.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
     try:
-        code, log = stream(plan.command, {**os.environ, **plan.env})
+        ended = stream(plan.command, {**os.environ, **plan.env})
+        code, log = ended.code, "\n".join(ended.tail)
         summary = parse_compile_summary(log) if plan.target == "neuron" else {}
         if code != 0:
             failed = f"; {summary['failed']} graph(s) failed to compile" if summary.get("failed") else ""
@@ -248,8 +250,7 @@ def _main_script(args: argparse.Namespace) -> int:
         raise UsageError("--nproc-per-node is for neuron-train's own loop: a COMMAND starts its own processes "
                          "(e.g. `-- torchrun --standalone --nproc_per_node=W my_train.py`)")
     cache = _resolve_cache(args.compile_cache, None)
-    plan = plan_script(script, cache=cache, target=_target(args), steps=DEFAULT_STEPS if args.steps is None
-                       else args.steps, num_parallel=args.num_parallel, retries=args.retries,
+    plan = plan_script(script, cache=cache, target=_target(args), steps=args.steps, num_parallel=args.num_parallel, retries=args.retries,
                        retry_failed=args.retry_failed, env=os.environ)
     if not _announce(format_script_plan(plan), cache, args):
         return 0

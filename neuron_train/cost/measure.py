@@ -5,8 +5,8 @@ out-of-memory or other, with the line that says why.
 
 from __future__ import annotations
 
+import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -15,12 +15,14 @@ from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.failures import MeasureFailed, classify_failure
+from neuron_train.instrument import proc
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import config_to_argv
 from neuron_train.training.metrics import median_and_spread
 from neuron_train.training.summary import RunSummary
 
 RUN_SCRIPT = Path(__file__).resolve().parent.parent / "run.py"
+OUTPUT_LINES = 1_000_000  # a run's whole output is kept (output.log)
 
 
 @dataclass
@@ -65,11 +67,13 @@ def measure_train(cfg: RunConfig, nproc: int, workdir: Path) -> Measurement:
     """One run of our training loop in a fresh process group; reads its summary.json."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"train-b{cfg.train.batch_size}-n{nproc}-", dir=workdir))
     cmd = _run_command(cfg, nproc, out_dir / "run")
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    (out_dir / "output.log").write_text(proc.stdout)
+    # Its own process group, ended with us (a kill -9 of bench leaves no run.py behind).
+    ended = proc.run(cmd, dict(os.environ), stdout_too=True, tail_lines=OUTPUT_LINES, echo=False)
+    output = "\n".join(ended.tail)
+    (out_dir / "output.log").write_text(output)
     summary_path = out_dir / "run" / "summary.json"
-    if proc.returncode != 0:
-        raise classify_failure(proc.returncode, proc.stdout)
+    if ended.code != 0:
+        raise classify_failure(ended.code, output)
     if not summary_path.is_file():
         raise MeasureFailed("failed", f"the run exited 0 but wrote no summary.json ({shlex.join(cmd)})")
     s = RunSummary.from_json(summary_path)

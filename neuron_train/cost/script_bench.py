@@ -10,7 +10,7 @@ input batch, the largest host-to-device copy of most steady windows. Windows bef
 steady interval (warm-up) and compile time (torch_xla's CompileTime; graphs = UncachedCompile, the
 most of any process) are reported apart, never mixed in. The process stops by itself after N
 steady intervals (--steps; 0 runs the command to its end). The probe runs without the graph
-checker (graphs' extensions-only mode): no debug log or HLO dump is paid on the measured steps.
+checker (instrument/start.py arms the probe alone): no debug log or HLO dump is paid on the measured steps.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The graph checker's hooks into a process: step boundaries, host reads, optimizer scalars.
 
 - `torch_xla.sync` (also behind `xm.mark_step`, `MpDeviceLoader`, `xm.optimizer_step`,
-  `torch_xla.step()`) is wrapped: in a foreign script, a sync that ran a graph ends a step.
+  `torch_xla.step()`): in a foreign script, a sync that ran a graph ends a step (syncs.py's one
+  wrapper, which the probe of neuron_train.instrument subscribes to as well).
 - Tensor methods that copy a value to the host (`.item()`, `bool()`, printing, `.tolist()`,
   `.cpu()`, ...) note the user's line when called on an XLA tensor. Reads inside step closures
   are the recommended pattern and are not noted; nested reads (printing calls `.item()`) count once.
@@ -27,7 +28,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from neuron_train.graphs import loaders
+from neuron_train.graphs import loaders, syncs
 from neuron_train.graphs.frames import HERE, caller_line
 
 __all__ = ["AfterImport", "caller_line", "install"]
@@ -54,7 +55,7 @@ def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
     undo.append(_watch_optimizers(recorder, schedulers))
     undo += loaders.install(recorder)
     if count_syncs:
-        undo += _wrap_sync(recorder)
+        undo.append(syncs.subscribe(_StepAtSync(recorder)))
         undo.append(_own_errors_only())
 
     def remove() -> None:
@@ -153,39 +154,22 @@ def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callab
     return register_optimizer_step_pre_hook(before_step).remove
 
 
-def _wrap_sync(recorder) -> list[Callable[[], None]]:
+class _StepAtSync:
     """In a foreign script every sync that ran a graph ends a step (unless our loop numbers them)."""
-    import torch_xla
 
-    module = sys.modules["torch_xla.torch_xla"]
-    original = module.sync
+    def __init__(self, recorder):
+        self.recorder = recorder
 
-    def sync(*args, **kwargs):
-        if getattr(_state, "in_sync", False):
-            return original(*args, **kwargs)
-        before = recorder.log_size()
-        _state.in_sync = True
-        try:
-            result = original(*args, **kwargs)
-        finally:
-            _state.in_sync = False
+    def before_sync(self) -> int:
+        return self.recorder.log_size()
+
+    def after_sync(self, before: int, caller) -> None:
         # Only a sync that ran a graph is a step: MpDeviceLoader's first fetch, torch_xla.compile's
         # clearing of pending work and xm.rendezvous often sync with nothing pending.
-        ran_graph = recorder.log_size() > before
-        if ran_graph and not recorder.loop_steps:
+        recorder = self.recorder
+        if recorder.log_size() > before and not recorder.loop_steps:
             recorder.sync_steps += 1
             recorder.step_end(recorder.sync_steps)
-        return result
-
-    sync.__doc__ = original.__doc__
-    module.sync = sync
-    torch_xla.sync = sync
-
-    def restore() -> None:
-        module.sync = original
-        torch_xla.sync = original
-
-    return [restore]
 
 
 def _own_errors_only() -> Callable[[], None]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
-import importlib.util
 import os
 import shutil
 import sysconfig
@@ -25,13 +23,6 @@ ENV_DIR = "NEURON_TRAIN_GRAPHS_DIR"          # set by check-graphs: every proces
 ENV_WARMUP = "NEURON_TRAIN_GRAPHS_WARMUP"    # check-graphs --warmup-steps
 ENV_XLA_FLAGS = "NEURON_TRAIN_GRAPHS_XLA_FLAGS"  # XLA_FLAGS as the user set them, before our dump
 RECORD_PREFIX = "record."                    # <dir>/record.<pid>.json: one process's summary
-# "module:function,...": called with each instrumented process's recorder once it exists (precompile
-# and bench add their probe this way; the checker never imports them). Their files are
-# instrumentation, never the user's line.
-ENV_EXTENSIONS = "NEURON_TRAIN_GRAPHS_EXTENSIONS"
-# "1": arm only the extensions (with no recorder): no debug log, no HLO dump, no hooks, so a
-# measurement (bench) does not pay for the checker on every step.
-ENV_EXTENSIONS_ONLY = "NEURON_TRAIN_GRAPHS_EXTENSIONS_ONLY"
 
 
 @dataclass
@@ -87,24 +78,16 @@ def internal_predicate() -> Callable[[str], bool]:
     here = os.path.dirname(os.path.abspath(__file__))  # neuron_train/graphs: the instrumentation
     package = os.path.dirname(here)                    # the rest of neuron_train is user code
     return internal_file_predicate(tuple(sorted(libs)), keep=(package + os.sep,),
-                                   always=(here + os.sep, *_extension_files()))
+                                   always=(here + os.sep, *_ALSO_INTERNAL))
 
 
-def _extensions() -> list[tuple[str, str]]:
-    specs = [s.strip().partition(":") for s in os.environ.get(ENV_EXTENSIONS, "").split(",") if s.strip()]
-    return [(module, function) for module, _, function in specs]
+def also_internal(folder: str) -> None:
+    """Files under `folder` are instrumentation too (the probe that runs next to the checker):
+    never the user's line. Call before the first recorder is made."""
+    _ALSO_INTERNAL.append(os.path.join(os.path.abspath(folder), ""))
 
 
-def _extension_files() -> tuple[str, ...]:
-    origins = (importlib.util.find_spec(module) for module, _ in _extensions())
-    return tuple(spec.origin for spec in origins if spec is not None and spec.origin)
-
-
-def run_extensions(recorder) -> None:
-    """Hand this process's recorder (None under ENV_EXTENSIONS_ONLY) to each extension named in
-    ENV_EXTENSIONS."""
-    for module, function in _extensions():
-        getattr(importlib.import_module(module), function)(recorder)
+_ALSO_INTERNAL: list[str] = []
 
 
 @contextlib.contextmanager

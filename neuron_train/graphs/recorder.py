@@ -13,11 +13,11 @@ Sources, all from torch_xla itself:
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from neuron_train.graphs import hlo_diff, hooks
@@ -25,13 +25,11 @@ from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, parse_debug_log
 from neuron_train.graphs.process import (
     ENV_DIR,
-    ENV_EXTENSIONS_ONLY,
     ENV_WARMUP,
     RECORD_PREFIX,
     DebugFiles,
     internal_predicate,
     prepare_process,
-    run_extensions,
 )
 from neuron_train.graphs.records import SCALAR_READ, Batch, Graph, HostRead, LoaderOrigin, Refused, Window
 
@@ -263,7 +261,6 @@ def start_instrumented_process() -> Recorder:
     _RECORDER = Recorder(files, int(os.environ.get(ENV_WARMUP, "0")), phase="main")
     hooks.install(_RECORDER, count_syncs=True)
     atexit.register(write_record, _RECORDER, Path(os.environ[ENV_DIR]))
-    run_extensions(_RECORDER)
     return _RECORDER
 
 
@@ -278,13 +275,18 @@ def write_record(recorder: Recorder, folder: Path) -> None:
     os.replace(tmp, path)
 
 
-def arm_process() -> None:
-    """check-graphs, at interpreter start: set torch_xla's debug variables now, hook in on import."""
-    if os.environ.get(ENV_EXTENSIONS_ONLY) == "1":
-        start = functools.partial(run_extensions, None)  # bench: no checker on the measured steps
-    else:
+def arm_process(then: Callable[[Recorder | None], None] | None = None, check: bool = True) -> None:
+    """At interpreter start: set torch_xla's debug variables now, hook in on its import, then hand the
+    recorder to `then` (neuron_train.instrument's probe). `check=False` (bench) arms no checker:
+    no debug log, HLO dump or hooks on the measured steps, and `then` gets None."""
+    if check:
         prepare_process(check=True)
-        start = start_instrumented_process
+
+    def start() -> None:
+        recorder = start_instrumented_process() if check else None
+        if then is not None:
+            then(recorder)
+
     if "torch_xla" in sys.modules:
         start()
     else:

@@ -1,18 +1,19 @@
 """Inside each Python process of a user's command: step times, batch sizes, and when to stop.
 
 `neuron-train precompile -- CMD`, `check-graphs --compile-cache DIR -- CMD` and `bench -- CMD` run
-the command with graphs/_instrument's start-up hook in every Python process; right after torch_xla
-is imported it calls `arm` (the checker's extension hook) with the checker's recorder, or, for
-bench, with none (the checker stays off so the measured steps carry no debug logging). It adds:
+the command with the start-up hook (_startup/sitecustomize.py, start.py) in every Python process;
+right after torch_xla is imported it calls `arm` with the checker's recorder, or, for bench, with
+none (the checker stays off so the measured steps carry no debug logging). It adds:
 
-- a wrapper over `torch_xla.sync` (outside the checker's own): each sync that ran a graph (torch_xla's
-  compile-cache counters moved) ends a *step window*, timed on return (after the step's closures)
-  and labelled with its call site (the innermost user line above the sync) and its compiles;
+- a subscriber to graphs/syncs.py's `torch_xla.sync` wrapper (after the checker's): each sync that
+  ran a graph (torch_xla's compile-cache counters moved) ends a *step window*, timed on return
+  (after the step's closures) and labelled with its call site (the innermost user line above the
+  sync) and its compiles;
 - host-to-device copies (`Tensor.to`, and `_xla_tensors_from_aten` behind MpDeviceLoader): the
   shape of the largest one per window gives the samples per step;
-- the stop (steps.py's rules): the tour's once every call site is warm and N steps have passed,
-  bench's after N steady intervals; the process exits cleanly (SystemExit at the sync's return, so
-  atexit writes every record);
+- the stop (steps.py's rules): the tour's past the first epoch's end (epochs.py) or once every call
+  site is warm and N steps have passed, bench's after N steady intervals; the process exits
+  cleanly (SystemExit at the sync's return, so atexit writes every record);
 - with --require-precompiled, a thread that reads torch_xla's compile log: torch_xla logs a
   graph's hash after lowering it and before the compiler runs, so a graph the manifest lacks stops
   the process while its compile has only started.
@@ -32,6 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from neuron_train.graphs import syncs
+from neuron_train.instrument.epochs import EPOCH_ENV, Epochs, say
 from neuron_train.instrument.steps import Sites, StepWindow
 
 MODE_ENV = "NEURON_TRAIN_PROBE_MODE"          # tour | check | bench
@@ -69,11 +72,13 @@ class ProbeRecord:
     compile_time_s: float = 0.0    # ... and their compile time (CompileTime), since the probe began
     staging: str = ""              # tour: this process's torch_xla persistent cache files
     device: str = ""               # torch_xla's device type, once a step ran
+    tour: str = ""                 # how far the tour goes (epochs.py), said at its first step
+    to_epoch_end: bool = False     # ... to the first epoch's end
     note: str = ""
 
 
 class Probe:
-    """One process's probe. `recorder` is the checker's (None under bench's extensions-only mode):
+    """One process's probe. `recorder` is the checker's (None under bench: the probe alone):
     steps are counted here from torch_xla's own counters, so both modes number them alike."""
 
     def __init__(self, recorder, mode: str, folder: Path):
@@ -93,6 +98,7 @@ class Probe:
         self.seen_params: set[int] = set()
         self.written = False
         self.sites = Sites()
+        self.epochs: Epochs | None = None   # tour to the first epoch's end (epochs.py)
 
     # ----- inputs ------------------------------------------------------------------------------
     def _counter(self, name: str) -> int:
@@ -134,11 +140,13 @@ class Probe:
         if len(self.record.windows) < MAX_WINDOWS:
             self.record.windows.append(window)
         self.sites.add(window)
-        reason = self.sites.stop_reason(self.mode, self.record.steps_wanted)
+        if self.steps == 1 and self.epochs is not None:
+            self.record.to_epoch_end, self.record.tour = self.epochs.plan(self.record.steps_wanted)
+            say(self.record.tour)
+        reason = self.sites.stop_reason(self.mode, self.record.steps_wanted, self.record.to_epoch_end)
         if reason and self.record.stop is None:
             self.record.stop = Stop(reason, window.step)
-            print(f"neuron-train: {STOP_WORDS[reason]} after step {window.step}: stopping "
-                  f"{Path(sys.argv[0]).name} here", file=sys.stderr, flush=True)
+            say(f"{STOP_WORDS[reason]} after step {window.step}: stopping {Path(sys.argv[0]).name} here")
             # Unwinds the training code (its finally blocks run); atexit then writes this record and
             # the checker's. From a worker thread (torch_xla.launch runs the function in one per
             # device) the exception reaches the process through the executor's future.
@@ -166,55 +174,42 @@ STOP_WORDS = {"tour": "graph tour complete (every call site warm)",
 
 
 # ----- arming ------------------------------------------------------------------------------------
-def arm(recorder) -> None:
-    """The graph checker's extension hook: called in each process right after torch_xla's import."""
-    from neuron_train.graphs.process import ENV_DIR
-
+def arm(recorder, folder: Path) -> None:
+    """Called by start.py in each process right after torch_xla's import (`recorder`: the checker's,
+    None under bench)."""
     mode = os.environ.get(MODE_ENV, "")
     if mode not in MODES or (recorder is None and mode != "bench"):
         return  # only bench runs without the checker's recorder
-    probe = Probe(recorder, mode, Path(os.environ[ENV_DIR]))
+    probe = Probe(recorder, mode, folder)
     atexit.register(probe.write)  # registered after the checker's: runs before it
     if mode in ("tour", "bench"):
-        _wrap_sync(probe)
+        syncs.subscribe(_StepWindows(probe))
         _watch_copies(probe)
         _watch_optimizers(probe)
     if mode == "tour":
         _stage_cache(probe)
+        if os.environ.get(EPOCH_ENV) == "1":
+            probe.epochs = Epochs(probe.sites.epoch_began)
+            probe.epochs.install()
     if mode == "check" and os.environ.get(COVERED_ENV):
         covered = set(json.loads(Path(os.environ[COVERED_ENV]).read_text()))
         CompileWatch(probe, covered).start()
 
 
-_in_sync = threading.local()
+class _StepWindows:
+    """Subscribed to graphs/syncs.py's one sync wrapper, after the checker (when there is one)."""
 
+    def __init__(self, probe: Probe):
+        self.probe = probe
 
-def _wrap_sync(probe: Probe) -> None:
-    """Outside the checker's own wrapper (when there is one): torch_xla.sync, xm.mark_step,
-    MpDeviceLoader, torch_xla.compile and torch_xla.step all end in it."""
-    import torch_xla
+    def before_sync(self) -> int:
+        return self.probe.graph_runs()
 
-    from neuron_train.graphs.frames import caller_line
+    def after_sync(self, before: int, caller) -> None:
+        from neuron_train.graphs.frames import caller_line
 
-    module = sys.modules["torch_xla.torch_xla"]
-    inner = module.sync
-
-    def sync(*args, **kwargs):
-        if getattr(_in_sync, "on", False):
-            return inner(*args, **kwargs)
-        before = probe.graph_runs()
-        _in_sync.on = True
-        try:
-            result = inner(*args, **kwargs)  # the script's own sync (the checker's wrapper, then torch_xla's)
-        finally:
-            _in_sync.on = False
-        if probe.graph_runs() != before:  # this sync ran a graph: a step (an idle sync is not one)
-            probe.step_ended(caller_line(probe.is_internal, sys._getframe(1)) or "?")
-        return result
-
-    sync.__doc__ = inner.__doc__
-    module.sync = sync
-    torch_xla.sync = sync
+        if self.probe.graph_runs() != before:  # this sync ran a graph: a step (an idle sync is not one)
+            self.probe.step_ended(caller_line(self.probe.is_internal, caller) or "?")
 
 
 def _watch_copies(probe: Probe) -> None:

@@ -3,38 +3,51 @@ processes' records into one report (check-graphs; precompile's script runs use t
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import subprocess
-import sys
+import re
+import signal
 from pathlib import Path
 
 from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, RECORD_PREFIX
+from neuron_train.instrument import proc
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"
 DEFAULT_WARMUP = 0  # --warmup-steps: the per-call-site rule alone (analyzer.py)
 _INSTRUMENT_DIR = Path(__file__).resolve().parent / "_startup"
 TAIL_LINES = 15  # a failed command's last stderr lines kept for the report
+ERROR_LINES = 300  # read for its error (torchrun's banner alone is ~20 lines below the child's error)
 
 
-def run_command(command: list[str], env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run `command`; its stderr passes through as it comes. Returns the exit code and its last
-    stderr lines (a failed command's own error, for the report). OSError: it could not start."""
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    for raw in proc.stderr:
-        sys.stderr.buffer.write(raw)
-        sys.stderr.buffer.flush()
-        tail.append(raw.decode("utf-8", "replace").rstrip())
-    return proc.wait(), list(tail)
+def run_command(command: list[str], env: dict[str, str]) -> proc.Ended:
+    """Run `command` (proc.py: its own process group, ended with us); its stderr passes through as
+    it comes. OSError: it could not start."""
+    return proc.run(command, env, stdout_too=False, tail_lines=ERROR_LINES)
 
 
-def last_error(tail: list[str]) -> str:
-    """The command's own last words: its last non-blank stderr line that is not the checker's."""
+# A line that ends a Python traceback: "NameError: ...", "torch.x.SomeError", "KeyboardInterrupt".
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*)(:.*)?$")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")  # torch.distributed's per-rank prefix
+_LAUNCHER_ERRORS = ("ChildFailedError", "SignalException")  # torchrun's own, about its children
+
+
+def command_error(tail: list[str]) -> str:
+    """The command's own error: the last traceback's closing line that is not a launcher's (torchrun
+    re-raises a child's failure as its ChildFailedError banner, below the child's own error), else
+    its last non-blank stderr line that is not ours."""
+    raised, in_traceback = [], False
+    for line in (_RANK_PREFIX.sub("", ln.rstrip()) for ln in tail):
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace():
+            in_traceback = False
+            match = _RAISED.match(line)
+            if match and not match.group(1).endswith(_LAUNCHER_ERRORS):
+                raised.append(line.strip())
+    if raised:
+        return raised[-1][:300]
     lines = [ln.strip() for ln in tail if ln.strip() and not ln.startswith("neuron-train")]
-    return lines[-1] if lines else ""
+    return lines[-1][:300] if lines else ""
 
 
 def instrumented_env(folder: Path, warmup_steps: int) -> dict[str, str]:
@@ -50,10 +63,11 @@ def load_records(folder: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob(RECORD_PREFIX + "*.json"))]
 
 
-def merge_records(records: list[dict], command: list[str], exit_code: int, warmup_steps: int,
-                  max_graphs: int | None, tail: list[str] | None = None) -> dict:
+def merge_records(records: list[dict], command: list[str], ended: proc.Ended, warmup_steps: int,
+                  max_graphs: int | None, started: list[dict] | None = None) -> dict:
     """One report over all processes: graphs by hash, host syncs by line, counts summed; a failed
-    command's last stderr lines (`tail`) are its own error, reported as such."""
+    command's own error (from its last stderr lines) is reported as such, and so is a process that
+    imported torch_xla but never wrote its record (`started`: start.py's markers)."""
     merged_graphs: dict[str, dict] = {}
     host: dict[str, dict] = {}
     fallback: dict[str, dict] = {}
@@ -71,16 +85,14 @@ def merge_records(records: list[dict], command: list[str], exit_code: int, warmu
             _merge_fallback(fallback, op, f)
         problems += [p for p in record["problems"] if p not in problems]
     all_graphs = list(merged_graphs.values())
-    if not records:
-        problems.append("no process of the command imported torch_xla: nothing was checked")
+    problems += _run_problems(records, started or [], ended)
     if max_graphs is not None and len(all_graphs) > max_graphs:
         problems.append(f"{len(all_graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
-    if exit_code != 0:
-        error = last_error(tail or [])
-        problems.append(f"the command exited with code {exit_code}" + (f": {error}" if error else ""))
+    failed = ended.code != 0 or ended.interrupted is not None
     return {
-        "format": REPORT_FORMAT, "command": command, "exit_code": exit_code,
-        "command_tail": list(tail or []) if exit_code != 0 else [],
+        "format": REPORT_FORMAT, "command": command, "exit_code": ended.code,
+        "killed_by": signal_name(ended.signal), "interrupted_by": signal_name(ended.interrupted),
+        "command_tail": ended.tail[-TAIL_LINES:] if failed else [],
         "warmup_steps": warmup_steps, "max_graphs": max_graphs,
         "steps": max((r["steps"] for r in records), default=0),
         "distinct_graphs": len(all_graphs),
@@ -94,6 +106,31 @@ def merge_records(records: list[dict], command: list[str], exit_code: int, warmu
                                              "distinct_graphs", "source", "stable")} for r in records],
         "problems": problems, "stable": not problems,
     }
+
+
+def signal_name(signum: int | None) -> str | None:
+    return signal.Signals(signum).name if signum else None
+
+
+def _run_problems(records: list[dict], started: list[dict], ended: proc.Ended) -> list[str]:
+    """What the run itself lost: an interruption, processes without a record, the command's failure."""
+    problems = []
+    if ended.interrupted is not None:
+        problems.append(f"interrupted by {signal_name(ended.interrupted)}: the command was ended; "
+                        "this report covers what ran until then")
+    written = {r.get("pid") for r in records}
+    lost = [s for s in started if s["pid"] not in written]
+    for s in lost[:3]:
+        problems.append(f"process {s['pid']} ({' '.join(s['argv'])[:80]}) imported torch_xla but ended without "
+                        f"writing its record (os._exit, or killed by a signal): its graphs are not in this report")
+    if not records and not started:
+        problems.append(f"the command {ended.how()} before any of its processes imported torch_xla: nothing "
+                        "was checked" if ended.signal else
+                        "no process of the command imported torch_xla: nothing was checked")
+    if ended.code != 0:
+        error = command_error(ended.tail)
+        problems.append(f"the command {ended.how()}" + (f": {error}" if error else ""))
+    return problems
 
 
 def _merge_host(host: dict[str, dict], h: dict) -> None:

@@ -2,8 +2,7 @@
 
 One runner for `neuron-train precompile -- CMD` (mode "tour"), `check-graphs --compile-cache DIR
 -- CMD` (mode "check") and `bench -- CMD` (mode "bench"): the checker's instrumentation
-(graphs/_instrument) writes each process's graphs (`record.<pid>.json`), the probe
-(script_probe.py) its step windows and why it stopped (`probe.<pid>.json`). A command that fails,
+(start.py) writes each process's graphs (`record.<pid>.json`), the probe (probe.py) its step windows and why it stopped (`probe.<pid>.json`). A command that fails,
 never imports torch_xla, or stops for another reason than the one asked for is one clear error.
 """
 
@@ -13,18 +12,14 @@ import json
 import re
 import shlex
 import shutil
-import subprocess
-import sys
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.graphs.process import ENV_EXTENSIONS, ENV_EXTENSIONS_ONLY
-from neuron_train.instrument import probe
+from neuron_train.instrument import probe, proc
 from neuron_train.instrument import runner as graph_runner
+from neuron_train.instrument.start import started
 
-PROBE_EXTENSION = "neuron_train.instrument.probe:arm"
 TAIL_LINES = 4000
 RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
 
@@ -36,6 +31,8 @@ class ScriptRun:
     records: list[dict]      # the graph checker's, one per process that imported torch_xla
     probes: list[dict]       # the probe's, one per process that imported torch_xla
     tail: str                # the command's last output lines
+    how: str = ""            # how it ended: "exit code N", "killed by SIGKILL"
+    started: int = 0         # its processes that imported torch_xla (with a record or not)
 
     def stop(self, reason: str) -> dict | None:
         """The first process that stopped for `reason` ('tour', 'bench', 'uncovered')."""
@@ -79,12 +76,11 @@ def checked_command(command: list[str], usage: str) -> list[str]:
     return command
 
 
-def stream(command: list[str], env: dict[str, str], echo: bool = True) -> tuple[int, str]:
-    """Run `command`, echoing its output as it comes; returns (exit code, the output's tail)."""
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
+def stream(command: list[str], env: dict[str, str], echo: bool = True) -> proc.Ended:
+    """Run `command` (proc.py: its own process group, ended with us), echoing its output as it
+    comes; returns how it ended, with the output's tail."""
     try:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", bufsize=1)
+        return proc.run(command, env, stdout_too=True, tail_lines=TAIL_LINES, echo=echo)
     except FileNotFoundError:
         hint = (": it comes with torch-neuronx; activate the venv that has it (/opt/neuron-train/venv on our "
                 "image, /opt/aws_neuronx_venv_pytorch_2_9 on the Ubuntu 24.04 Neuron DLAMIs)"
@@ -92,17 +88,11 @@ def stream(command: list[str], env: dict[str, str], echo: bool = True) -> tuple[
         raise RunError(f"{command[0]} not found on PATH{hint}") from None
     except OSError as exc:  # not executable, a directory, ...
         raise UsageError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if echo:
-            sys.stdout.write(line)
-        tail.append(line)
-    return proc.wait(), "".join(tail)
 
 
 def probe_vars(mode: str, steps: int = 0) -> dict[str, str]:
     """Variables that arm the probe in `mode` on top of the checker's instrumentation."""
-    return {ENV_EXTENSIONS: PROBE_EXTENSION, probe.MODE_ENV: mode, probe.STEPS_ENV: str(steps)}
+    return {probe.MODE_ENV: mode, probe.STEPS_ENV: str(steps)}
 
 
 def load_probes(folder: Path) -> list[dict]:
@@ -114,15 +104,10 @@ def run_script(command: list[str], folder: Path, *, mode: str, steps: int,
     """Run `command` instrumented; records and probes are read from `folder` (a fresh directory).
     Bench runs the probe alone (no checker: no debug log or HLO dump on the measured steps)."""
     env = {**graph_runner.instrumented_env(folder, graph_runner.DEFAULT_WARMUP), **probe_vars(mode, steps),
-           **({ENV_EXTENSIONS_ONLY: "1"} if mode == "bench" else {}), **(extra_env or {})}
-    code, tail = stream(command, env, echo)
-    return ScriptRun(command, code, graph_runner.load_records(folder), load_probes(folder), tail)
-
-
-def last_line(tail: str) -> str:
-    """The command's own last words (its error), for a one-line report."""
-    lines = [ln.strip() for ln in tail.splitlines() if ln.strip() and not ln.startswith("neuron-train:")]
-    return lines[-1][:300] if lines else "(no output)"
+           **(extra_env or {})}
+    ended = stream(command, env, echo)
+    return ScriptRun(command, ended.code, graph_runner.load_records(folder), load_probes(folder),
+                     "\n".join(ended.tail), ended.status(), len(started(folder)))
 
 
 def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
@@ -130,8 +115,11 @@ def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
     stopped = any(run.stop(r) for r in stopped_ok)
     if run.exit_code != 0 and not stopped:
         where = f" at step {run.steps()}" if run.probes else ""
-        raise RunError(f"{run.line} failed (exit code {run.exit_code}){where}: {last_line(run.tail)}; "
-                       f"{what}")
+        error = graph_runner.command_error(run.tail.splitlines()) or "(no output)"
+        raise RunError(f"{run.line} failed ({run.how or f'exit code {run.exit_code}'}){where}: {error}; {what}")
+    if not run.records and not run.probes and run.started:
+        raise RunError(f"{run.line} ended ({run.how}), but none of its {run.started} process(es) that imported "
+                       "torch_xla wrote its records (os._exit, or killed by a signal)")
     if not run.records and not run.probes:
         raise RunError(f"{run.line} never imported torch_xla (no process of it ran an XLA graph): "
                        "give a PyTorch/XLA training command, e.g. `python my_train.py`")

@@ -3,7 +3,7 @@ when the graph tour may stop, which intervals are the steady state.
 
 A *step* is a sync that ran a graph; its *window* is what happened since the previous one (timed
 when the sync returned, its call site, graphs compiled, the largest host-to-device copy). The probe
-(script_probe.py) folds windows through `Sites` as they come, to stop the process; bench
+(probe.py) folds windows through `Sites` as they come, to stop the process; bench
 (cost/script_bench.py) folds the recorded windows the same way, to measure.
 """
 
@@ -26,6 +26,7 @@ class StepWindow:
 @dataclass
 class SiteState:
     first: int                 # index of its first window
+    last: int = 0              # index of its latest window
     visits: int = 0
     quiet_run: int = 0         # windows in a row, up to the last one, that compiled nothing
     steady: list[tuple[int, float]] = field(default_factory=list)  # (closing window, seconds)
@@ -47,12 +48,14 @@ class Sites:
         self.by_site: dict[str, SiteState] = {}
         self.count = 0
         self.last: StepWindow | None = None
+        self.next_epoch: int | None = None   # windows before a DataLoader began its second epoch
 
     def add(self, w: StepWindow) -> None:
         s = self.by_site.setdefault(w.site, SiteState(first=self.count))
         if self.last is not None and self.last.site == w.site and not w.compiled and s.quiet_run >= 1:
             s.steady.append((self.count, w.t - self.last.t))
         s.visits += 1
+        s.last = self.count
         s.quiet_run = s.quiet_run + 1 if not w.compiled else 0
         self.count += 1
         self.last = w
@@ -75,8 +78,23 @@ class Sites:
         return all(s.warm or (s.visits == 1 and self.count - 1 - s.first >= s.first)
                    for s in self.by_site.values())
 
-    def stop_reason(self, mode: str, steps: int) -> str | None:
-        if mode == "tour" and steps > 0 and self.tour_complete(steps):
+    def epoch_began(self) -> None:
+        """A DataLoader the script had run to its end is iterated again: its next epoch begins."""
+        if self.next_epoch is None:
+            self.next_epoch = self.count
+
+    def past_first_epoch(self, steps: int) -> bool:
+        """The tour to the first epoch's end: a loader began its second epoch (so what runs once per
+        epoch, after the first one's last batch, has run: evaluation, checkpoint, mesh_reduce), N
+        steps done, two steps ran in the new epoch and every call site that ran there is warm. Sites
+        seen only at the epoch boundary have run their once-per-epoch work and need not be warm."""
+        if self.next_epoch is None or self.count < max(steps, 1) or self.count - self.next_epoch < 2:
+            return False
+        return all(s.warm for s in self.by_site.values() if s.last >= self.next_epoch)
+
+    def stop_reason(self, mode: str, steps: int, to_epoch_end: bool = False) -> str | None:
+        if mode == "tour" and steps > 0 and (self.past_first_epoch(steps) if to_epoch_end
+                                             else self.tour_complete(steps)):
             return "tour"
         main = self.main_site()
         if mode == "bench" and steps > 0 and main and len(main[1].steady) >= steps:

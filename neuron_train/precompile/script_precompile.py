@@ -3,8 +3,9 @@
 The command (`python my_train.py ...`, `torchrun ... my_train.py ...`) runs once as a *graph tour*:
 on Neuron under `neuron_parallel_compile` (graph extraction, then a parallel compile into DIR), on
 other devices directly, with torch_xla's persistent cache staged privately. The probe
-(instrument/probe.py) ends each process once every call site it has seen is warm and N steps have
-passed, so a 100-epoch script is not run in full. Every graph the tour compiled goes into the
+(instrument/probe.py) ends each process past the first epoch's end (instrument/epochs.py), or, with
+--steps N, once every call site it has seen is warm and N steps have passed, so a 100-epoch script
+is not run in full. Every graph the tour compiled goes into the
 manifest with its hash, call site, phase and input shapes (cache_env.record_graphs, the function
 our own loop's tour uses); a failed tour records nothing and leaves no staged file behind.
 """
@@ -23,6 +24,7 @@ from neuron_train.common.errors import RunError
 from neuron_train.common.neuron_env import neuron_device_present
 from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
+from neuron_train.instrument.epochs import EPOCH_ENV, MAX_EPOCH_STEPS
 from neuron_train.instrument.script import (
     ScriptRun,
     parse_compile_summary,
@@ -52,6 +54,7 @@ class ScriptPlan:
     env: dict[str, str]         # set on top of the current environment (besides the instrumentation)
     steps: int
     notes: list[str]
+    to_epoch_end: bool = False  # no --steps: the tour runs to the first epoch's end (instrument/epochs.py)
 
     @property
     def real_run(self) -> str:
@@ -59,17 +62,21 @@ class ScriptPlan:
                            "--require-precompiled", "--", *self.script])
 
 
-def plan_script(script: list[str], *, cache: Path, target: str, steps: int, num_parallel: int | None,
+def plan_script(script: list[str], *, cache: Path, target: str, steps: int | None, num_parallel: int | None,
                 retries: int, retry_failed: bool, env) -> ScriptPlan:
-    """The exact command and environment of a script's precompile (pure: nothing runs)."""
+    """The exact command and environment of a script's precompile (pure: nothing runs). `steps`
+    None (no --steps): the tour runs to the first epoch's end, and at least DEFAULT_STEPS steps."""
     run = compile_command(script, cache=cache, target=target, num_parallel=num_parallel, retries=retries,
                           retry_failed=retry_failed, env=env)
-    return ScriptPlan(target, cache, list(script), run.command, run.env, steps, run.notes)
+    return ScriptPlan(target, cache, list(script), run.command, run.env, DEFAULT_STEPS if steps is None else steps,
+                      run.notes, to_epoch_end=steps is None)
 
 
 def format_script_plan(plan: ScriptPlan) -> str:
     env_words = [f"{k}={v}" for k, v in plan.env.items()]
-    stop = (f"every call site warm and at least {plan.steps} steps" if plan.steps
+    stop = ("the first epoch's end and what runs then (evaluation, checkpoint), when a DataLoader of at most "
+            f"{MAX_EPOCH_STEPS} batches feeds the steps; else every call site warm and at least {plan.steps} steps"
+            if plan.to_epoch_end else f"every call site warm and at least {plan.steps} steps" if plan.steps
             else "the command's own end (--steps 0)")
     lines = [f"target       {plan.target}"
              + (" (neuron_parallel_compile: extract graphs, then compile them in parallel)"
@@ -91,7 +98,8 @@ def execute_script_plan(plan: ScriptPlan, device: str) -> str:
     staging = plan.cache / store.STAGING_DIR / f"tour-{run_id}"
     try:
         with tempfile.TemporaryDirectory(prefix="neuron-train-precompile-") as folder:
-            extra = {**plan.env, **({probe.STAGING_ENV: str(staging)} if plan.target != "neuron" else {})}
+            extra = {**plan.env, **({probe.STAGING_ENV: str(staging)} if plan.target != "neuron" else {}),
+                     **({EPOCH_ENV: "1"} if plan.to_epoch_end else {})}
             run = run_script(plan.command, Path(folder), mode="tour", steps=plan.steps, extra_env=extra)
         summary = parse_compile_summary(run.tail) if plan.target == "neuron" else {}
         require_ran(run, f"nothing was recorded in {plan.cache}", stopped_ok=("tour",))
@@ -124,9 +132,14 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary:
 def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[dict], vouched: int, summary: dict) -> str:
     sites = {g.get("where") or "?" for g in graphs}
     stop = run.stop("tour")
-    ended = (f"stopped after step {stop['step']}: every call site it reached was warm; code that runs later "
-             "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
-             "run the command whole" if stop else f"the command ended by itself after {run.steps()} steps")
+    if stop and any(p.get("to_epoch_end") for p in run.probes):
+        ended = f"stopped after step {stop['step']}, past the first epoch's end, every call site warm"
+    elif stop:
+        ended = (f"stopped after step {stop['step']}: every call site it reached was warm; code that runs later "
+                 "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
+                 "run the command whole")
+    else:
+        ended = f"the command ended by itself after {run.steps()} steps"
     lines = [f"precompiled  {run.line} (configuration {fp})",
              f"graphs       {len(graphs)} recorded in {plan.cache}/{store.MANIFEST}, from {len(sites)} call "
              f"site(s)"]

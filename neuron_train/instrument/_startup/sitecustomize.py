@@ -1,7 +1,7 @@
 """Imported by Python at start-up in every process `neuron-train check-graphs` runs.
 
-Arms the graph checker (neuron_train.graphs.recorder.arm_process) when check-graphs asked for it, then
-runs the `sitecustomize` this one shadows, if the environment has one.
+Arms the graph checker and the probe (neuron_train.instrument.start) when check-graphs, precompile or
+bench asked for it, then runs the `sitecustomize` this one shadows, if the environment has one.
 """
 
 import importlib.machinery
@@ -16,11 +16,11 @@ def _arm() -> None:
     if not os.environ.get("NEURON_TRAIN_GRAPHS_DIR"):
         return
     try:
-        from neuron_train.graphs import recorder
+        from neuron_train.instrument import start
     except ImportError:  # another interpreter than the one neuron_train is installed in
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
-        from neuron_train.graphs import recorder
-    recorder.arm_process()
+        from neuron_train.instrument import start
+    start.arm()
 
 
 def _run_shadowed() -> None:

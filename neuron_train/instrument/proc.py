@@ -1,0 +1,148 @@
+"""Running a user's command (or our own run.py) as a child that never outlives us.
+
+- The command runs in its own session (process group): whatever it starts can be ended together.
+- A watchdog process (_watchdog.py) holds a pipe to us: if we die, even by SIGKILL, it ends the
+  command's process group (SIGTERM, then SIGKILL after a grace period).
+- SIGTERM/SIGINT to us are passed on to the command's group (a second one kills it), and the
+  caller still gets the output so far: a partial report, not none.
+- The output is read until the command itself exits; a child of it that keeps the pipe open
+  (a server, a stray worker) does not hold us: the rest of the group is then ended.
+- How it ended is kept: an exit code, or the signal that killed it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_WATCHDOG = Path(__file__).resolve().with_name("_watchdog.py")
+GRACE_S = 10.0      # after SIGTERM, before SIGKILL (the group's processes write their records)
+DRAIN_S = 1.0       # output still read after the command exited (a grandchild may hold the pipe)
+POLL_S = 0.1
+
+
+@dataclass
+class Ended:
+    """How a command run ended."""
+
+    code: int                      # its exit status; 128 + N when signal N killed it (as a shell says)
+    signal: int | None = None      # the signal that killed it, if one did
+    interrupted: int | None = None  # the signal (SIGTERM/SIGINT) that made us end it early
+    tail: list[str] = field(default_factory=list)   # its last output lines
+
+    def how(self) -> str:
+        """'exited with code N' or 'was killed by SIGKILL'."""
+        return f"was {self.status()}" if self.signal is not None else f"exited with code {self.code}"
+
+    def status(self) -> str:
+        """'exit code N' or 'killed by SIGKILL'."""
+        return f"killed by {signal.Signals(self.signal).name}" if self.signal is not None else f"exit code {self.code}"
+
+
+def run(command: list[str], env: dict[str, str], *, stdout_too: bool, tail_lines: int,
+        echo: bool = True) -> Ended:
+    """Run `command`, echoing its stderr (and stdout when `stdout_too`, merged into ours) as it comes.
+    OSError: it could not start."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE if stdout_too else None,
+                            stderr=subprocess.STDOUT if stdout_too else subprocess.PIPE, start_new_session=True)
+    watchdog = subprocess.Popen([sys.executable, str(_WATCHDOG), str(proc.pid), str(GRACE_S)],
+                                stdin=subprocess.PIPE, start_new_session=True)
+    child = _Child(proc, proc.stdout if stdout_too else proc.stderr, tail_lines)
+    previous = child.forward_signals()
+    try:
+        child.read((sys.stdout if stdout_too else sys.stderr) if echo else None)
+    finally:
+        _restore(previous)
+        proc.poll()  # reaped first: a zombie leader would keep its group "alive"
+        end_group(proc.pid)
+        child.pipe.close()
+        assert watchdog.stdin is not None
+        watchdog.stdin.close()  # the watchdog finds the group gone and exits
+    code = proc.wait()
+    killed = -code if code < 0 else None
+    return Ended(128 + killed if killed else code, killed, child.got[0] if child.got else None, list(child.tail))
+
+
+class _Child:
+    def __init__(self, proc: subprocess.Popen, pipe, tail_lines: int):
+        self.proc, self.pipe = proc, pipe
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.got: list[int] = []          # signals we received
+        self.signalled_at = 0.0
+
+    def read(self, out) -> None:
+        """Echo and keep the output until the command has exited (then at most DRAIN_S more)."""
+        fd, partial, ended_at, killed = self.pipe.fileno(), b"", None, False
+        while True:
+            now = time.monotonic()
+            if ended_at is None and self.proc.poll() is not None:
+                ended_at = now
+            if ended_at is not None and now - ended_at > DRAIN_S:
+                break
+            if self.got and not killed and now - self.signalled_at > GRACE_S:
+                killed = True
+                _kill(self.proc.pid, signal.SIGKILL)  # it did not end after the signal we passed on
+            ready, _, _ = select.select([fd], [], [], POLL_S)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if ended_at is None:  # the pipe closed first: wait for the exit itself
+                    self.proc.wait()
+                break
+            if out is not None:
+                out.buffer.write(chunk)
+                out.buffer.flush()
+            lines = (partial + chunk).split(b"\n")
+            partial = lines.pop()
+            self.tail.extend(line.decode("utf-8", "replace").rstrip() for line in lines)
+        if partial:
+            self.tail.append(partial.decode("utf-8", "replace").rstrip())
+
+    def forward_signals(self) -> dict:
+        """SIGTERM/SIGINT to us end the command's group too; a second one kills it outright."""
+        def handler(signum, frame) -> None:
+            if not self.got:
+                self.signalled_at = time.monotonic()
+            self.got.append(signum)
+            _kill(self.proc.pid, signum if len(self.got) == 1 else signal.SIGKILL)
+
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread: signals stay as they were
+                pass
+        return previous
+
+
+def _restore(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _kill(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_group(pgid: int, grace_s: float = GRACE_S) -> None:
+    """End what is left of the command's process group: SIGTERM, then SIGKILL after `grace_s`."""
+    _kill(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    _kill(pgid, signal.SIGKILL)
