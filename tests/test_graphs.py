@@ -38,8 +38,8 @@ def check_graphs(tmp_path: Path, *command: str, options: tuple[str, ...] = (),
     return proc.returncode, json.loads(report.read_text()), output
 
 
-def check_script(tmp_path: Path, name: str, *options: str) -> tuple[int, dict, str]:
-    return check_graphs(tmp_path, sys.executable, str(FIXTURES / name), options=options)
+def check_script(tmp_path: Path, name: str, *args: str, options: tuple[str, ...] = ()) -> tuple[int, dict, str]:
+    return check_graphs(tmp_path, sys.executable, str(FIXTURES / name), *args, options=options)
 
 
 def line_of(name: str, label: str) -> str:
@@ -107,6 +107,15 @@ def test_host_read_before_the_sync_is_reported_with_line(tmp_path, script, cause
     assert any(p.startswith(cause) for p in report["problems"])
 
 
+@pytest.mark.parametrize("how", ["import", "importlib", "lazy"])
+def test_a_process_that_looks_for_torch_xla_first_is_checked(tmp_path, how):
+    """find_spec("torch_xla") first (transformers, accelerate), then import it in one of three ways."""
+    code, report, output = check_script(tmp_path, "find_spec_first.py", how)
+    assert code == 1 and "nothing was checked" not in output, output
+    [ragged] = report["recompiles"]
+    assert (ragged["cause"], ragged["where"]) == (records.NEW_INPUT_SHAPE, line_of("find_spec_first.py", "LOADER"))
+
+
 def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     """The first evaluation is a late graph; its ragged last batch is a recompilation."""
     _, report, _ = check_script(tmp_path, "eval_batch_size.py")
@@ -121,12 +130,12 @@ def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
 
 def test_warmup_and_max_graphs(tmp_path):
     """lr_special_scalar compiles 2 graphs by step 4: inside a warm-up of 8 it is stable..."""
-    code, report, output = check_script(tmp_path, "lr_special_scalar.py", "--warmup-steps", "8",
-                                        "--max-graphs", "2")
+    code, report, output = check_script(tmp_path, "lr_special_scalar.py",
+                                        options=("--warmup-steps", "8", "--max-graphs", "2"))
     assert code == 0 and report["stable"] and report["distinct_graphs"] == 2, output
     # ...unless it may compile only one graph.
-    code, report, output = check_script(tmp_path, "lr_special_scalar.py", "--warmup-steps", "8",
-                                        "--max-graphs", "1")
+    code, report, output = check_script(tmp_path, "lr_special_scalar.py",
+                                        options=("--warmup-steps", "8", "--max-graphs", "1"))
     assert code == 1, output
     assert report["problems"] == ["2 distinct graphs compiled, more than --max-graphs 1"]
 

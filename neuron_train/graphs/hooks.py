@@ -220,22 +220,38 @@ def _strip(value: BaseException | None, tb, depth: int = 0):
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `callback(module)` once `name` has been imported, whoever imports it first."""
+    """Runs `callback(module)` once `name` has been imported, whoever imports it first.
+
+    Libraries often look before they import (transformers and accelerate call
+    `importlib.util.find_spec("torch_xla")`, then import it later, lazily or through importlib):
+    a look is not the import, so the finder stays in place and wraps the loader of every spec it
+    hands out; the first wrapped loader that executes the module runs the callback and retires it.
+    """
 
     def __init__(self, name: str, callback: Callable):
         self.name, self.callback = name, callback
+        self._looking = False
+        self._done = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
+        if fullname != self.name or self._looking or self._done:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._looking = True  # the search below walks sys.meta_path again, through this finder
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def run(module) -> None:
             exec_module(module)
+            if self._done:
+                return
+            self._done = True
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             try:
                 self.callback(module)
             except Exception as exc:  # never break the user's program over the checker
@@ -243,5 +259,3 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = run
         return spec
-
-
