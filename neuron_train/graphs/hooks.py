@@ -27,8 +27,8 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from neuron_train.graphs import loaders
-from neuron_train.graphs.frames import HERE, caller_line
+from neuron_train.graphs import dynamo, loaders
+from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
 
 __all__ = ["AfterImport", "caller_line", "install"]
 
@@ -53,8 +53,11 @@ def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
     undo.append(_watch_schedulers(recorder, schedulers))
     undo.append(_watch_optimizers(recorder, schedulers))
     undo += loaders.install(recorder)
+    undo += dynamo.install(recorder)
+    undo.append(_watch_eager_mode(recorder))
     if count_syncs:
         undo += _wrap_sync(recorder)
+        undo.append(_count_compiled_calls(recorder))
         undo.append(_own_errors_only())
 
     def remove() -> None:
@@ -80,10 +83,12 @@ def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     def read(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
         where = None
-        if depth == 0 and self.device.type == "xla":
-            where = caller_line(recorder.analyzer.is_internal, sys._getframe(1))
+        if depth == 0 and self.device.type == "xla" and not in_dynamo(sys._getframe(1)):
+            analyzer = recorder.analyzer
+            where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
-                recorder.note_read(kind, where)
+                recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
+                                                             sys._getframe(1)))
         _state.depth = depth + 1
         try:
             return original(self, *args, **kwargs)
@@ -153,6 +158,23 @@ def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callab
     return register_optimizer_step_pre_hook(before_step).remove
 
 
+def _watch_eager_mode(recorder) -> Callable[[], None]:
+    """Note that torch_xla's eager mode was turned on (torch_xla.experimental.eager_mode(True)): its
+    per-op compiles leave no PT_XLA_DEBUG record, so they have no hash. torch_xla.compile turns it off
+    for the compiled call and back on afterwards, through the same switch."""
+    import torch_xla
+
+    xlac = torch_xla._XLAC
+    original = xlac._set_use_eager_mode
+
+    def _set_use_eager_mode(enable: bool) -> None:
+        recorder.eager_mode = recorder.eager_mode or bool(enable)
+        original(enable)
+
+    xlac._set_use_eager_mode = _set_use_eager_mode
+    return lambda: setattr(xlac, "_set_use_eager_mode", original)
+
+
 def _wrap_sync(recorder) -> list[Callable[[], None]]:
     """In a foreign script every sync that ran a graph ends a step (unless our loop numbers them)."""
     import torch_xla
@@ -161,20 +183,15 @@ def _wrap_sync(recorder) -> list[Callable[[], None]]:
     original = module.sync
 
     def sync(*args, **kwargs):
-        if getattr(_state, "in_sync", False):
-            return original(*args, **kwargs)
+        if getattr(_state, "in_sync", False) or getattr(_state, "compiled_calls", 0):
+            return original(*args, **kwargs)  # a sync inside a torch.compile'd call: the call is the step
         before = recorder.log_size()
         _state.in_sync = True
         try:
             result = original(*args, **kwargs)
         finally:
             _state.in_sync = False
-        # Only a sync that ran a graph is a step: MpDeviceLoader's first fetch, torch_xla.compile's
-        # clearing of pending work and xm.rendezvous often sync with nothing pending.
-        ran_graph = recorder.log_size() > before
-        if ran_graph and not recorder.loop_steps:
-            recorder.sync_steps += 1
-            recorder.step_end(recorder.sync_steps)
+        _end_step_if_ran(recorder, before)
         return result
 
     sync.__doc__ = original.__doc__
@@ -186,6 +203,43 @@ def _wrap_sync(recorder) -> list[Callable[[], None]]:
         torch_xla.sync = original
 
     return [restore]
+
+
+def _end_step_if_ran(recorder, log_size_before: int) -> None:
+    # Only a sync that ran a graph is a step: MpDeviceLoader's first fetch, torch_xla.compile's
+    # clearing of pending work and xm.rendezvous often sync with nothing pending.
+    if recorder.log_size() > log_size_before and not recorder.loop_steps:
+        recorder.sync_steps += 1
+        recorder.step_end(recorder.sync_steps)
+
+
+def _count_compiled_calls(recorder) -> Callable[[], None]:
+    """A call of a torch.compile'd function (the outermost one) that ran a graph ends a step too: the
+    openxla backend syncs inside the call, so a compiled loop has no sync of its own to count.
+    Dynamo runs each `_TorchDynamoContext.enter_exit_hooks` entry on entering a compiled call and
+    the function it returns on leaving (torch/_dynamo/eval_frame.py)."""
+    from torch._dynamo.eval_frame import OptimizeContext
+
+    original = OptimizeContext.__init__
+
+    def enter() -> Callable[[], None]:
+        depth = getattr(_state, "compiled_calls", 0)
+        _state.compiled_calls = depth + 1
+        before = recorder.log_size()
+
+        def leave() -> None:
+            _state.compiled_calls = depth
+            if depth == 0:
+                _end_step_if_ran(recorder, before)
+
+        return leave
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.enter_exit_hooks.append(enter)
+
+    OptimizeContext.__init__ = __init__
+    return lambda: setattr(OptimizeContext, "__init__", original)
 
 
 def _own_errors_only() -> Callable[[], None]:

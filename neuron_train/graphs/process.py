@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_train.graphs.log import internal_file_predicate
+from neuron_train.graphs.log import internal_file_predicate, library_namer
 
 ENV_DIR = "NEURON_TRAIN_GRAPHS_DIR"          # set by check-graphs: every process writes here
 ENV_WARMUP = "NEURON_TRAIN_GRAPHS_WARMUP"    # check-graphs --warmup-steps
@@ -88,6 +88,14 @@ def internal_predicate() -> Callable[[str], bool]:
     package = os.path.dirname(here)                    # the rest of neuron_train is user code
     return internal_file_predicate(tuple(sorted(libs)), keep=(package + os.sep,),
                                    always=(here + os.sep, *_extension_files()))
+
+
+def library_of() -> Callable[[str], str]:
+    """Names a third-party library's file package-relative (`transformers/trainer.py`); "" otherwise."""
+    paths = sysconfig.get_paths()
+    roots = tuple(sorted({paths["purelib"] + os.sep, paths["platlib"] + os.sep}))
+    return library_namer(roots, mechanism=("torch", "torch_xla", "functorch", "neuron_train",
+                                                 "typing_extensions"))
 
 
 def _extensions() -> list[tuple[str, str]]:
