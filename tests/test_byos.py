@@ -127,6 +127,19 @@ def test_a_missing_graph_is_compared_with_the_precompiled_graph_of_its_line():
     assert "not precompiled: n1 at /b/train.py:51 (first step, step 1): input 1: f32[16,784] here" in text
 
 
+def test_a_graph_without_a_hash_makes_coverage_unknown_never_100_percent():
+    """Eager mode's per-op compiles have no hash: the graphs with one all being covered is not 100%."""
+    config = coverage.script_config(["python", "train.py"], device="CPU", env={})
+    manifest = script_manifest(config, {"g1": {"where": "/a/train.py:51", "input_shapes": ["f32[3]"]}})
+    here = [{"hash": "g1", "where": "/a/train.py:51", "phase": "main", "step": 1},
+            {"hash": "", "where": "", "phase": "main", "step": 1}]
+    report = coverage.coverage_report(here, manifest, config, "cc")
+    assert report["coverage"] is None and report["unidentified"] == 1
+    assert coverage.format_coverage(report) == ("precompile coverage unknown: 1 graph(s) compiled without a "
+                                                "fingerprint (graph hashes unavailable); of the 1 with one, "
+                                                "1 in cc/manifest.json")
+
+
 def test_another_command_line_is_named_option_by_option():
     here = coverage.script_config(["python", "t.py", "--batch_size", "16", "--fake_data"], device="CPU", env={})
     there = coverage.script_config(["python", "t.py", "--batch_size", "32"], device="CPU", env={})

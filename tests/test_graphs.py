@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env
 
-from neuron_train.graphs import format_report, hlo_diff, records
+from neuron_train.graphs import format_report, hlo_diff, log, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, internal_file_predicate, parse_debug_log
 
@@ -38,8 +38,8 @@ def check_graphs(tmp_path: Path, *command: str, options: tuple[str, ...] = (),
     return proc.returncode, json.loads(report.read_text()), output
 
 
-def check_script(tmp_path: Path, name: str, *options: str) -> tuple[int, dict, str]:
-    return check_graphs(tmp_path, sys.executable, str(FIXTURES / name), options=options)
+def check_script(tmp_path: Path, name: str, *args: str, options: tuple[str, ...] = ()) -> tuple[int, dict, str]:
+    return check_graphs(tmp_path, sys.executable, str(FIXTURES / name), *args, options=options)
 
 
 def line_of(name: str, label: str) -> str:
@@ -107,6 +107,15 @@ def test_host_read_before_the_sync_is_reported_with_line(tmp_path, script, cause
     assert any(p.startswith(cause) for p in report["problems"])
 
 
+@pytest.mark.parametrize("how", ["import", "importlib", "lazy"])
+def test_a_process_that_looks_for_torch_xla_first_is_checked(tmp_path, how):
+    """find_spec("torch_xla") first (transformers, accelerate), then import it in one of three ways."""
+    code, report, output = check_script(tmp_path, "find_spec_first.py", how)
+    assert code == 1 and "nothing was checked" not in output, output
+    [ragged] = report["recompiles"]
+    assert (ragged["cause"], ragged["where"]) == (records.NEW_INPUT_SHAPE, line_of("find_spec_first.py", "LOADER"))
+
+
 def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     """The first evaluation is a late graph; its ragged last batch is a recompilation."""
     _, report, _ = check_script(tmp_path, "eval_batch_size.py")
@@ -121,12 +130,12 @@ def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
 
 def test_warmup_and_max_graphs(tmp_path):
     """lr_special_scalar compiles 2 graphs by step 4: inside a warm-up of 8 it is stable..."""
-    code, report, output = check_script(tmp_path, "lr_special_scalar.py", "--warmup-steps", "8",
-                                        "--max-graphs", "2")
+    code, report, output = check_script(tmp_path, "lr_special_scalar.py",
+                                        options=("--warmup-steps", "8", "--max-graphs", "2"))
     assert code == 0 and report["stable"] and report["distinct_graphs"] == 2, output
     # ...unless it may compile only one graph.
-    code, report, output = check_script(tmp_path, "lr_special_scalar.py", "--warmup-steps", "8",
-                                        "--max-graphs", "1")
+    code, report, output = check_script(tmp_path, "lr_special_scalar.py",
+                                        options=("--warmup-steps", "8", "--max-graphs", "1"))
     assert code == 1, output
     assert report["problems"] == ["2 distinct graphs compiled, more than --max-graphs 1"]
 
@@ -533,3 +542,39 @@ def test_our_multi_epoch_run_is_graph_stable(tmp_path):
     assert {g["kind"] for g in train} == {"warmup"} and max(g["step"] for g in train) <= 1, train
     assert report["distinct_graphs"] <= 9, report["graphs"]
     assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_dynamo_recompilations_after_the_warmup_and_the_recompile_limit_are_defects():
+    """An optimizer's state appearing (step 2) is warm-up; an LR guard failing later is a defect, and
+    so is dynamo giving up; graph breaks are listed, never a failure."""
+    analyzer = Analyzer(0, LIBS)
+    note = records.DynamoNote
+    lr = "5/2: self.param_groups[0]['lr'] == 0.081"
+    for step, notes in enumerate([[note("graph_break", "step (/u/t.py)", "Unsupported Tensor.backward() call",
+                                        "/u/t.py:5")],
+                                  [note("recompile", "step (torch/optim/sgd.py:105)", "5/0: len(self.state) == 0",
+                                        "/u/t.py:7")],
+                                  [note("recompile", "step (torch/optim/sgd.py:105)", lr, "/u/t.py:7")],
+                                  [note("limit", "step (torch/optim/sgd.py:105)", "recompile_limit (8) reached",
+                                        "/u/t.py:7")]], 1):
+        analyzer.observe(window(step, *ran("g", 10) if step == 1 else [sync_event("execute", "g", 10)],
+                                dynamo=notes))
+    summary = analyzer.summary()
+    assert [(d["cause"], d["defect"]) for d in summary["dynamo"]] == [
+        (records.GRAPH_BREAK, False), (records.DYNAMO_RECOMPILE, False), (records.DYNAMO_RECOMPILE, True),
+        (records.DYNAMO_EAGER, True)]
+    assert summary["problems"] == [
+        f"dynamo recompilation of step (torch/optim/sgd.py:105) once, at step 3 (train): {lr} at /u/t.py:7",
+        "dynamo fell back to eager of step (torch/optim/sgd.py:105) once, at step 4 (train): "
+        "recompile_limit (8) reached at /u/t.py:7"]
+    assert "lr=torch.tensor" in summary["dynamo"][2]["fix"]
+
+
+def test_a_library_frame_is_named_package_relative_below_the_users_line():
+    name = log.library_namer(("/lib/",), mechanism=("torch",))
+    frames = [Frame("__bool__", "/lib/torch/_tensor.py", 1), Frame("mask", "/lib/transformers/masking_utils.py", 369),
+              Frame("train", "/u/t.py", 56), Frame("run", "/lib/other/x.py", 3)]
+    assert log.library_frame(frames, LIBS, name) == "transformers/masking_utils.py:369"
+    assert log.library_frame(frames[2:], LIBS, name) == ""  # the user's own line comes first
+    assert records.fix_for(records.VALUE_BRANCH, "transformers/masking_utils.py:369").startswith("transformers asks")
+    assert records.fix_for(records.VALUE_BRANCH, "") == records.FIXES[records.VALUE_BRANCH]

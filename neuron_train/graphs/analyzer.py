@@ -24,9 +24,21 @@ from dataclasses import asdict, dataclass, field, replace
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.explain import Context, Loaders, explain
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
-from neuron_train.graphs.log import XlaEvent, user_frames
-from neuron_train.graphs.records import NEW_CALL_SITE, UNKNOWN, WARMUP, Graph, Window
-from neuron_train.graphs.report import short
+from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
+from neuron_train.graphs.records import (
+    DYNAMO_EAGER,
+    DYNAMO_RECOMPILE,
+    GRAPH_BREAK,
+    NEW_CALL_SITE,
+    NEW_INPUT_SHAPE,
+    UNKNOWN,
+    WARMUP,
+    DynamoNote,
+    Graph,
+    Window,
+    fix_for,
+)
+from neuron_train.graphs.report import at, short
 
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
 WARMUP_GRAPHS = 3           # distinct graphs a site may run before it repeats one (first optimizer
@@ -65,6 +77,8 @@ class Analyzer:
     warm_sites: int = 0
     last_new_graph: int = 0   # the step index of the latest graph compiled
     last_recompile: tuple[int, Graph, list[str]] | None = None  # (step index, graph, its output shapes)
+    library_of: Callable[[str], str] = field(default=lambda path: "")  # package-relative library file
+    dynamo: list[dict] = field(default_factory=list)   # torch.compile's recompiles, limits, graph breaks
 
     @property
     def steady(self) -> bool:
@@ -85,7 +99,8 @@ class Analyzer:
         self.steady_steps += steady and w.is_step
         label = w.step if w.step is not None else self.last_step
         self.loaders.observe(w)
-        reads = reads_by_line(w, self.is_internal)
+        reads = reads_by_line(w, self.is_internal, self.library_of)
+        dynamo = self._dynamo_notes(w, index, label)
         found: list[Graph] = []
         times = iter(w.compile_times)
         fresh_read: tuple[str, str] | None = None  # a read that ran a new graph in this window
@@ -97,7 +112,7 @@ class Analyzer:
                 ctx = Context(w, reads, self.loaders, site.runs, label, self.hlo, self.is_internal,
                                   self._recent_recompile(index))
                 graph = self._new_graph(event, phase, site, label, index, next(times, None), ctx,
-                                        w.hlo.get(i), fresh_read)
+                                        w.hlo.get(i), fresh_read, dynamo)
                 if graph is not None and graph.trigger == "host access" and not in_closure(event):
                     fresh_read = (graph.where, read_cause(reads.get(graph.where, {}).get("kind")))
                 if graph is not None and graph.kind == "recompile":
@@ -151,7 +166,8 @@ class Analyzer:
         return "recompile"
 
     def _new_graph(self, event: XlaEvent, phase: str, site: Site, step, index: int, seconds: float | None,
-                   ctx: Context, hlo, fresh_read: tuple[str, str] | None) -> Graph | None:
+                   ctx: Context, hlo, fresh_read: tuple[str, str] | None,
+                   dynamo: list[dict] = ()) -> Graph | None:
         self.uses_log = True
         self.last_new_graph = index
         if event.graph_hash in self.graphs:
@@ -160,17 +176,30 @@ class Analyzer:
         graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds,
                       kind=self._kind(site, index, ctx.window), cause=WARMUP, detail="",
                       where=frames[0] if frames else "", trigger=_trigger(event), site=frames,
-                      inputs=event.inputs, outputs=event.outputs)
+                      inputs=event.inputs, outputs=event.outputs,
+                      library=library_frame(event.frames, self.is_internal, self.library_of))
         if graph.kind == "recompile" and fresh_read is not None:
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause) = "late", fresh_read
+            graph.library = ctx.reads.get(graph.where, {}).get("library", graph.library)
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
+        elif graph.kind == "recompile" and dynamo:
+            _dynamo_cause(graph, dynamo[0], ctx)  # dynamo recompiled: its guard says why
+            self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
+        elif graph.kind == "recompile" and ctx.follows and ctx.follows[0].detail.startswith("dynamo recompiled"):
+            first = ctx.follows[0]  # the next graph of the same dynamo recompilation: one bug, one line
+            graph.cause, graph.where, graph.library, graph.fix = first.cause, first.where, first.library, first.fix
+            graph.detail = f"the same recompilation as graph {first.hash[:12]} at step {first.step}: {first.detail}"
         elif graph.kind == "recompile":
-            graph.cause, graph.detail, graph.where = explain(self.hlo.get(site.last), hlo, graph.where, ctx)
+            graph.cause, graph.detail, graph.where, graph.library = explain(
+                self.hlo.get(site.last), hlo, graph.where, ctx, graph.library)
             self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
         elif graph.kind == "late":
-            kind = ctx.reads.get(graph.where, {}).get("kind")
-            graph.cause = read_cause(kind) if event.host_access else NEW_CALL_SITE
+            read = ctx.reads.get(graph.where, {})
+            graph.cause = read_cause(read.get("kind")) if event.host_access else NEW_CALL_SITE
+            graph.library = read.get("library") or graph.library
+        if graph.kind != "warmup":
+            graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:
             self.hlo[event.graph_hash] = hlo
         self.home.setdefault(event.graph_hash, site)
@@ -186,6 +215,10 @@ class Analyzer:
             read = w.refused[0].read
             why = (f"no hash: torch_xla compiled it for the read at {short(read.where)} and then refused to "
                    "run it (torch_xla.compile(full_graph=True)), without logging it")
+        elif w.eager:
+            why = ("no hash: compiled by torch_xla's eager mode, which compiles and runs each op (or small "
+                   "group of ops) as its own graph outside torch_xla.compile and writes no PT_XLA_DEBUG record "
+                   "of it; precompile coverage is unknown for such a run")
         else:
             why = ("no hash: torch_xla counted this compile but wrote no PT_XLA_DEBUG record of it (the "
                    "process set up the checker after its first graph, or failed while compiling)")
@@ -196,12 +229,41 @@ class Analyzer:
         self.graphs[key] = graph
         return graph
 
+    def _dynamo_notes(self, w: Window, index: int, step) -> list[dict]:
+        """Record dynamo's notes; returns this window's recompilations past the warm-up (defects).
+
+        Warm-up as on the lazy path: an optimizer's first steps (its state appears: the first guard
+        failure of its compiled `step`) and the first --warmup-steps steps. A step here is a compiled
+        call or a sync that ran a graph. Graph breaks are reported, never a defect.
+        """
+        warm = index <= max(OPTIMIZER_WARMUP_STEPS, self.warmup_steps) or any(
+            n <= OPTIMIZER_WARMUP_STEPS for n in w.optimizer_steps)
+        found = []
+        for note in w.dynamo:
+            entry = {**asdict(note), "step": step, "phase": w.phase}
+            if note.kind == "graph_break":
+                known = next((d for d in self.dynamo if d["kind"] == "graph_break"
+                              and (d["where"], d["reason"]) == (note.where, note.reason)), None)
+                if known is not None:
+                    known["count"] += 1
+                    continue
+                entry.update(defect=False, count=1, cause=GRAPH_BREAK)
+            else:
+                entry.update(defect=note.kind == "limit" or not warm, count=1,
+                             cause=DYNAMO_EAGER if note.kind == "limit" else DYNAMO_RECOMPILE)
+            entry["fix"] = fix_for(entry["cause"], _compiled_library(note))
+            self.dynamo.append(entry)
+            if entry["defect"] and note.kind == "recompile":
+                found.append(entry)
+        return found
+
     def summary(self, max_graphs: int | None = None) -> dict:
         graphs = [asdict(replace(g, executions=self.executions.get(g.hash, 0))) for g in self.graphs.values()]
         host = self.host.entries(self.steady_steps)
         recompiles = [g for g in graphs if g["kind"] == "recompile"]
         late = [g for g in graphs if g["kind"] == "late"]
-        problems = _recompile_problems(recompiles) + HostSyncs.problems(host, self.steady_steps)
+        problems = (_recompile_problems(recompiles) + _dynamo_problems(self.dynamo)
+                    + HostSyncs.problems(host, self.steady_steps))
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         for h in host:
@@ -209,6 +271,7 @@ class Analyzer:
         return {"warmup_steps": self.warmup_steps, "steps": self.steps, "distinct_graphs": len(graphs),
                 "graphs": graphs, "late_graphs": late, "recompiles": recompiles, "host_syncs": host,
                 "scalar_reads_after_warmup": self.host.scalar_reads, "fallback_ops": self.host.fallback,
+                "dynamo": self.dynamo,
                 "source": "pt_xla_debug" if self.uses_log or not graphs else "counters",
                 "problems": problems, "stable": not problems}
 
@@ -227,7 +290,47 @@ def _recompile_problems(recompiles: list[dict]) -> list[str]:
     for (cause, where), graphs in grouped.items():
         steps = ", ".join(str(g["step"]) for g in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
         count = f"{len(graphs)} recompilations" if len(graphs) > 1 else "recompilation"
-        out.append(f"{count} at step {steps} ({graphs[0]['phase']}): {cause} at {short(where)}")
+        out.append(f"{count} at step {steps} ({graphs[0]['phase']}): {cause} at "
+                   f"{at(where, graphs[0].get('library', ''))}")
+    return out
+
+
+def _compiled_library(note: DynamoNote) -> str:
+    """`torch/optim/sgd.py` out of `step (torch/optim/sgd.py:105)`: the library of the compiled function."""
+    return note.function.partition("(")[2].rpartition(":")[0]
+
+
+def _dynamo_cause(graph: Graph, note: dict, ctx: Context) -> None:
+    """A new graph made by a dynamo recompilation: dynamo's failed guard is the cause; a size guard
+    is a new input shape, named at the loader whose last batch had it when there is one."""
+    note["graph"] = graph.hash
+    graph.detail = f"dynamo recompiled {note['function']}: {note['reason']}"
+    graph.where, graph.library = note["where"] or graph.where, note["library"]
+    graph.cause = NEW_INPUT_SHAPE if "size mismatch" in note["reason"] else DYNAMO_RECOMPILE
+    if graph.cause == NEW_INPUT_SHAPE:
+        origin = ctx.loaders.ragged_in(ctx.window)
+        if origin is not None:
+            graph.where, graph.library = origin.where, origin.library
+            graph.detail += (f"; the batches come from the DataLoader at {short(origin.where)} (batch_size "
+                             f"{origin.batch_size}, drop_last=False, {origin.samples} samples: each pass "
+                             f"ends with a batch of {origin.samples % origin.batch_size})")
+    graph.fix = fix_for(graph.cause, graph.library or _compiled_library(DynamoNote(**{
+        k: note[k] for k in ("kind", "function", "reason", "where", "library")})))
+
+
+def _dynamo_problems(notes: list[dict]) -> list[str]:
+    """Dynamo recompilations that made no new graph of their own (reported with the graph otherwise)
+    and the fall-back to eager, one line per cause and line."""
+    grouped: dict[tuple, list[dict]] = {}
+    for d in notes:
+        if d["defect"] and not d.get("graph"):
+            grouped.setdefault((d["cause"], d["where"], d["function"]), []).append(d)
+    out = []
+    for (cause, where, function), found in grouped.items():
+        steps = ", ".join(str(d["step"]) for d in found[:5]) + (", ..." if len(found) > 5 else "")
+        count = f"{len(found)} times" if len(found) > 1 else "once"
+        out.append(f"{cause} of {function} {count}, at step {steps} ({found[0]['phase']}): "
+                   f"{found[-1]['reason']} at {at(where, found[0]['library'])}")
     return out
 
 

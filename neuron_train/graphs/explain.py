@@ -45,6 +45,20 @@ class Loaders:
             if len(seen) < SHAPES_KEPT:
                 seen.update(batch.shapes)
 
+    def made_at(self, where: str) -> LoaderOrigin | None:
+        """The loader made at (or whose collate_fn is defined at) `where`; the latest one."""
+        found = [o for o in self.origins.values() if where in (o.where, o.collate_where)]
+        return found[-1] if found else None
+
+    def ragged_in(self, w: Window) -> LoaderOrigin | None:
+        """The loader whose ragged last batch was fetched in `w`, if any."""
+        for batch in w.batches:
+            origin = self.origins.get(batch.loader)
+            remainder = _remainder(origin) if origin is not None else 0
+            if remainder and any(_first_dim(s) == remainder for s in batch.shapes):
+                return origin
+        return None
+
     def source_of(self, shapes: list[str]) -> LoaderOrigin | None:
         """The loader whose batches had one of `shapes` (exact type first, then dimensions only:
         XLA_USE_BF16 turns f32 inputs into bf16 ones)."""
@@ -71,8 +85,18 @@ class Context:
 
 
 def explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, where: str,
-            ctx: Context) -> tuple[str, str, str]:
-    """(cause, detail, line) of a new graph at a warm call site whose last graph was `base`."""
+            ctx: Context, library: str = "") -> tuple[str, str, str, str]:
+    """(cause, detail, line, library line) of a new graph at a warm call site whose last graph was
+    `base`; `library` is the library line that ran it."""
+    cause, detail, line = _explain(base, new, where, ctx)
+    if line != where or cause == NEW_INPUT_SHAPE:  # a loader's line: its library line is the loader's
+        origin = ctx.loaders.made_at(line)
+        library = origin.library if origin is not None else "" if line != where else library
+    return cause, detail, line, library
+
+
+def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, where: str,
+             ctx: Context) -> tuple[str, str, str]:
     if base is not None and new is not None:
         why = hlo_diff.explain(base, new, ctx.is_internal)
     else:
@@ -120,15 +144,30 @@ def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str
     origin = ctx.loaders.source_of([new.params[i].shape for i in changed])
     if origin is None:
         return f"{detail}; {per_step}", line
-    if origin.collate:
+    remainder = _remainder(origin)
+    ragged = remainder and any(_first_dim(new.params[i].shape) == remainder for i in changed)
+    if origin.collate and not ragged:
+        mine = origin.collate_where and not ctx.is_internal(origin.collate_where.rpartition(":")[0])
         return (f"{detail}; the shape is made by collate_fn {origin.collate} ({short(origin.collate_where)}) "
-                f"of the DataLoader at {short(origin.where)}; {per_step}", origin.collate_where or origin.where)
+                f"of the DataLoader at {short(origin.where)}; {per_step}",
+                origin.collate_where if mine else origin.where)
     sizes = f"batch_size {origin.batch_size}, drop_last={origin.drop_last}"
-    if origin.samples is not None and origin.batch_size and origin.samples % origin.batch_size and not origin.drop_last:
-        sizes += (f", {origin.samples} samples: each pass ends with a batch of "
-                  f"{origin.samples % origin.batch_size}")
+    if remainder:
+        sizes += f", {origin.samples} samples: each pass ends with a batch of {remainder}"
     return f"{detail}; the batches come from the DataLoader at {short(origin.where)} ({sizes}); {per_step}", \
         origin.where
+
+
+def _remainder(origin: LoaderOrigin) -> int:
+    """The size of a loader's ragged last batch; 0 when every batch is full."""
+    if origin.samples is None or not origin.batch_size or origin.drop_last:
+        return 0
+    return origin.samples % origin.batch_size
+
+
+def _first_dim(shape: str) -> int | None:
+    dims = shape.partition("[")[2].rstrip("]").split(",")
+    return int(dims[0]) if dims and dims[0].isdigit() else None
 
 
 def _per_step(index: int, new: hlo_diff.HloSummary, step, ctx: Context) -> str:

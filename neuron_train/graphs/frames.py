@@ -24,6 +24,32 @@ def caller_line(is_internal: Callable[[str], bool], frame: FrameType | None) -> 
     return where
 
 
+_DYNAMO = os.path.join("torch", "_dynamo") + os.sep
+
+
+def in_dynamo(frame: FrameType | None) -> bool:
+    """Called by torch.compile's dynamo itself (its guards, its error messages): not the user's read."""
+    while frame is not None:
+        if _DYNAMO in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def library_line(is_internal: Callable[[str], bool], library_of: Callable[[str], str],
+                 frame: FrameType | None) -> str:
+    """`package/file.py:line` of the innermost third-party library frame below the user's line."""
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not is_internal(path):
+            return ""
+        name = library_of(path)
+        if name:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
 def code_line(fn) -> str:
     """`file:line` of a function's `def` (functools.partial and callable objects included)."""
     fn = getattr(fn, "func", fn)

@@ -28,8 +28,8 @@ import threading
 import weakref
 from collections.abc import Callable
 
-from neuron_train.graphs import loaders, syncs
-from neuron_train.graphs.frames import HERE, caller_line
+from neuron_train.graphs import dynamo, loaders, syncs
+from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
 
 __all__ = ["AfterImport", "caller_line", "install"]
 
@@ -54,8 +54,11 @@ def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
     undo.append(_watch_schedulers(recorder, schedulers))
     undo.append(_watch_optimizers(recorder, schedulers))
     undo += loaders.install(recorder)
+    undo += dynamo.install(recorder)
+    undo.append(_watch_eager_mode(recorder))
     if count_syncs:
         undo.append(syncs.subscribe(_StepAtSync(recorder)))
+        undo.append(_count_compiled_calls(recorder))
         undo.append(_own_errors_only())
 
     def remove() -> None:
@@ -81,10 +84,12 @@ def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     def read(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
         where = None
-        if depth == 0 and self.device.type == "xla":
-            where = caller_line(recorder.analyzer.is_internal, sys._getframe(1))
+        if depth == 0 and self.device.type == "xla" and not in_dynamo(sys._getframe(1)):
+            analyzer = recorder.analyzer
+            where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
-                recorder.note_read(kind, where)
+                recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
+                                                             sys._getframe(1)))
         _state.depth = depth + 1
         try:
             return original(self, *args, **kwargs)
@@ -154,6 +159,23 @@ def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callab
     return register_optimizer_step_pre_hook(before_step).remove
 
 
+def _watch_eager_mode(recorder) -> Callable[[], None]:
+    """Note that torch_xla's eager mode was turned on (torch_xla.experimental.eager_mode(True)): its
+    per-op compiles leave no PT_XLA_DEBUG record, so they have no hash. torch_xla.compile turns it off
+    for the compiled call and back on afterwards, through the same switch."""
+    import torch_xla
+
+    xlac = torch_xla._XLAC
+    original = xlac._set_use_eager_mode
+
+    def _set_use_eager_mode(enable: bool) -> None:
+        recorder.eager_mode = recorder.eager_mode or bool(enable)
+        original(enable)
+
+    xlac._set_use_eager_mode = _set_use_eager_mode
+    return lambda: setattr(xlac, "_set_use_eager_mode", original)
+
+
 class _StepAtSync:
     """In a foreign script every sync that ran a graph ends a step (unless our loop numbers them)."""
 
@@ -164,12 +186,46 @@ class _StepAtSync:
         return self.recorder.log_size()
 
     def after_sync(self, before: int, caller) -> None:
-        # Only a sync that ran a graph is a step: MpDeviceLoader's first fetch, torch_xla.compile's
-        # clearing of pending work and xm.rendezvous often sync with nothing pending.
-        recorder = self.recorder
-        if recorder.log_size() > before and not recorder.loop_steps:
-            recorder.sync_steps += 1
-            recorder.step_end(recorder.sync_steps)
+        if getattr(_state, "compiled_calls", 0):
+            return  # a sync inside a torch.compile'd call: the call is the step (_count_compiled_calls)
+        _end_step_if_ran(self.recorder, before)
+
+
+def _end_step_if_ran(recorder, log_size_before: int) -> None:
+    # Only a sync that ran a graph is a step: MpDeviceLoader's first fetch, torch_xla.compile's
+    # clearing of pending work and xm.rendezvous often sync with nothing pending.
+    if recorder.log_size() > log_size_before and not recorder.loop_steps:
+        recorder.sync_steps += 1
+        recorder.step_end(recorder.sync_steps)
+
+
+def _count_compiled_calls(recorder) -> Callable[[], None]:
+    """A call of a torch.compile'd function (the outermost one) that ran a graph ends a step too: the
+    openxla backend syncs inside the call, so a compiled loop has no sync of its own to count.
+    Dynamo runs each `_TorchDynamoContext.enter_exit_hooks` entry on entering a compiled call and
+    the function it returns on leaving (torch/_dynamo/eval_frame.py)."""
+    from torch._dynamo.eval_frame import OptimizeContext
+
+    original = OptimizeContext.__init__
+
+    def enter() -> Callable[[], None]:
+        depth = getattr(_state, "compiled_calls", 0)
+        _state.compiled_calls = depth + 1
+        before = recorder.log_size()
+
+        def leave() -> None:
+            _state.compiled_calls = depth
+            if depth == 0:
+                _end_step_if_ran(recorder, before)
+
+        return leave
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.enter_exit_hooks.append(enter)
+
+    OptimizeContext.__init__ = __init__
+    return lambda: setattr(OptimizeContext, "__init__", original)
 
 
 def _own_errors_only() -> Callable[[], None]:
@@ -204,22 +260,38 @@ def _strip(value: BaseException | None, tb, depth: int = 0):
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `callback(module)` once `name` has been imported, whoever imports it first."""
+    """Runs `callback(module)` once `name` has been imported, whoever imports it first.
+
+    Libraries often look before they import (transformers and accelerate call
+    `importlib.util.find_spec("torch_xla")`, then import it later, lazily or through importlib):
+    a look is not the import, so the finder stays in place and wraps the loader of every spec it
+    hands out; the first wrapped loader that executes the module runs the callback and retires it.
+    """
 
     def __init__(self, name: str, callback: Callable):
         self.name, self.callback = name, callback
+        self._looking = False
+        self._done = False
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
+        if fullname != self.name or self._looking or self._done:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._looking = True  # the search below walks sys.meta_path again, through this finder
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def run(module) -> None:
             exec_module(module)
+            if self._done:
+                return
+            self._done = True
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             try:
                 self.callback(module)
             except Exception as exc:  # never break the user's program over the checker
@@ -227,5 +299,3 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = run
         return spec
-
-

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
-from neuron_train.graphs.log import XlaEvent, user_frames
-from neuron_train.graphs.records import HOST_ACCESS, HOST_READ, HOST_READS, READ_CAUSES, Window
-from neuron_train.graphs.report import short
+from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
+from neuron_train.graphs.records import HOST_ACCESS, HOST_READ, HOST_READS, READ_CAUSES, Window, fix_for
+from neuron_train.graphs.report import at, short
 
 
 def in_closure(event: XlaEvent) -> bool:
@@ -21,17 +21,20 @@ def in_closure(event: XlaEvent) -> bool:
     return any(f.function == CLOSURE_FUNCTION for f in event.frames)
 
 
-def reads_by_line(w: Window, is_internal: Callable[[str], bool]) -> dict[str, dict]:
+def reads_by_line(w: Window, is_internal: Callable[[str], bool],
+                  library_of: Callable[[str], str] = lambda path: "") -> dict[str, dict]:
     """Host reads of a window by line: from the hooks and from the log's host-access runs."""
     lines: dict[str, dict] = {}
     for read in w.reads:
-        entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0, "phase": read.phase})
+        entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0, "phase": read.phase,
+                                              "library": read.library})
         entry["hooked"] += 1
     for event, phase in w.events:
         if event.kind == "execute" and event.host_access and not in_closure(event):
             where = user_frames(event.frames, is_internal)[0].where
             kind = "fallback" if w.fallbacks else "value"
-            entry = lines.setdefault(where, {"kind": kind, "hooked": 0, "runs": 0, "phase": phase})
+            entry = lines.setdefault(where, {"kind": kind, "hooked": 0, "runs": 0, "phase": phase,
+                                             "library": library_frame(event.frames, is_internal, library_of)})
             entry["runs"] += 1
     return lines
 
@@ -52,6 +55,7 @@ class HostSyncs:
         if steady:
             for where, read in reads.items():
                 entry = self._entry(where, read["kind"], read["phase"])
+                entry["library"] = entry["library"] or read.get("library", "")
                 entry["count"] += max(read["hooked"], read["runs"])
                 entry["executes_graph"] |= read["runs"] > 0
                 entry["_windows"].add(index)
@@ -68,7 +72,8 @@ class HostSyncs:
     def _entry(self, where: str, kind: str, phase: str) -> dict:
         return self.host.setdefault(where, {"where": where, "kind": kind, "what": HOST_READS[kind],
                                             "cause": read_cause(kind), "phase": phase, "count": 0,
-                                            "steps": [], "executes_graph": False, "_windows": set()})
+                                            "steps": [], "executes_graph": False, "_windows": set(),
+                                            "library": ""})
 
     def _fallbacks(self, w: Window, reads: dict, step) -> None:
         lines = [where for where, r in reads.items() if r["kind"] == "fallback"]
@@ -85,6 +90,7 @@ class HostSyncs:
             h = {k: v for k, v in entry.items() if k != "_windows"}
             if not h["executes_graph"]:
                 h["cause"] = HOST_READ
+            h["fix"] = fix_for(h["cause"], h["library"])
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
             h["every_step"] = steady_steps > 0 and len(entry["_windows"]) * 2 >= steady_steps
             h["steps_seen"] = len(entry["_windows"])
@@ -99,6 +105,7 @@ class HostSyncs:
                 out.append(f"{h['cause']}: {h['what']} at {short(h['where'])} inside torch_xla.compile"
                            f"(full_graph=True): torch_xla refused to run it ({h['refused']})")
             elif h["executes_graph"] and h["every_step"]:
-                out.append(f"{h['cause']}: {h['what']} at {short(h['where'])} runs a graph before the step's "
-                           f"sync in {h['steps_seen']} of {steady_steps} steps after warm-up")
+                out.append(f"{h['cause']}: {h['what']} at {at(h['where'], h['library'])} runs a graph before the step's "
+                           f"sync in {min(h['steps_seen'], steady_steps)} of {steady_steps} steps after warm-up")
         return out
+

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 
-from neuron_train.graphs.frames import caller_line, code_line
+from neuron_train.graphs.frames import caller_line, code_line, library_line
 from neuron_train.graphs.records import Batch, LoaderOrigin
 
 MAX_TENSORS = 8  # tensors of one batch whose shapes are noted
@@ -23,13 +24,21 @@ def install(recorder) -> list[Callable[[], None]]:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # loader -> LoaderOrigin.key
+    by_user: dict[int, LoaderOrigin] = {}  # id(dataset) -> the first loader made over it
     running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # its iterators -> the same key
     init, iterate, fetch = DataLoader.__init__, DataLoader.__iter__, _BaseDataLoaderIter.__next__
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
-        made_here = origin(self, where)
+        analyzer = recorder.analyzer
+        where = caller_line(analyzer.is_internal, sys._getframe(1)) or ""
+        made_here = origin(self, where, library_line(analyzer.is_internal, analyzer.library_of, sys._getframe(1)))
+        first = by_user.setdefault(id(self.dataset), made_here)
+        if first is not made_here and made_here.library:
+            # A library re-made an earlier loader over the same data (accelerator.prepare): that one is
+            # where its batch size and drop_last are set.
+            made_here = replace(made_here, where=first.where, library=first.library or made_here.library,
+                                batch_size=first.batch_size, drop_last=first.drop_last or made_here.drop_last)
         made[self] = made_here.key
         recorder.note_loader(made_here)
 
@@ -54,7 +63,7 @@ def install(recorder) -> list[Callable[[], None]]:
     return [restore]
 
 
-def origin(loader, where: str) -> LoaderOrigin:
+def origin(loader, where: str, library: str = "") -> LoaderOrigin:
     from torch.utils.data._utils.collate import default_collate, default_convert
 
     try:
@@ -64,9 +73,11 @@ def origin(loader, where: str) -> LoaderOrigin:
     collate = loader.collate_fn
     custom = collate not in (default_collate, default_convert)
     name = getattr(getattr(collate, "func", collate), "__qualname__", type(collate).__name__)
-    return LoaderOrigin(key=f"loader-{id(loader)}", where=where, batch_size=loader.batch_size,
-                        drop_last=bool(loader.drop_last), samples=samples,
-                        collate=name if custom else "", collate_where=code_line(collate) if custom else "")
+    sampler = loader.batch_sampler  # a loader made with batch_sampler=... has batch_size None
+    return LoaderOrigin(key=f"loader-{id(loader)}", where=where,
+                        batch_size=loader.batch_size or getattr(sampler, "batch_size", None),
+                        drop_last=bool(loader.drop_last or getattr(sampler, "drop_last", False)), samples=samples,
+                        collate=name if custom else "", collate_where=code_line(collate) if custom else "", library=library)
 
 
 def shapes(batch, limit: int = MAX_TENSORS) -> list[str]:

@@ -157,6 +157,34 @@ def user_frames(frames: list[Frame], is_internal: Callable[[str], bool]) -> list
     return mine or frames
 
 
+def library_namer(roots: tuple[str, ...], mechanism: tuple[str, ...]) -> Callable[[str], str]:
+    """A function giving a third-party library file's package-relative path (`transformers/trainer.py`),
+    or "" for any other file: user code, the standard library, and the `mechanism` packages (torch,
+    torch_xla: every graph and read passes through them, so they name nothing)."""
+
+    def name(path: str) -> str:
+        for root in roots:
+            if path.startswith(root):
+                relative = path[len(root):].lstrip(os.sep)
+                return "" if relative.split(os.sep, 1)[0] in mechanism else relative
+        return ""
+
+    return name
+
+
+def library_frame(frames: list[Frame], is_internal: Callable[[str], bool],
+                  library_of: Callable[[str], str]) -> str:
+    """`package/file.py:line` of the innermost third-party library frame inside the user's code
+    (frames innermost first): the library line that ran the graph or read the value; "" if none."""
+    for f in frames:
+        if not is_internal(f.file):
+            return ""
+        name = library_of(f.file)
+        if name:
+            return f"{name}:{f.line}"
+    return ""
+
+
 _GENERATED = ("<frozen", "<eval_with_key>")  # the import system; torch.fx's generated code
 
 

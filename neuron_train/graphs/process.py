@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_train.graphs.log import internal_file_predicate
+from neuron_train.graphs.log import internal_file_predicate, library_namer
 
 ENV_DIR = "NEURON_TRAIN_GRAPHS_DIR"          # set by check-graphs: every process writes here
 ENV_WARMUP = "NEURON_TRAIN_GRAPHS_WARMUP"    # check-graphs --warmup-steps
@@ -85,6 +85,14 @@ def also_internal(folder: str) -> None:
     """Files under `folder` are instrumentation too (the probe that runs next to the checker):
     never the user's line. Call before the first recorder is made."""
     _ALSO_INTERNAL.append(os.path.join(os.path.abspath(folder), ""))
+
+
+def library_of() -> Callable[[str], str]:
+    """Names a third-party library's file package-relative (`transformers/trainer.py`); "" otherwise."""
+    paths = sysconfig.get_paths()
+    roots = tuple(sorted({paths["purelib"] + os.sep, paths["platlib"] + os.sep}))
+    return library_namer(roots, mechanism=("torch", "torch_xla", "functorch", "neuron_train",
+                                                 "typing_extensions"))
 
 
 _ALSO_INTERNAL: list[str] = []

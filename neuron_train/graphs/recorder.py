@@ -29,9 +29,19 @@ from neuron_train.graphs.process import (
     RECORD_PREFIX,
     DebugFiles,
     internal_predicate,
+    library_of,
     prepare_process,
 )
-from neuron_train.graphs.records import SCALAR_READ, Batch, Graph, HostRead, LoaderOrigin, Refused, Window
+from neuron_train.graphs.records import (
+    SCALAR_READ,
+    Batch,
+    DynamoNote,
+    Graph,
+    HostRead,
+    LoaderOrigin,
+    Refused,
+    Window,
+)
 
 LINES_AFTER_NEW_GRAPH = 3  # steps traced with Python lines after a graph compiled past the warm-up
 
@@ -45,7 +55,7 @@ class Recorder:
         self._xlac = torch_xla._XLAC
         self.files = files
         level = os.environ.get("PT_XLA_DEBUG_LEVEL", "")
-        self.analyzer = Analyzer(warmup_steps, internal_predicate(), hlo=_HLO,
+        self.analyzer = Analyzer(warmup_steps, internal_predicate(), hlo=_HLO, library_of=library_of(),
                                  executions_logged=level.isdigit() and int(level) >= 2)
         self.current_phase = phase
         self._window_phase = phase
@@ -58,6 +68,7 @@ class Recorder:
         self._loaders: list[LoaderOrigin] = []
         self._batches: list[Batch] = []
         self._refused: list[Refused] = []
+        self._dynamo: list[DynamoNote] = []
         self._compiles = self._counter("UncachedCompile")
         self._compile_ns0 = self._compile_ns()
         self._compiles0 = self._compiles
@@ -65,6 +76,7 @@ class Recorder:
         self.lines = False          # hooks.install: trace ops with their Python line
         self.loop_steps = False     # True once a GraphWatch numbers the steps
         self.sync_steps = 0         # syncs that ran a graph (the step count of a foreign script)
+        self.eager_mode = bool(self._xlac._get_use_eager_mode())  # hooks.install: ever turned on
         self._lock = threading.RLock()
 
     def take_over_steps(self) -> None:
@@ -81,9 +93,9 @@ class Recorder:
             self._marks.append((self.log_size(), name))
             self.current_phase = name
 
-    def note_read(self, kind: str, where: str) -> None:
+    def note_read(self, kind: str, where: str, library: str = "") -> None:
         with self._lock:
-            self._reads.append(HostRead(kind, where, self.current_phase))
+            self._reads.append(HostRead(kind, where, self.current_phase, library))
 
     def note_scalar(self, change: dict) -> None:
         with self._lock:
@@ -92,6 +104,10 @@ class Recorder:
     def note_optimizer_step(self, n: int) -> None:
         with self._lock:
             self._optimizer_steps.append(n)
+
+    def note_dynamo(self, note: DynamoNote) -> None:
+        with self._lock:
+            self._dynamo.append(note)
 
     def note_loader(self, origin: LoaderOrigin) -> None:
         with self._lock:
@@ -149,11 +165,13 @@ class Recorder:
         loaders, self._loaders = self._loaders, []
         batches, self._batches = self._batches, []
         refused, self._refused = self._refused, []
+        dynamo, self._dynamo = self._dynamo, []
         return Window(step=step, is_step=is_step, events=events,
                       unlogged_compiles=max(0, new - len(logged)), compile_times=self._compile_times(new),
                       hlo=hlo, reads=reads, fallbacks=fallbacks, scalar_reads=scalar_reads,
                       scalars=scalars, phase=self.current_phase, optimizer_steps=optimizer_steps,
-                      loaders=loaders, batches=batches, refused=refused)
+                      loaders=loaders, batches=batches, refused=refused, dynamo=dynamo,
+                      eager=self.eager_mode)
 
     def _read_events(self) -> list[tuple[XlaEvent, str]]:
         if self._log is None:

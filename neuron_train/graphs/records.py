@@ -22,6 +22,9 @@ NEW_INPUT_SHAPE = hlo_diff.NEW_INPUT_SHAPE
 NEW_CONSTANT = hlo_diff.NEW_CONSTANT
 GRAPH_STRUCTURE = hlo_diff.GRAPH_STRUCTURE
 UNKNOWN = hlo_diff.UNKNOWN
+DYNAMO_RECOMPILE = "dynamo recompilation"    # a guard of a torch.compile'd function failed
+DYNAMO_EAGER = "dynamo fell back to eager"   # recompile limit reached: the function runs op by op
+GRAPH_BREAK = "graph break"                  # torch.compile split a function (reported, not a defect)
 
 FIXES = {
     NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
@@ -35,7 +38,40 @@ FIXES = {
     GRAPH_STRUCTURE: "make slice and loop lengths fixed (pad to the maximum length and mask)",
     HOST_READ: "fine once in a while; in every step, move it into xm.add_step_closure(...)",
     UNKNOWN: "run `neuron-train check-graphs -- COMMAND` for the cause",
+    DYNAMO_RECOMPILE: "keep what the failed guard checks constant: pass a changing Python number as a "
+                      "tensor (e.g. the optimizer's lr=torch.tensor(0.01)), give every batch one shape",
+    DYNAMO_EAGER: "remove the recompilations above; raising torch._dynamo.config.recompile_limit only "
+                  "compiles more graphs",
+    GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
+
+# Patterns confirmed on real runs inside libraries (tests/test_scripts.py): (library file, cause) -> a
+# fix the user can apply from their own code. The library line alone is not actionable.
+LIBRARY_FIXES = {
+    ("transformers/masking_utils.py", VALUE_BRANCH):
+        "transformers asks `padding_mask.all()` in every forward to skip the mask when nothing is padded; "
+        "with fixed-length, unpadded batches leave `attention_mask` out of the batch (your dataset or "
+        "collator): the model then builds no mask and reads nothing",
+    ("transformers/trainer.py", NEW_INPUT_SHAPE):
+        "TrainingArguments(dataloader_drop_last=True) for a ragged last batch; for varying lengths pad every "
+        "batch to one length (a collator with padding=\"max_length\", or pad_to_multiple_of for a few buckets)",
+    ("accelerate/", NEW_INPUT_SHAPE):
+        "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
+        "pad/bucket to fixed sizes",
+    ("torch/optim/", DYNAMO_RECOMPILE):
+        "dynamo guards on the optimizer's Python hyperparameters: a scheduler that changes a float LR "
+        "recompiles the optimizer step every step; create the optimizer with lr=torch.tensor(LR) "
+        "(the scheduler then updates the tensor in place)",
+}
+
+
+def fix_for(cause: str, library: str) -> str:
+    """The fix for a finding: the library-aware one when the library line matches a known pattern."""
+    for (prefix, known), text in LIBRARY_FIXES.items():
+        if known == cause and library.startswith(prefix):
+            return text
+    return FIXES.get(cause, FIXES[UNKNOWN])
+
 
 # Host reads recorded by the hooks: kind -> how the report names it.
 HOST_READS = {"item": ".item()", "bool": "Python if/bool() on a tensor", "print": "printing a tensor",
@@ -50,6 +86,7 @@ class HostRead:
     kind: str        # a HOST_READS key
     where: str       # the innermost user line
     phase: str
+    library: str = ""  # the library line that read it (`transformers/masking_utils.py:369`), if any
 
 
 @dataclass
@@ -63,6 +100,7 @@ class LoaderOrigin:
     samples: int | None            # len(dataset), when it has one
     collate: str = ""              # a custom collate_fn: "name (file:line)"; "" for torch's default
     collate_where: str = ""        # the collate_fn's `def` line
+    library: str = ""              # the library line that made it (`transformers/trainer.py:1098`), if any
 
 
 @dataclass
@@ -77,6 +115,18 @@ class Refused:
 
     read: HostRead
     message: str
+
+
+@dataclass
+class DynamoNote:
+    """What torch.compile's dynamo did (graphs/dynamo.py): recompiled a function, gave up on it, or
+    broke a graph."""
+
+    kind: str        # "recompile" | "limit" | "graph_break"
+    function: str    # the function dynamo compiled: "step (torch/optim/sgd.py:105)"
+    reason: str      # dynamo's own words: the failed guard, the limit, the graph break's reason
+    where: str       # the user line running when it happened
+    library: str = ""  # the library line below it, if any
 
 
 @dataclass
@@ -98,6 +148,8 @@ class Window:
     loaders: list[LoaderOrigin] = field(default_factory=list)   # DataLoaders made in this window
     batches: list[Batch] = field(default_factory=list)          # batches those loaders produced
     refused: list[Refused] = field(default_factory=list)
+    dynamo: list[DynamoNote] = field(default_factory=list)      # dynamo recompiles, limits, graph breaks
+    eager: bool = False                       # torch_xla's eager mode was on (each op compiles and runs)
 
 
 @dataclass
@@ -117,3 +169,5 @@ class Graph:
     inputs: int                    # graph inputs and outputs (-1: unknown)
     outputs: int
     executions: int = 0            # how often it ran (filled in by the summary)
+    library: str = ""              # the library line that ran it, or made the shape (package-relative)
+    fix: str = ""                  # what to change (library-aware); FIXES[cause] when ""

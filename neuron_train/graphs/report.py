@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from neuron_train.graphs.records import FIXES, UNKNOWN
+from neuron_train.graphs.records import fix_for
 
 
 def format_report(r: dict) -> str:
@@ -22,20 +22,35 @@ def format_report(r: dict) -> str:
     for g in r["recompiles"]:
         site = g["site"][0] if g["site"] else ""
         compiled = f" (graph compiled at {short(site)})" if site and site != g["where"] else ""
-        lines += [f"  step {g['step']} ({g['phase']}): {g['cause']} at {short(g['where']) or '?'}{compiled}",
+        lines += [f"  step {g['step']} ({g['phase']}): {g['cause']} at {at(g['where'], g.get('library', ''))}"
+                  f"{compiled}",
                   *([f"    {g['detail']}"] if g["detail"] else []),
-                  f"    fix: {FIXES.get(g['cause'], FIXES[UNKNOWN])}"]
+                  f"    fix: {g.get('fix') or fix_for(g['cause'], '')}"]
     lines.append(f"late graphs (new call sites once the run was steady; precompile must cover them): "
                  f"{len(r['late_graphs'])}")
     for g in r["late_graphs"]:
-        lines.append(f"  step {g['step']} ({g['phase']}): {g['cause']} at {short(g['where']) or '?'}")
+        lines.append(f"  step {g['step']} ({g['phase']}): {g['cause']} at {at(g['where'], g.get('library', ''))}")
     lines.append(f"host syncs after warm-up: {len(r['host_syncs'])}")
     for h in r["host_syncs"]:
         effect = (f"{h['cause']}: runs a graph before the step's sync" if h["executes_graph"]
                   else "waits for the device, no extra graph")
         often = ("refused inside torch_xla.compile(full_graph=True)" if h.get("refused") else "every step"
                  if h["every_step"] else f"steps {', '.join(map(str, h['steps']))}")
-        lines.append(f"  {short(h['where'])}: {h['what']} x{h['count']} ({often}; {effect})")
+        lines.append(f"  {at(h['where'], h.get('library', ''))}: {h['what']} x{h['count']} ({often}; {effect})")
+        if h["executes_graph"] and h.get("library"):
+            lines.append(f"    fix: {h.get('fix') or fix_for(h['cause'], h['library'])}")
+    dynamo = r.get("dynamo", [])
+    if dynamo:
+        defects = sum(d["defect"] for d in dynamo)
+        lines.append(f"torch.compile (dynamo): {defects} recompilation(s) after warm-up or fall-back(s) to eager, "
+                     f"{sum(d['kind'] == 'graph_break' for d in dynamo)} graph break(s)")
+        for d in dynamo:
+            if d["defect"] or d["kind"] == "graph_break":
+                count = f" x{d['count']}" if d["count"] > 1 else ""
+                lines.append(f"  step {d['step']}: {d['cause']}{count} of {d['function']} at "
+                             f"{at(d['where'], d['library'])}: {d['reason']}")
+        fixes = {d["fix"] for d in dynamo if d["defect"] and not d.get("graph")}
+        lines += [f"    fix: {fix}" for fix in sorted(fixes)]
     fallbacks = r["fallback_ops"]
     lines.append(f"CPU fallback ops: {len(fallbacks)}")
     for op, f in fallbacks.items():
@@ -47,6 +62,12 @@ def format_report(r: dict) -> str:
     verdict = "graph-stable" if r["stable"] else "NOT graph-stable"
     lines.append(f"verdict: {verdict}" + "".join(f"\n  - {p}" for p in r["problems"]))
     return "\n".join(lines)
+
+
+def at(where: str, library: str = "") -> str:
+    """`tests/x.py:47`, or `transformers/masking_utils.py:369, from tests/x.py:47`: the library line
+    that made the graph, the shape or the read, then the user's line that led there."""
+    return f"{library}, from {short(where) or '?'}" if library else short(where) or "?"
 
 
 def short(where: str) -> str:

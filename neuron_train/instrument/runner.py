@@ -102,6 +102,7 @@ def merge_records(records: list[dict], command: list[str], ended: proc.Ended, wa
         "late_graphs": [g for g in all_graphs if g["kind"] == "late"],
         "recompiles": [g for g in all_graphs if g["kind"] == "recompile"],
         "host_syncs": list(host.values()), "fallback_ops": fallback,
+        "dynamo": [d for r in records for d in r.get("dynamo", [])],
         "processes": [{k: r.get(k) for k in ("pid", "rank", "local_rank", "argv", "steps", "compile_count",
                                              "distinct_graphs", "source", "stable")} for r in records],
         "problems": problems, "stable": not problems,

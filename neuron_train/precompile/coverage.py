@@ -173,10 +173,8 @@ def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_
     missing = [_missing(g, manifest, config) for h, g in seen.items() if h not in known]
     precompiled = set(manifest.configs[fp].graphs) if fp in manifest.configs else set()
     covered = len(seen) - len(missing)
-    if unidentified and not seen:
-        ratio = None  # GraphWatch gave no hashes: nothing can be compared
-    else:
-        ratio = covered / len(seen) if seen else 1.0
+    # A graph without a hash cannot be compared with the manifest: coverage is unknown, never 100%.
+    ratio = None if unidentified else covered / len(seen) if seen else 1.0
     report = {
         "cache_dir": cache_dir, "fingerprint": fp, "precompiled": fp in manifest.configs,
         "graphs": len(seen), "covered": covered, "coverage": ratio, "unidentified": unidentified,
@@ -274,8 +272,10 @@ def _when(graph: dict) -> str:
 
 def format_coverage(report: dict) -> str:
     if report["coverage"] is None:
+        known = (f"; of the {report['graphs']} with one, {report['covered']} in {report['cache_dir']}/{MANIFEST}"
+                 if report["graphs"] else "")
         return (f"precompile coverage unknown: {report['unidentified']} graph(s) compiled without a "
-                "fingerprint (graph hashes unavailable)")
+                f"fingerprint (graph hashes unavailable){known}")
     line = (f"precompile coverage {report['coverage']:.0%} ({report['covered']}/{report['graphs']} "
             f"graphs in {report['cache_dir']}/{MANIFEST})")
     if not report["missing"]:
