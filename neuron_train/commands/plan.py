@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 from pathlib import Path
+from typing import cast
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import new_output, write_json_atomic
@@ -25,6 +26,7 @@ from neuron_train.cost.plan_model import (
 from neuron_train.cost.plan_result import plan_document, table
 from neuron_train.cost.schema import MODES, validate_result
 from neuron_train.precompile.script import checked_command
+from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
 
 USAGE = "neuron-train plan [options] -- COMMAND [ARGS...]  or  neuron-train plan [options] --model NAME [TRAIN OPTIONS]"
@@ -119,7 +121,7 @@ def _measure_loop(args: argparse.Namespace, cfg):
     return plan_measure.measure_loop(cfg, args.mode)
 
 
-def _workload_source(args: argparse.Namespace) -> tuple[list[str] | None, object]:
+def _workload_source(args: argparse.Namespace) -> tuple[list[str] | None, RunConfig | None]:
     """(COMMAND, None) or (None, our loop's RunConfig); refused when neither or both are given."""
     train_flags = getattr(args, "config", None) or any("." in key for key in vars(args))
     if args.command:
@@ -160,7 +162,11 @@ def main(args: argparse.Namespace) -> int:
     chosen = plan_data.choose_targets(known, wanted, args.mode)
     for t in chosen:
         _processes(args.nproc_per_instance, t)  # a bad --nproc-per-instance is refused before the run
-    name = (args.workload or _script_name(command)) if command else cfg.model.name
+    if command:
+        name = args.workload or _script_name(command)
+    else:
+        assert cfg is not None  # no COMMAND: _workload_source returned our loop's config
+        name = cfg.model.name
     bench = _load_calibration(args.calibrate, args.mode, name, known) if args.calibrate else None
     if command:
         from neuron_train.cost.plan_measure import measure_script
@@ -172,6 +178,7 @@ def main(args: argparse.Namespace) -> int:
         epoch_samples = args.epoch_samples
         line = ["--steps", str(args.steps), "--", *command]
     else:
+        assert cfg is not None  # no COMMAND: _workload_source returned our loop's config
         w, details = _measure_loop(args, cfg)
         img, dataset, precision = cfg.model.img_size, cfg.data.dataset, cfg.train.precision
         epoch_samples = args.epoch_samples or details.get("train_samples")
@@ -207,12 +214,12 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
           f"and {w.samples_per_step:g} samples per process step; calibration: {calib.source}, "
           f"{calib.fraction[w.mode]:.1%} of peak, band ±{calib.band[w.mode]:.0%})")
     print("\n".join(table(w, ests, unit)))
-    shortest = min(e.step_s for e in ests if e.fits)
+    shortest = min(e.step_s for e in ests if e.fits and e.step_s is not None)  # set for every one that fits
     if not (w.host_input_s or w.host_rest_s) and shortest < 1e-3:
         print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the host was not measured "
               "(a COMMAND, or --from-shapes): the host will decide the rate; these figures are an upper bound")
     best = next((e for e in ests if e.rank == 1), None)
-    fastest = max((e for e in ests if e.fits), key=lambda e: e.samples_per_sec)
+    fastest = max((e for e in ests if e.fits), key=lambda e: cast(float, e.samples_per_sec))  # set: it fits
     print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "
           f"{best.instance_type if best else 'n/a (no prices)'}")
     if output is not None:

@@ -81,6 +81,7 @@ def forward_flops(arch: dict, seq: int | None) -> float:
     if arch["kind"] == "cnn":
         return 2 * arch["gmacs"] * 1e9
     tokens = arch.get("tokens") or seq
+    assert tokens is not None, "a transformer architecture needs its `tokens` or the row's `seq`"
     d, ffn, layers = arch["hidden"], arch["ffn"], arch["layers"]
     attn_proj = 2 * d * d * (1 + arch.get("gqa_kv_fraction", 1.0))
     mlp = (3 if arch.get("gated_ffn") else 2) * d * ffn

@@ -18,7 +18,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Sized
 from pathlib import Path
+from typing import Any, cast
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost.plan_hlo import HloFigures, hlo_figures
@@ -41,8 +43,9 @@ def _optimizer_states(name: str) -> int:
     return 1 if name == "sgd" else ADAM_STATES
 
 
-def _saved_bytes(model, run_forward) -> float:
-    """Bytes autograd saves for the backward during one forward (activations; weights excluded)."""
+def _saved_bytes(model, run_forward) -> tuple[float, Any]:
+    """Bytes autograd saves for the backward during one forward (activations; weights excluded),
+    and the forward's output."""
     import torch
 
     params = {id(p) for p in model.parameters()}
@@ -139,7 +142,7 @@ def measure_loop(cfg, mode: str = "train", steps: int = 3) -> tuple[WorkloadFigu
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
         activation_bytes=activations, host_input_s=host_input, host_rest_s=statistics.median(traced[1:]),
         loader_workers=cfg.data.workers(), measured_by="measured on the CPU XLA device of this machine")
-    return figures, {"parameters": n, "num_classes": data.num_classes, "train_samples": len(data.train),
+    return figures, {"parameters": n, "num_classes": data.num_classes, "train_samples": len(cast(Sized, data.train)),
                      "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions,
                              "flops_by_dtype": hlo.flops_by_dtype}}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from typing import cast
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.values import header_problem
@@ -37,6 +38,8 @@ ASSUMPTIONS = [
 def estimate_result(w: WorkloadFigures, e: Estimate, calib: Calibration, *, details: dict, img_size: int | None,
                     dataset: str, epoch_samples: int | None, precision: str, command: str, created: str) -> dict:
     """One instance type's estimate as a bench result (schema.py) marked `source: estimated`."""
+    # Only an instance type that fits is estimated: its step, rate and band are set (plan_model.estimate).
+    assert e.step_s is not None and e.samples_per_sec is not None and e.band is not None
     step_ms = e.step_s * 1e3
     result = {
         "schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION, "created_at": created, "source": ESTIMATED,
@@ -84,7 +87,7 @@ def plan_results(data: object, where: str) -> list[dict]:
     problem = header_problem(data, "schema", PLAN_SCHEMA, "schema_version", PLAN_VERSION)
     if problem:
         raise UsageError(f"{where}: not a plan file ({problem})")
-    results = data.get("results")
+    results = cast(dict, data).get("results")  # a JSON object: header_problem checked it
     if not isinstance(results, list) or not results:
         raise UsageError(f"{where}: a plan file without results: run neuron-train plan again")
     return [validate_result(r, f"{where} results[{i}]") for i, r in enumerate(results)]
@@ -99,6 +102,7 @@ def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]
         if not e.fits:
             lines.append(f"{e.instance_type:<15} {e.processes:>5} {'-':>24} {'-':>13} {'-':>9} {'-':>4}  {e.note}")
             continue
+        assert e.band is not None  # set for every instance type that fits (plan_model.estimate)
         rate = f"{e.samples_per_sec:,.1f} ({e.band[0]:,.0f}-{e.band[1]:,.0f})"
         epoch = money(e.usd_per_epoch) if e.usd_per_epoch else "-"
         lines.append(f"{e.instance_type:<15} {e.processes:>5} {rate:>24} {money(e.usd_per_million):>13} "

@@ -18,7 +18,7 @@ there is nothing to judge warmth by: every graph after `warmup_steps` steps coun
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
@@ -167,7 +167,7 @@ class Analyzer:
 
     def _new_graph(self, event: XlaEvent, phase: str, site: Site, step, index: int, seconds: float | None,
                    ctx: Context, hlo, fresh_read: tuple[str, str] | None,
-                   dynamo: list[dict] = ()) -> Graph | None:
+                   dynamo: Sequence[dict] = ()) -> Graph | None:
         self.uses_log = True
         self.last_new_graph = index
         if event.graph_hash in self.graphs:
@@ -309,7 +309,8 @@ def _dynamo_cause(graph: Graph, note: dict, ctx: Context) -> None:
     graph.cause = NEW_INPUT_SHAPE if "size mismatch" in note["reason"] else DYNAMO_RECOMPILE
     if graph.cause == NEW_INPUT_SHAPE:
         origin = ctx.loaders.ragged_in(ctx.window)
-        if origin is not None:
+        # ragged_in names only a loader with a ragged last batch: its size and length are known.
+        if origin is not None and origin.samples is not None and origin.batch_size is not None:
             graph.where, graph.library = origin.where, origin.library
             graph.detail += (f"; the batches come from the DataLoader at {short(origin.where)} (batch_size "
                              f"{origin.batch_size}, drop_last=False, {origin.samples} samples: each pass "

@@ -15,6 +15,7 @@ frame outside the libraries) and the library line of the function dynamo compile
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 
@@ -26,13 +27,13 @@ def install(recorder) -> list[Callable[[], None]]:
     import torch._dynamo.convert_frame as convert_frame
     import torch._dynamo.symbolic_convert as symbolic_convert
 
-    undo = []
+    undo: list[Callable[[], None]] = []
     for module, name, wrap in ((convert_frame, "get_and_maybe_log_recompilation_reasons", _reasons),
                                (convert_frame, "exceeds_recompile_limit", _limit),
                                (symbolic_convert, "log_graph_break", _graph_break)):
         original = getattr(module, name)
         setattr(module, name, wrap(recorder, original))
-        undo.append(lambda module=module, name=name, original=original: setattr(module, name, original))
+        undo.append(functools.partial(setattr, module, name, original))
     return undo
 
 

@@ -13,23 +13,25 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
+
+_Token = TypeVar("_Token")
 
 
-class SyncListener(Protocol):
-    def before_sync(self) -> object:
+class SyncListener(Protocol[_Token]):
+    def before_sync(self) -> _Token:
         """Called before the script's sync runs; the result is handed to `after_sync`."""
 
-    def after_sync(self, before: object, caller: FrameType | None) -> None:
+    def after_sync(self, before: _Token, caller: FrameType | None) -> None:
         """Called after it returned; `caller` is the frame that called sync."""
 
 
-_listeners: list[SyncListener] = []
+_listeners: list[SyncListener[Any]] = []
 _original: list[Callable] = []   # torch_xla's own sync, while the wrapper is in place
 _state = threading.local()
 
 
-def subscribe(listener: SyncListener) -> Callable[[], None]:
+def subscribe(listener: SyncListener[Any]) -> Callable[[], None]:
     """Call `listener` around every outermost sync of this process; returns the unsubscribe."""
     if not _listeners:
         _install()
@@ -68,7 +70,7 @@ def _install() -> None:
 
     sync.__doc__ = original.__doc__
     _original.append(original)
-    module.sync = sync
+    module.sync = sync  # type: ignore[attr-defined]  # monkeypatching torch_xla's sync
     torch_xla.sync = sync
 
 
@@ -76,5 +78,5 @@ def _uninstall() -> None:
     import torch_xla
 
     original = _original.pop()
-    sys.modules["torch_xla.torch_xla"].sync = original
+    sys.modules["torch_xla.torch_xla"].sync = original  # type: ignore[attr-defined]  # undo the monkeypatch
     torch_xla.sync = original

@@ -102,8 +102,9 @@ class Epochs:
             epochs.fed(self._loader._cpu_loader)  # in the training thread: the loader of its steps
             return batch
 
-        DataLoader.__iter__, _BaseDataLoaderIter.__next__ = __iter__, __next__
-        pl.ParallelLoader.__init__, pl.PerDeviceLoader.next = parallel_init, next_on_device
+        # Monkeypatching torch's and torch_xla's loader classes:
+        DataLoader.__iter__, _BaseDataLoaderIter.__next__ = __iter__, __next__  # type: ignore[method-assign]
+        pl.ParallelLoader.__init__, pl.PerDeviceLoader.next = parallel_init, next_on_device  # type: ignore[method-assign]
 
 
 def say(words: str) -> None:
