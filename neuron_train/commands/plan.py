@@ -25,7 +25,7 @@ from neuron_train.cost.plan_model import (
 )
 from neuron_train.cost.plan_result import plan_document, table
 from neuron_train.cost.schema import MODES, validate_result
-from neuron_train.precompile.script import checked_command
+from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
 

@@ -188,7 +188,7 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
                    name: str | None) -> tuple[WorkloadFigures, dict]:
     """Run the command under bench's probe with the HLO dump on; one process's step figures."""
     from neuron_train.cost import script_bench
-    from neuron_train.precompile.script import require_ran, run_script
+    from neuron_train.instrument.script import require_ran, run_script
 
     with tempfile.TemporaryDirectory(prefix="neuron-train-plan-") as folder:
         dump = Path(folder) / "hlo"
