@@ -8,6 +8,7 @@ file in the same folder and renamed; on any failure the temporary file is remove
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,6 +18,14 @@ import tempfile
 from pathlib import Path
 
 from neuron_train.common.errors import UsageError
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -29,7 +29,6 @@ Maintenance (verify, quarantine, prune) is in `maintenance.py`, archives in `arc
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import confined, write_json_atomic
+from neuron_train.common.fileio import confined, sha256_file, write_json_atomic
 from neuron_train.precompile.manifest import (
     NEURON_MODULE_PREFIX,
     NEURON_VERSION_PREFIX,
@@ -229,14 +228,6 @@ def scan(cache: Path) -> list[Entry]:
                 files = sorted(p for p in module.rglob("*") if p.is_file())
                 entries.append(_entry(cache, module, neuron_state(module), files))
     return entries
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_record(path: Path, recorded_by: str) -> FileRecord:

@@ -264,7 +264,7 @@ def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
     backend.barrier()  # every rank has looked before rank 0 changes anything
     if backend.is_main:
         _create_and_lock(run_dir)
-        stale = ckpt.remove_stale_temps(run_dir) + _remove_stale_temps(run_dir)
+        stale = ckpt.remove_stale_temps(run_dir)
         if stale:
             _note(0, f"removed {len(stale)} temporary file(s) of a save that never finished: "
                      f"{', '.join(p.name for p in stale[:3])}")
@@ -274,14 +274,6 @@ def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
         cfg.checkpoint.resume = None
     backend.barrier()
     return run_dir
-
-
-def _remove_stale_temps(run_dir: Path) -> list[Path]:
-    """Temporary files of common.fileio's atomic writes (`.NAME.XXXX.tmp`) left by a killed run."""
-    stale = list(run_dir.glob(".*.tmp"))
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
 
 
 def _set_aside(run_dir: Path) -> Path:
