@@ -17,7 +17,7 @@ import tomllib
 import yaml
 
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import not_utf8, write_text_atomic
+from neuron_train.common.fileio import not_utf8, write_failed, write_text_atomic
 from neuron_train.training.config import RunConfig, sections
 
 
@@ -156,4 +156,7 @@ def config_to_argv(cfg: RunConfig) -> list[str]:
 
 
 def save_config(cfg: RunConfig, path: os.PathLike) -> None:
-    write_text_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    try:
+        write_text_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as exc:  # a full disk: one line, an existing file stays whole (atomic write)
+        raise write_failed(Path(path), exc) from None
