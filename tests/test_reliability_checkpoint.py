@@ -6,6 +6,7 @@ Real faults only: a tmpfs that fills up, bytes flipped in the file, kill -9 of a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from neuron_train.training import checkpoint as ckpt
 from neuron_train.training import rundir
 from neuron_train.training.checkpoint_format import checksum_file
 from neuron_train.training.config_io import save_config
+from neuron_train.training.metrics import MetricsWriter
 
 
 @pytest.fixture(autouse=True)
@@ -185,3 +187,31 @@ def test_a_save_killed_with_sigkill_leaves_only_whole_verified_checkpoints(tmp_p
     ckpt.remove_stale_temps(run)
     left = sorted(p.name for p in ckpt.checkpoint_dir(run).iterdir())
     assert left == sorted([p.name for p in found] + [p.name + ".sha256" for p in found])
+
+
+# ----- metrics.jsonl on --resume -----------------------------------------------------------------
+def test_resume_repairs_a_metrics_file_cut_mid_line_and_drops_records_after_the_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"kind": "train", "step": s, "loss": 1.0 / (s + 1)} for s in range(8)]
+    records.insert(5, {"kind": "eval", "step": 4, "eval_accuracy": 0.5})
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (run / "metrics.jsonl").write_text(text + '{"kind": "train", "step": 8, "lo')  # killed mid-write
+    writer = MetricsWriter(run, tensorboard=False, resume_step=4)  # resumed from step-00000004.pt
+    writer.write(4, {"loss": 0.2})
+    writer.close()
+    got = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # every line parses
+    assert [(r["kind"], r["step"]) for r in got] == [("train", 0), ("train", 1), ("train", 2), ("train", 3),
+                                                     ("eval", 4), ("train", 4)]
+    assert "dropped 5 record(s)" in capsys.readouterr().err
+
+
+def test_a_metrics_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    run, outside = tmp_path / "run", tmp_path / "outside.jsonl"
+    run.mkdir()
+    outside.write_text("precious\n")
+    (run / "metrics.jsonl").symlink_to(outside)
+    for resume_step in (None, 3):
+        with pytest.raises(RunError, match="is a symbolic link: refusing"):
+            MetricsWriter(run, tensorboard=False, resume_step=resume_step)
+    assert outside.read_text() == "precious\n"

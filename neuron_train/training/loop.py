@@ -195,7 +195,8 @@ class Trainer:
         if self.writes:
             name = "config.yaml" if not self.resumed_from else f"config.resume-{self.pos.step}.yaml"
             save_config(self.cfg, self.run_dir / name)
-            self.metrics = MetricsWriter(self.run_dir, self.cfg.log.tensorboard)
+            self.metrics = MetricsWriter(self.run_dir, self.cfg.log.tensorboard,
+                                         resume_step=self.pos.step if self.resumed_from else None)
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._stop)
         return Progress(self.cfg.log.progress and self.backend.is_main, self.total_steps, self.pos.step)
