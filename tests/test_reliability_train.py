@@ -257,6 +257,7 @@ def test_resume_on_another_number_of_ranks_is_one_run_error_naming_the_ranks(tmp
     out = tmp_path / "run"
     save_checkpoint(out, 4)  # 1 rank x batch 32
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # as torchrun sets it
     with pytest.raises(RunError) as err:
         rundir.preflight(run_cfg(out, "--max-steps", "8", "--resume"))
     msg = str(err.value)

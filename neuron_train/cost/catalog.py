@@ -150,6 +150,8 @@ def _read_mapping(path: Path) -> dict:
         raise not_utf8(path, exc) from None
     except (OSError, json.JSONDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"{path}: cannot read: {str(exc).strip().splitlines()[0]}") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise UsageError(f"{path}: cannot read: nested too deeply (more levels than any real file has)") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping with 'instances:' and/or 'prices:'")
     return data

@@ -48,6 +48,8 @@ def load_result(path: str | Path) -> dict:
         raise UsageError(f"{path}: no such file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise UsageError(f"{path}: not a bench result (nested too deeply (more levels than any real file has))") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     return validate_result(data, str(path))

@@ -256,6 +256,8 @@ def _read_archive_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, archiv
         data = json.loads(tar.extractfile(member).read().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunError(f"{archive}: its {MANIFEST} is not valid JSON ({exc})") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise RunError(f"{archive}: its {MANIFEST} is nested too deeply (more levels than any real file has); refusing to unpack") from None
     try:
         return Manifest.from_json(data, f"{archive}: {MANIFEST}")
     except ManifestError as exc:

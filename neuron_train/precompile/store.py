@@ -115,6 +115,8 @@ def load_manifest(cache: Path) -> Manifest:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunError(f"{path} is damaged ({exc}): move it aside and precompile again") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise RunError(f"{path} is damaged (nested too deeply (more levels than any real file has)): move it aside and precompile again") from None
     try:
         return Manifest.from_json(data, str(path))
     except ManifestError as exc:

@@ -21,7 +21,7 @@ def _kept(line: str, resume_step: int) -> bool:
     run logs step N again), eval records of steps <= N (the evaluation at N came before its save)."""
     try:
         record = json.loads(line)
-    except json.JSONDecodeError:  # a line cut short by a killed run
+    except (json.JSONDecodeError, RecursionError):  # a line cut short by a killed run (or crafted)
         return False
     if not isinstance(record, dict) or not isinstance(record.get("step"), int):
         return False

@@ -31,7 +31,7 @@ from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.training import checkpoint as ckpt
 from neuron_train.training.config import RunConfig
 from neuron_train.training.data import build_datasets, check_images, train_batches_per_epoch
-from neuron_train.training.device import Backend, env_int
+from neuron_train.training.device import Backend, check_launch, env_int
 from neuron_train.training.models import check_model_name
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "config.yaml")
@@ -45,6 +45,7 @@ def preflight(cfg: RunConfig) -> str | None:
 
     Returns a line when `--resume` finds the run finished (nothing to do, nothing changed). May
     rewrite `cfg.checkpoint.resume` from "latest" to the file chosen (the newest good one)."""
+    check_launch()  # PJRT_DEVICE names a device here, WORLD_SIZE comes with a launcher
     rank, world = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
     run_dir = Path(cfg.train.output_dir) if cfg.train.output_dir else None
     check_location(run_dir or Path("runs"))
@@ -70,6 +71,9 @@ def preflight(cfg: RunConfig) -> str | None:
 
 def check_location(run_dir: Path) -> None:
     """The run directory must be, or be creatable as, a directory this process can write into."""
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise UsageError(f"--output-dir {run_dir} is a symbolic link to {os.readlink(run_dir)}, which does not "
+                         "exist: create that folder, or choose another --output-dir")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--output-dir {run_dir} is a file, not a directory: choose another path")
     existing = run_dir
