@@ -127,3 +127,80 @@ def test_a_finite_but_absurd_result_is_refused(tmp_path, capsys, monkeypatch, wh
     path.write_text(json.dumps(r))
     code, err = run(capsys, "report", path, "--out", tmp_path / "rep")
     assert code == 2 and "not a measurement" in err and not (tmp_path / "rep").exists()
+
+
+# ----- weak cases of issue 21 --------------------------------------------------------------------
+@pytest.mark.parametrize("flag, value", [("--lr", "inf"), ("--lr", "nan"), ("--min-lr", "nan"), ("--grad-clip", "inf")])
+def test_a_float_that_is_not_finite_is_refused_up_front(tmp_path, capsys, flag, value):
+    code, err = run(capsys, "train", "--output-dir", tmp_path / "run", *NANO, *FAST, flag, value)
+    assert code == 2 and f"{flag} must be a finite number, got {value}" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resuming_with_another_seed_is_refused_naming_the_seed(tmp_path):
+    from test_reliability_train import run_cfg, save_checkpoint
+
+    save_checkpoint(tmp_path / "run", 4, "--seed", "7")
+    with pytest.raises(cli.UsageError, match="was trained with --seed 7, this run has --seed 0: .*resume with --seed 7"):
+        rundir.preflight(run_cfg(tmp_path / "run", "--max-steps", "8", "--resume"))
+    rundir.preflight(run_cfg(tmp_path / "run", "--max-steps", "8", "--resume", "--seed", "7"))
+
+
+def test_a_negative_size_says_how_to_write_it(tmp_path, capsys):
+    cache = make_cache(tmp_path / "c", {})
+    code, err = run(capsys, "cache", "prune", "--cache-dir", cache, "--max-size", "-1G")
+    assert code == 2 and "written --max-size=VALUE" in err
+    code, err = run(capsys, "cache", "prune", "--cache-dir", cache, "--max-size=-1G")
+    assert code == 2 and "expected a size >= 0" in err
+
+
+def test_a_result_file_given_twice_and_duplicate_prices_are_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(INFER))
+    (tmp_path / "sub").mkdir()
+    for twice in ([path, path], [path, tmp_path / "sub" / ".." / "r.json"]):
+        code, err = run(capsys, "report", *twice, "--out", tmp_path / "rep")
+        assert code == 2 and "is given twice" in err and not (tmp_path / "rep").exists()
+    prices = tmp_path / "prices.yaml"
+    row = "{instance_type: %s, usd_per_hour: %s, region: us-east-1, date: 2026-11-01, source: s}"
+    prices.write_text(f"prices:\n- {row % ('trn1.2xlarge', 1.3)}\n- {row % ('TRN1.2xlarge', 0.5)}\n")
+    code, err = run(capsys, "report", path, "--prices", prices, "--out", tmp_path / "rep")
+    assert code == 2 and "price entry 2: TRN1.2xlarge is priced twice" in err
+
+
+def wait_for_metrics(out, proc, timeout=600):
+    import time
+    end = time.time() + timeout
+    while time.time() < end and proc.poll() is None:
+        if (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 2:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no training step logged: {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_saves_at_the_next_step_and_a_second_one_aborts_without_a_traceback(tmp_path, presses):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import RUN_PY, cpu_env
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(RUN_PY), "--output-dir", str(out), *FAST, *NANO, "--max-steps",
+                             "100000", "--log-every", "1", "--eval-every", "100000"], env=cpu_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_metrics(out, proc)
+    for _ in range(presses):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)  # two handler calls, not one coalesced signal
+    _, err = proc.communicate(timeout=600)
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    if presses == 1:
+        assert proc.returncode == 1 and "stopped by SIGINT at step" in err and "continue with --resume" in err
+        assert list((out / "checkpoints").glob("step-*.pt"))
+    else:
+        assert proc.returncode == 130 and "interrupted again" in err, err[-3000:]

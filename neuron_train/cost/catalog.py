@@ -205,7 +205,10 @@ def apply_price_file(catalog: Catalog, path: str | Path) -> Catalog:
     for i, row in enumerate(data.get("prices") or [], 1):
         if not isinstance(row, dict) or not row.get("instance_type"):
             raise UsageError(f"{path}: price entry {i} needs instance_type")
-        prices[str(row["instance_type"])] = _parse_price(row, f"{path}: price entry {i}", sources)
+        name = str(row["instance_type"])
+        if name.lower() in {n.lower() for n in prices}:  # which one would win is a guess: refuse
+            raise UsageError(f"{path}: price entry {i}: {name} is priced twice; keep one entry per instance type")
+        prices[name] = _parse_price(row, f"{path}: price entry {i}", sources)
     return merged.with_prices(prices)
 
 

@@ -234,6 +234,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def collect_rows(args: argparse.Namespace, catalog: Catalog) -> tuple[list[Row], list[tuple[Path, dict]]]:
+    seen: dict[Path, str] = {}
+    for p in args.results:  # the same file twice would count one measurement twice
+        same = seen.setdefault(Path(p).resolve(), p)
+        if same != p or args.results.count(p) > 1:
+            raise UsageError(f"{p} is given twice{f' (as {same})' if same != p else ''}: give each result file once")
     results = [(Path(p), load_result(p)) for p in args.results]
     check_same_workload(results)
     rows = [measured_row(path, r) for path, r in results]

@@ -303,6 +303,7 @@ class CheckpointInfo:
     batch_size: int
     grad_accum: int
     zero1_ranks: int | None  # saved with --zero1: the ranks whose optimizer shards it holds
+    seed: int | None = None  # the data order depends on it (None: not recorded)
 
 
 def inspect(path: Path) -> CheckpointInfo:
@@ -318,7 +319,8 @@ def inspect(path: Path) -> CheckpointInfo:
     return CheckpointInfo(path=path, step=state["position"]["step"], global_batch=state["global_batch"],
                           world_size=state["global_batch"] // (batch * accum), model=cfg["model"]["name"],
                           img_size=cfg["model"]["img_size"], batch_size=batch, grad_accum=accum,
-                          zero1_ranks=optim["world_size"] if optim.get("sharded") == "zero1" else None)
+                          zero1_ranks=optim["world_size"] if optim.get("sharded") == "zero1" else None,
+                          seed=cfg["train"].get("seed") if isinstance(cfg["train"].get("seed"), int) else None)
 
 
 def newest_good(run_dir: Path) -> tuple[CheckpointInfo | None, list[str]]:

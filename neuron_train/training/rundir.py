@@ -170,6 +170,9 @@ def check_fits(info: ckpt.CheckpointInfo, cfg: RunConfig, world: int) -> None:
                          f"this run builds {m.name} at {m.img_size}: resume with --model {info.model} "
                          f"--img-size {info.img_size}")
     ckpt.check_optimizer_layout(info.path, info.zero1_ranks, zero1=cfg.optim.zero1, world_size=world)
+    if info.seed is not None and info.seed != t.seed:  # refused, not noted: the data order would differ
+        raise UsageError(f"{info.path} was trained with --seed {info.seed}, this run has --seed {t.seed}: the "
+                         f"data order would not match; resume with --seed {info.seed}")
     ours = t.batch_size * t.grad_accum * world
     if info.global_batch == ours:
         return
