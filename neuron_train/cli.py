@@ -59,6 +59,12 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def _capped(exc: Exception, limit: int = 600) -> str:
+    """An error line of bounded length (a value from a crafted file can be megabytes long)."""
+    text = " ".join(str(exc).split("\n"))
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
@@ -78,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.main(args) or 0)
     except UsageError as exc:
-        print(f"neuron-train {name}: error: {exc}", file=sys.stderr)
+        print(f"neuron-train {name}: error: {_capped(exc)}", file=sys.stderr)
         return 2
     except RunError as exc:
-        print(f"neuron-train {name}: {exc}", file=sys.stderr)
+        print(f"neuron-train {name}: {_capped(exc)}", file=sys.stderr)
         return 1
     except SystemExit as exc:  # e.g. a command's own parser (precompile's TRAIN_ARGS) printed its one line
         return _exit_code(exc)

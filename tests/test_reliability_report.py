@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from fullfs import fill, mounted_tmpfs
 
 from neuron_train import cli
 from neuron_train.commands.report import OUTPUT_FILES
@@ -185,9 +186,21 @@ def test_a_full_disk_while_publishing_keeps_the_old_report_whole(tmp_path, capsy
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", fsync_until_full)
-    with pytest.raises(OSError, match="No space left"):
-        report(capsys, result(tmp_path, "new.json", instance="inf2.xlarge"), "--out", old_report, "--force")
+    code, err = report(capsys, result(tmp_path, "new.json", instance="inf2.xlarge"), "--out", old_report, "--force")
+    assert code == 1 and "no space left" in err and "kept" in err  # one line: report() checks it
     assert snapshot(old_report) == before and leftovers(tmp_path) == []
+
+
+def test_a_really_full_disk_is_one_line_and_keeps_the_old_report(tmp_path, capsys):
+    """A tmpfs that really fills up (no fault injected): report --force over an existing report."""
+    with mounted_tmpfs(tmp_path / "small", size="4m") as small:
+        out = small / "rep"
+        assert report(capsys, result(tmp_path, "old.json"), "--out", out)[0] == 0
+        before = snapshot(out)
+        fill(small)
+        code, err = report(capsys, result(tmp_path, "new.json", instance="inf2.xlarge"), "--out", out, "--force")
+        assert code == 1 and "no space left on the device of" in err and "Traceback" not in err
+        assert snapshot(out) == before and leftovers(small) == []
 
 
 KILL_AT_SWAP = """

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -44,8 +45,10 @@ def save_checkpoint(run_dir, step: int, *argv: str, world: int = 1, weights=None
     """A checkpoint as the loop writes it (its config says which model and batch it is from)."""
     cfg = parse(*NANO, *argv)
     state = {"model": {"w": torch.zeros(2)} if weights is None else weights,
-             "optimizer": ckpt.sharded_marker(zero1_ranks) if zero1_ranks else {"state": {}, "param_groups": []},
-             "position": {"step": step, "epoch": 0, "batch": step}, "rng": {},
+             "optimizer": ckpt.sharded_marker(zero1_ranks) if zero1_ranks else {"state": {}, "param_groups": [
+                 {"params": [0], "lr": 1e-3}]},
+             "position": {"step": step, "epoch": 0, "batch": step},
+             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(), "xla": 0},
              "global_batch": cfg.train.batch_size * cfg.train.grad_accum * world, "config": cfg.to_dict()}
     return ckpt.save(run_dir, step, state, keep_last=5)
 
@@ -136,7 +139,7 @@ def test_a_full_disk_during_a_save_says_so_names_the_last_good_checkpoint_and_le
     msg = str(err.value)
     assert f"no space left on {ckpt.checkpoint_dir(tmp_path)}" in msg and str(good) in msg
     assert "step-00000002.pt was not saved" in msg and "\n" not in msg
-    assert sorted(os.listdir(ckpt.checkpoint_dir(tmp_path))) == ["step-00000001.pt"]
+    assert sorted(os.listdir(ckpt.checkpoint_dir(tmp_path))) == ["step-00000001.pt", "step-00000001.pt.sha256"]
 
 
 def test_a_save_interrupted_in_process_removes_its_temp_file(tmp_path, monkeypatch):
@@ -160,7 +163,7 @@ def test_temp_files_of_a_process_killed_mid_save_are_removed_at_the_next_start(t
     cfg = run_cfg(out, "--max-steps", "8", "--resume")
     rundir.preflight(cfg)
     rundir.open_run_dir(cfg, OneRank(), extracting=False)
-    assert sorted(os.listdir(d)) == ["step-00000004.pt"]
+    assert sorted(os.listdir(d)) == ["step-00000004.pt", "step-00000004.pt.sha256"]
     assert not (out / ".summary.json.k2j4.tmp").exists()
     assert "removed 3 temporary file(s) of a save that never finished" in capsys.readouterr().err
 
@@ -254,6 +257,7 @@ def test_resume_on_another_number_of_ranks_is_one_run_error_naming_the_ranks(tmp
     out = tmp_path / "run"
     save_checkpoint(out, 4)  # 1 rank x batch 32
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # as torchrun sets it
     with pytest.raises(RunError) as err:
         rundir.preflight(run_cfg(out, "--max-steps", "8", "--resume"))
     msg = str(err.value)

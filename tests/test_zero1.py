@@ -135,8 +135,19 @@ def test_shards_are_written_beside_the_checkpoint_and_pruned_with_it(tmp_path):
         ckpt.save_shard(tmp_path, 15, rank, {"rank": rank})
     ckpt.save(tmp_path, 15, {"optimizer": ckpt.sharded_marker(2)}, keep_last=2)
     names = sorted(p.name for p in ckpt.checkpoint_dir(tmp_path).iterdir())
-    assert names == ["step-00000009.optim-rank0.pt", "step-00000009.optim-rank1.pt", "step-00000009.pt",
-                     "step-00000015.optim-rank0.pt", "step-00000015.optim-rank1.pt", "step-00000015.pt"]
+    assert names == [  # each file with the SHA-256 saved beside it
+        "step-00000009.optim-rank0.pt",
+        "step-00000009.optim-rank0.pt.sha256",
+        "step-00000009.optim-rank1.pt",
+        "step-00000009.optim-rank1.pt.sha256",
+        "step-00000009.pt",
+        "step-00000009.pt.sha256",
+        "step-00000015.optim-rank0.pt",
+        "step-00000015.optim-rank0.pt.sha256",
+        "step-00000015.optim-rank1.pt",
+        "step-00000015.optim-rank1.pt.sha256",
+        "step-00000015.pt",
+        "step-00000015.pt.sha256"]
 
 
 def test_resume_refuses_a_mismatched_optimizer_layout(tmp_path):
@@ -178,8 +189,15 @@ def test_zero1_on_one_rank_trains_like_adamw(one_rank):
     assert z["optimizer_state_bytes_per_rank"] == p["optimizer_state_bytes_per_rank"]
     assert z["master_weight_bytes_per_rank"] == [4 * z["params"]] and p["master_weight_bytes_per_rank"] == [0]
     saved = sorted(x.name for x in (one_rank["zero1"] / "checkpoints").iterdir())
-    assert saved == ["step-00000003.optim-rank0.pt", "step-00000003.pt",
-                     "step-00000006.optim-rank0.pt", "step-00000006.pt"]
+    assert saved == [  # each file with the SHA-256 saved beside it
+        "step-00000003.optim-rank0.pt",
+        "step-00000003.optim-rank0.pt.sha256",
+        "step-00000003.pt",
+        "step-00000003.pt.sha256",
+        "step-00000006.optim-rank0.pt",
+        "step-00000006.optim-rank0.pt.sha256",
+        "step-00000006.pt",
+        "step-00000006.pt.sha256"]
 
 
 def test_a_zero1_checkpoint_is_not_resumed_without_zero1(one_rank, tmp_path):
@@ -233,8 +251,13 @@ def test_two_ranks_zero1_matches_plain_data_parallel_and_resumes_exactly(tmp_pat
     start.mkdir(parents=True)
     for f in (tmp_path / "zero1/checkpoints").glob("step-00000003*"):
         (start / f.name).write_bytes(f.read_bytes())
-    assert sorted(f.name for f in start.iterdir()) == [
-        "step-00000003.optim-rank0.pt", "step-00000003.optim-rank1.pt", "step-00000003.pt"]
+    assert sorted(f.name for f in start.iterdir()) == [  # each file with the SHA-256 saved beside it
+        "step-00000003.optim-rank0.pt",
+        "step-00000003.optim-rank0.pt.sha256",
+        "step-00000003.optim-rank1.pt",
+        "step-00000003.optim-rank1.pt.sha256",
+        "step-00000003.pt",
+        "step-00000003.pt.sha256"]
     resumed = run_train(tmp_path / "resumed/run", *args, "--zero1", "--resume",
                         str(start / "step-00000003.pt"), nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -22,9 +22,11 @@ from neuron_train.precompile.maintenance import (
     prune,
     quarantine,
     select_prune,
+    unvouched,
     verify,
 )
 from neuron_train.precompile.store import (
+    ADOPT_FLAG,
     DEFAULT_CACHE_DIR,
     FAILED,
     LOCKED,
@@ -32,6 +34,7 @@ from neuron_train.precompile.store import (
     Entry,
     has_manifest,
     load_manifest,
+    require_cache,
     scan,
 )
 
@@ -39,6 +42,8 @@ from neuron_train.precompile.store import (
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
     add_cache_option(common, default=DEFAULT_CACHE_DIR, help=f"the compile cache directory (default: {DEFAULT_CACHE_DIR})")
+    common.add_argument(ADOPT_FLAG, action="store_true", help="let verify --quarantine, prune, pack and "
+                        "unpack change a folder that has neither our manifest nor the Neuron cache layout")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = sub.add_parser("list", parents=[common], help="size, entries, age and configurations")
     p.add_argument("--json", action="store_true", help="print the listing as JSON")
@@ -81,6 +86,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     cache = _existing(args.compile_cache)
+    if args.quarantine:
+        require_cache(cache, "verify --quarantine", args.adopt)
     manifest, entries = load_manifest(cache), scan(cache)
     if not entries and not manifest.files:
         print(f"{cache}: empty cache, nothing to verify")
@@ -98,7 +105,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     verdict = f"{len(bad)} problem(s)" if bad else "OK" if manifest.files else "nothing verified"
     print(f"{checked}: {verdict}")
     if args.quarantine:
-        moved_to = quarantine(cache, findings)
+        moved_to = quarantine(cache, findings, args.adopt)
         if moved_to:
             print(f"moved damaged entries to {moved_to}; precompile again to rebuild them")
         bad = [f for f in bad if f.problem == FAILED]
@@ -114,8 +121,11 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         raise UsageError("say what to prune: --older-than AGE, --max-size SIZE and/or --failed")
     older = parse_age(args.older_than) if args.older_than is not None else None
     max_size = parse_size(args.max_size) if args.max_size is not None else None
+    require_cache(cache, "prune", args.adopt)
     entries = scan(cache)
-    chosen = select_prune(entries, now=time.time(), older_than=older, max_size=max_size, failed=args.failed)
+    foreign = unvouched(cache, entries, load_manifest(cache))  # kept: prune deletes only what it vouches for
+    chosen = select_prune(entries, now=time.time(), older_than=older, max_size=max_size, failed=args.failed,
+                          protected=frozenset(e.path for e in foreign))
 
     def announce(e: Entry, verb: str = "delete") -> None:
         print(f"{verb} {e.path} ({human_size(e.size)}, {human_age(time.time() - e.mtime)} old, "
@@ -125,7 +135,10 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         for e in chosen:
             announce(e, "would delete")
     elif chosen:
-        prune(cache, chosen, announce)  # announces each entry once the cache is ours, not before
+        prune(cache, chosen, announce, args.adopt)  # announces each entry once the cache is ours, not before
+    if foreign:
+        print(f"kept {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} holding files not recorded in "
+              f"the manifest and not compiler artifacts, e.g. {foreign[0].path} (never deleted)")
     locked = [e for e in entries if e.state == LOCKED]
     if locked:
         print(f"kept {len(locked)} locked entr{'y' if len(locked) == 1 else 'ies'} (compile in progress)")
@@ -136,7 +149,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    result = pack(_existing(args.compile_cache), args.archive)
+    result = pack(_existing(args.compile_cache), args.archive, args.adopt)
     print(f"packed {result.entries} entries ({result.files} files, {human_size(result.bytes)}) "
           f"into {args.archive}")
     if result.left_out:
@@ -146,7 +159,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
     refuse_s3(args.compile_cache, "--compile-cache", S3_INSTEAD)
-    result = unpack(args.archive, Path(args.compile_cache))
+    result = unpack(args.archive, Path(args.compile_cache), args.adopt)
     print(f"unpacked {result.new_files} new files into {args.compile_cache} ({result.identical} already "
           f"present and identical, {result.configs} configuration(s) merged into the manifest)")
     return 0

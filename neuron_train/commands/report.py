@@ -50,6 +50,8 @@ def load_results(path: str | Path) -> list[dict]:
         raise UsageError(f"{path}: no such file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise UsageError(f"{path}: not a bench result (nested too deeply (more levels than any real file has))") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
@@ -254,6 +256,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def collect_rows(args: argparse.Namespace, catalog: Catalog) -> tuple[list[Row], list[tuple[Path, dict]]]:
+    seen: dict[Path, str] = {}
+    for p in args.results:  # the same file twice would count one measurement twice
+        same = seen.setdefault(Path(p).resolve(), p)
+        if same != p or args.results.count(p) > 1:
+            raise UsageError(f"{p} is given twice{f' (as {same})' if same != p else ''}: give each result file once")
     results = [(Path(p), r) for p in args.results for r in load_results(p)]
     check_same_workload(results)
     rows = [measured_row(path, r) for path, r in results]

@@ -7,6 +7,7 @@ prints only that line and where the help is, and exits 2 like argparse.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import NoReturn
 
 
@@ -24,6 +25,9 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         see = self.help_command or f"{self.prog} --help"
+        flag = re.fullmatch(r"argument (--[\w-]+)(?:/\S+)?: expected one argument", message)
+        if flag:  # argparse reads a value like -1G as an option: say how to give it
+            message += f" (a value that starts with '-' is written {flag[1]}=VALUE)"
         self.exit(2, f"{self.prog}: error: {message} (see `{see}`)\n")
 
 

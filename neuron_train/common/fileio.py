@@ -8,6 +8,8 @@ file in the same folder and renamed; on any failure the temporary file is remove
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
@@ -16,7 +18,15 @@ import socket
 import tempfile
 from pathlib import Path
 
-from neuron_train.common.errors import UsageError
+from neuron_train.common.errors import RunError, UsageError
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -32,6 +42,19 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_failed(path: Path, exc: OSError, kept: str = "") -> RunError:
+    """The one line for a write that failed (raise it `from None`): a full disk says so, with the
+    space left; `kept` says what is still intact (", the previous one is kept")."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        folder = Path(path).parent
+        while not folder.is_dir() and folder != folder.parent:
+            folder = folder.parent
+        free = shutil.disk_usage(folder).free / 2**20
+        return RunError(f"no space left on the device of {path} ({free:.1f} MiB free): it was not "
+                        f"written{kept}; free some space and run again")
+    return RunError(f"cannot write {path}: {exc.strerror or exc}{kept}")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -152,6 +175,13 @@ def publish_folder(out: Path, files: dict[str, bytes]) -> None:
     one, never a mix of both (`recover_folder` finishes the job after a killed process).
     """
     out = Path(out)
+    try:
+        _publish(out, files)
+    except OSError as exc:  # a full disk, a folder gone read-only: nothing changed
+        raise write_failed(out, exc, kept=" (the previous folder, if any, is kept as it was)") from None
+
+
+def _publish(out: Path, files: dict[str, bytes]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     build, old = work_path(out, "building"), work_path(out, "old")
     build.mkdir()

@@ -150,6 +150,8 @@ def _read_mapping(path: Path) -> dict:
         raise not_utf8(path, exc) from None
     except (OSError, json.JSONDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"{path}: cannot read: {str(exc).strip().splitlines()[0]}") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise UsageError(f"{path}: cannot read: nested too deeply (more levels than any real file has)") from None
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping with 'instances:' and/or 'prices:'")
     return data
@@ -199,11 +201,14 @@ def apply_price_file(catalog: Catalog, path: str | Path) -> Catalog:
         name = name.lower()
         instances[name] = _parse_instance(name, raw, str(path), sources, instances.get(name))
     merged = Catalog(instances, sources, catalog.pricing_locations, dict(catalog.extra_prices))
-    prices = {}
+    prices: dict[str, Price] = {}
     for i, row in enumerate(data.get("prices") or [], 1):
         if not isinstance(row, dict) or not row.get("instance_type"):
             raise UsageError(f"{path}: price entry {i} needs instance_type")
-        prices[str(row["instance_type"])] = _parse_price(row, f"{path}: price entry {i}", sources)
+        name = str(row["instance_type"])
+        if name.lower() in {n.lower() for n in prices}:  # which one would win is a guess: refuse
+            raise UsageError(f"{path}: price entry {i}: {name} is priced twice; keep one entry per instance type")
+        prices[name] = _parse_price(row, f"{path}: price entry {i}", sources)
     return merged.with_prices(prices)
 
 

@@ -45,6 +45,8 @@ SWEEP_FIELDS: dict[str, str] = {
     "batch_size_per_device": "int>=1", "world_size": "int>=1", "status": "str", "reason": "str",
     "samples_per_sec": "number>0", "step_time_ms": "number>0", "compile_time_s": "number>=0", "graph_count": "int>=0",
 }
+# No machine measures a billion samples/s or a step of 11 days: larger numbers are not measurements.
+MAX_PLAUSIBLE = 1e9
 _SWEEP_ALWAYS = ("batch_size_per_device", "world_size", "status", "reason")
 _MISSING = object()
 
@@ -87,6 +89,11 @@ def _semantic_problems(d: dict) -> list[str]:
     total = d["device"].get("cores_total")
     if isinstance(total, int) and total < d["device"]["count"]:
         p.append(f"device.count {d['device']['count']} is more than device.cores_total {total}")
+    for field, unit in (("samples_per_sec", "samples/s"), ("step_time_ms", "ms")):
+        largest = max([d[field]["median"], *d[field]["values"]])
+        if largest > MAX_PLAUSIBLE:  # finite but absurd: it would overflow the cost arithmetic
+            p.append(f"field '{field}' has {largest:.3g} {unit}, more than {MAX_PLAUSIBLE:.0e}: not a "
+                     "measurement (was the file edited?)")
     if len(d["samples_per_sec"]["values"]) != d["repeats"]:
         p.append(f"samples_per_sec.values has {len(d['samples_per_sec']['values'])} entries for "
                  f"{d['repeats']} repeats")
@@ -105,6 +112,8 @@ def _sweep_problems(rows: list) -> list[str]:
                     return [f"missing field 'sweep[{i}].{key}'"]
                 continue
             problem = kind_problem(row[key], kind)
+            if not problem and kind.startswith("number") and row[key] > MAX_PLAUSIBLE:
+                problem = f"must be at most {MAX_PLAUSIBLE:.0e} (not a measurement), got {row[key]:.3g}"
             if problem:
                 return [f"field 'sweep[{i}].{key}' {problem}"]
     return []

@@ -8,12 +8,14 @@ existing is overwritten, locally or on S3.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
 import tarfile
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -31,6 +33,7 @@ from neuron_train.precompile.store import (
     file_record,
     load_manifest,
     recordable,
+    require_cache,
     scan,
     sha256_file,
     update_manifest,
@@ -89,11 +92,12 @@ class UnpackResult:
     configs: int                 # configurations merged into the manifest
 
 
-def pack(cache: Path, dest: str) -> PackResult:
+def pack(cache: Path, dest: str, adopt: bool = False) -> PackResult:
     """Write the cache's finished entries and their manifest into one .tar.gz (or s3:// object)."""
     cache = Path(cache)
     if not cache.is_dir():
         raise UsageError(f"no such cache directory: {cache}")
+    require_cache(cache, "pack", adopt)  # pack writes its lock file into the cache
     client = None
     if is_s3(dest):
         bucket, key = split_s3(dest)
@@ -107,9 +111,9 @@ def pack(cache: Path, dest: str) -> PackResult:
     with file_lock(cache / USE_LOCK, shared=True):
         packed, keep, left = _packed_manifest(cache)
         if client is not None:
-            with tempfile.TemporaryDirectory(dir=cache, prefix=f"{STAGING_DIR}-pack-") as tmp:
-                _write_archive(cache, packed, Path(tmp) / "cache.tar.gz")
-                client.upload_file(str(Path(tmp) / "cache.tar.gz"), *split_s3(dest))
+            with _staging(cache, "pack") as tmp:
+                _write_archive(cache, packed, tmp / "cache.tar.gz")
+                client.upload_file(str(tmp / "cache.tar.gz"), *split_s3(dest))
         else:
             _publish_archive(cache, packed, Path(dest))
     return PackResult(entries=len(keep), files=len(packed.files), bytes=sum(e.size for e in keep),
@@ -173,21 +177,56 @@ def _safe_member(member: tarfile.TarInfo) -> str:
     return rel.as_posix()
 
 
-def unpack(source: str, cache: Path) -> UnpackResult:
+@contextmanager
+def _staging(cache: Path, kind: str) -> Iterator[Path]:
+    """A private folder in the cache, `.staging.KIND-HOST-PID`, removed afterwards; the ones of
+    this host's dead processes (a command killed with -9) are removed first."""
+    final = cache / STAGING_DIR.lstrip(".")
+    for stale in stale_work_paths(final, kind):
+        remove_path(stale)
+    tmp = work_path(final, kind)
+    remove_path(tmp)  # a leftover of a dead process that had our pid
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        remove_path(tmp)
+
+
+def _target_cache(cache: Path, adopt: bool) -> None:
+    """The cache to unpack into: a folder we may write into (created when missing), and a cache."""
+    if cache.exists() and not cache.is_dir():
+        raise UsageError(f"--cache-dir {cache} is a file, not a folder: choose another --cache-dir")
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--cache-dir {cache}: cannot create it ({exc.strerror}): choose another "
+                         "--cache-dir") from None
+    if not os.access(cache, os.W_OK | os.X_OK):  # also false on a read-only mount
+        raise UsageError(f"--cache-dir {cache} is not writable (read-only or no permission): choose "
+                         "another --cache-dir")
+    require_cache(cache, "unpack", adopt)
+
+
+def unpack(source: str, cache: Path, adopt: bool = False) -> UnpackResult:
     """Add an archive's entries to a cache: verified first, nothing existing is overwritten."""
     cache = Path(cache)
     if not is_s3(source) and not Path(source).is_file():
         raise UsageError(f"no such archive: {source}")
-    cache.mkdir(parents=True, exist_ok=True)
-    with file_lock(cache / USE_LOCK, shared=True), \
-            tempfile.TemporaryDirectory(dir=cache, prefix=f"{STAGING_DIR}-unpack-") as tmp:
-        staging = Path(tmp)
-        archive = Path(source)
-        if is_s3(source):
-            archive = staging / "download.tar.gz"
-            _s3_client(source).download_file(*split_s3(source), str(archive))
-        incoming = _extract_verified(archive, staging / "files")
-        new = update_manifest(cache, lambda manifest: _merge_files(cache, staging / "files", incoming, manifest))
+    _target_cache(cache, adopt)
+    try:
+        with file_lock(cache / USE_LOCK, shared=True), _staging(cache, "unpack") as staging:
+            archive = Path(source)
+            if is_s3(source):
+                archive = staging / "download.tar.gz"
+                _s3_client(source).download_file(*split_s3(source), str(archive))
+            incoming = _extract_verified(archive, staging / "files")
+            new = update_manifest(cache, lambda m: _merge_files(cache, staging / "files", incoming, m))
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise RunError(f"no space left on the device of {cache}: nothing was unpacked (the partial "
+                           "files were removed); free some space and unpack again") from None
+        raise RunError(f"cannot unpack into {cache}: {exc.strerror or exc}") from None
     return UnpackResult(new_files=len(new), identical=len(incoming.files) - len(new),
                         configs=len(incoming.configs))
 
@@ -220,6 +259,8 @@ def _read_archive_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, archiv
         data = json.loads(raw.read().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunError(f"{archive}: its {MANIFEST} is not valid JSON ({exc})") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise RunError(f"{archive}: its {MANIFEST} is nested too deeply (more levels than any real file has); refusing to unpack") from None
     try:
         return Manifest.from_json(data, f"{archive}: {MANIFEST}")
     except ManifestError as exc:
@@ -243,8 +284,15 @@ def _extract_verified(archive: Path, into: Path) -> Manifest:
                     continue
                 if rel not in incoming.files:
                     raise RunError(f"{archive}: member {rel} is not listed in its manifest")
+                if member.size != incoming.files[rel].size:  # checked before a byte is written
+                    raise RunError(f"{archive} is damaged: member {rel} is {member.size} bytes, its "
+                                   f"manifest says {incoming.files[rel].size}")
                 tar.extract(member, into, filter="data")
-        except (tarfile.TarError, EOFError, OSError) as exc:
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+                raise  # our side, not the archive's: said by unpack
+            raise RunError(f"{archive} is damaged: {exc}") from None
+        except (tarfile.TarError, EOFError) as exc:
             raise RunError(f"{archive} is damaged: {exc}") from None
     missing = [rel for rel in incoming.files if not (into / rel).is_file()]
     if missing:

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import remove_path
-from neuron_train.precompile.manifest import FileRecord, Manifest, entry_of
+from neuron_train.precompile.manifest import XLA_DIR, FileRecord, Manifest, entry_of
 from neuron_train.precompile.store import (
     FAILED,
     INCOMPLETE,
@@ -25,7 +25,10 @@ from neuron_train.precompile.store import (
     Entry,
     cache_path,
     file_lock,
+    has_manifest,
+    is_compiler_artifact,
     load_manifest,
+    require_cache,
     scan,
     sha256_file,
     update_manifest,
@@ -97,7 +100,7 @@ def verify(cache: Path, manifest: Manifest | None = None) -> list[Finding]:
     return findings
 
 
-def quarantine(cache: Path, findings: list[Finding]) -> Path | None:
+def quarantine(cache: Path, findings: list[Finding], adopt: bool = False) -> Path | None:
     """Move corrupt entries aside (never deleted) and forget records of missing files.
 
     Needs the cache to itself: a running process could be loading the entry being moved.
@@ -107,6 +110,7 @@ def quarantine(cache: Path, findings: list[Finding]) -> Path | None:
     bad = {f.entry for f in findings if f.problem in ("corrupt", "missing")}
     if not bad:
         return None
+    require_cache(cache, "verify --quarantine", adopt)
     dest_root = cache / QUARANTINE_DIR / time.strftime("%Y%m%d-%H%M%S")
     with file_lock(cache / USE_LOCK, wait=False, purpose="quarantine needs the cache to itself"):
         for rel in corrupt:
@@ -149,10 +153,33 @@ def parse_age(text: str) -> float:
     return value * AGE_UNITS[unit]
 
 
+def _vouched_file(cache: Path, rel: str, manifest: Manifest) -> bool:
+    """Listed in the manifest, or a compiler artifact directly in a Neuron MODULE_ folder."""
+    parts = PurePosixPath(rel).parts
+    return rel in manifest.files or (len(parts) == 3 and parts[0] != XLA_DIR and is_compiler_artifact(parts[2])
+                                     and (cache / rel).is_file() and not (cache / rel).is_symlink())
+
+
+def unvouched(cache: Path, entries: list[Entry], manifest: Manifest) -> list[Entry]:
+    """Entries holding a file prune cannot vouch for: never deleted (they may not be ours)."""
+    cache = Path(cache)
+    out = []
+    for e in entries:
+        folder = cache / e.path
+        files = ([p.relative_to(cache).as_posix() for p in folder.rglob("*") if not p.is_dir() or p.is_symlink()]
+                 if folder.is_dir() and not folder.is_symlink() else [e.path])
+        if not all(_vouched_file(cache, rel, manifest) for rel in files):
+            out.append(e)
+    return out
+
+
 def select_prune(entries: list[Entry], *, now: float, older_than: float | None = None,
-                 max_size: int | None = None, failed: bool = False) -> list[Entry]:
-    """The entries to delete, oldest first. Locked entries (a compile in progress) are never chosen."""
-    candidates = sorted((e for e in entries if e.state != LOCKED), key=lambda e: e.mtime)
+                 max_size: int | None = None, failed: bool = False,
+                 protected: frozenset[str] = frozenset()) -> list[Entry]:
+    """The entries to delete, oldest first. Locked entries (a compile in progress) and `protected`
+    ones (holding files prune cannot vouch for) are never chosen."""
+    candidates = sorted((e for e in entries if e.state != LOCKED and e.path not in protected),
+                        key=lambda e: e.mtime)
     chosen = [e for e in candidates
               if (older_than is not None and now - e.mtime > older_than) or (failed and e.state == FAILED)]
     if max_size is not None:
@@ -166,23 +193,43 @@ def select_prune(entries: list[Entry], *, now: float, older_than: float | None =
     return sorted(chosen, key=lambda e: e.mtime)
 
 
-def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = lambda e: None) -> None:
+def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = lambda e: None,
+          adopt: bool = False) -> None:
     """Delete entries and their records; configurations that lose entries are marked as pruned.
 
     Takes the cache to itself first, so `announce` (called before each deletion) never reports a
-    deletion that a running precompile or training run then prevents.
+    deletion that a running precompile or training run then prevents. Only files it can vouch for
+    are deleted (`unvouched` entries are refused); a cache without a manifest does not get one.
     """
     cache = Path(cache)
+    require_cache(cache, "prune", adopt)
     gone = {e.path for e in chosen}
     with file_lock(cache / USE_LOCK, wait=False, purpose="prune needs the cache to itself"):
+        manifest = load_manifest(cache)
+        foreign = unvouched(cache, chosen, manifest)
+        if foreign:
+            raise UsageError(f"{foreign[0].path} holds files prune cannot vouch for (not in the manifest, "
+                             "not a compiler artifact): nothing deleted")
         for e in chosen:
             announce(e)
-            _remove_entry(cache, e.path)
+            _remove_entry(cache, e.path, manifest)
+        if has_manifest(cache):
+            update_manifest(cache, lambda manifest: manifest.forget_entries(gone, utc_now()))
 
-        update_manifest(cache, lambda manifest: manifest.forget_entries(gone, utc_now()))
 
-
-def _remove_entry(cache: Path, rel: str) -> None:
-    """Delete one entry inside the cache: its folder is confined, the entry itself never followed."""
+def _remove_entry(cache: Path, rel: str, manifest: Manifest) -> None:
+    """Delete one entry's vouched files inside the cache (its folder confined, never followed); a
+    MODULE_ folder goes only once empty: a file that appeared meanwhile is kept, with its folder."""
     path = PurePosixPath(rel)
-    remove_path(cache_path(cache, str(path.parent)) / path.name)
+    target = cache_path(cache, str(path.parent)) / path.name
+    if not target.is_dir() or target.is_symlink():
+        remove_path(target)
+        return
+    for child in sorted(target.rglob("*"), reverse=True):  # deepest first: folders after their files
+        if child.is_dir() and not child.is_symlink():
+            if not any(child.iterdir()):
+                child.rmdir()
+        elif _vouched_file(cache, child.relative_to(cache).as_posix(), manifest):
+            child.unlink()
+    if not any(target.iterdir()):
+        target.rmdir()

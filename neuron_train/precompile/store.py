@@ -29,7 +29,6 @@ Maintenance (verify, quarantine, prune) is in `maintenance.py`, archives in `arc
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import confined, write_json_atomic
+from neuron_train.common.fileio import confined, sha256_file, write_json_atomic
 from neuron_train.precompile.manifest import (
     NEURON_MODULE_PREFIX,
     NEURON_VERSION_PREFIX,
@@ -56,6 +55,11 @@ MANIFEST = "manifest.json"
 MANIFEST_LOCK = ".neuron_train.manifest.lock"
 USE_LOCK = ".neuron_train.use.lock"
 STAGING_DIR = ".staging"
+# What the Neuron compiler wrapper writes into a MODULE_ folder: prune deletes only these (and
+# files the manifest records), never a file it cannot vouch for. Lock files end in ".lock".
+NEURON_ARTIFACTS = frozenset({"model.hlo_module.pb", "compile_flags.json", "model.neff", "model.done",
+                              "model.log"})
+ADOPT_FLAG = "--adopt"
 # Entry states. xla files have no state of their own; Neuron entries go extracted -> compiled/failed.
 COMPILED, FAILED, LOCKED, INCOMPLETE, FILE = "compiled", "failed", "locked", "incomplete", "file"
 
@@ -112,6 +116,8 @@ def load_manifest(cache: Path) -> Manifest:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunError(f"{path} is damaged ({exc}): move it aside and precompile again") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise RunError(f"{path} is damaged (nested too deeply (more levels than any real file has)): move it aside and precompile again") from None
     try:
         return Manifest.from_json(data, str(path))
     except ManifestError as exc:
@@ -121,6 +127,38 @@ def load_manifest(cache: Path) -> Manifest:
 
 def has_manifest(cache: Path) -> bool:
     return (Path(cache) / MANIFEST).is_file()
+
+
+def is_compiler_artifact(name: str) -> bool:
+    return name in NEURON_ARTIFACTS or name.endswith(".lock")
+
+
+def _own_file(name: str) -> bool:
+    """Files our cache commands make in any cache: locks, staging folders."""
+    return name in (USE_LOCK, MANIFEST_LOCK) or name.startswith(STAGING_DIR)
+
+
+def has_neuron_layout(cache: Path) -> bool:
+    return any(m.is_dir() for v in Path(cache).glob(f"{NEURON_VERSION_PREFIX}*")
+               for m in v.glob(f"{NEURON_MODULE_PREFIX}*"))
+
+
+def require_cache(cache: Path, action: str, adopt: bool = False) -> None:
+    """Refuse to change a folder that is not a compile cache, unless the user opted in (--adopt).
+
+    A cache is ours (it has our manifest: read here, so a foreign or damaged one is refused too),
+    the Neuron compiler's (neuronxcc-*/MODULE_* folders), missing, or empty but for our own files."""
+    cache = Path(cache)
+    if adopt or not cache.is_dir():
+        return
+    if has_manifest(cache):
+        load_manifest(cache)  # raises one line if it is not our manifest
+        return
+    if has_neuron_layout(cache) or all(_own_file(p.name) for p in cache.iterdir()):
+        return
+    raise UsageError(f"{cache} is not a compile cache (no {MANIFEST}, no {NEURON_VERSION_PREFIX}*/"
+                     f"{NEURON_MODULE_PREFIX}* folders): `cache {action}` changes nothing in it; check "
+                     f"--cache-dir, or pass {ADOPT_FLAG} if it really is one")
 
 
 def update_manifest(cache: Path, change: Callable[[Manifest], T]) -> T:
@@ -193,14 +231,6 @@ def scan(cache: Path) -> list[Entry]:
                 files = sorted(p for p in module.rglob("*") if p.is_file())
                 entries.append(_entry(cache, module, neuron_state(module), files))
     return entries
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_record(path: Path, recorded_by: str) -> FileRecord:

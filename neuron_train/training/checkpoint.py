@@ -8,7 +8,9 @@ unsafely: a file we did not write must not run code).
 
 A save that fails removes its temporary file (a full disk names the last good checkpoint); one
 killed mid-save leaves `.step-N.pt.tmp-HOST-PID`, removed at the run's next start (`remove_stale_temps`).
-A damaged newest checkpoint is skipped for the newest good one (`newest_good`).
+Each file is written with its SHA-256 beside it and checked before use; a file that loads is also
+checked for everything a resume reads (checkpoint_format.py). A damaged newest checkpoint (cut
+short, bytes changed, wrong structure) is skipped for the newest good one (`newest_good`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from torch.utils._pytree import tree_map
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import work_path
+from neuron_train.training import checkpoint_format as fmt
 
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
-_TEMP = re.compile(r"^\.step-\d{8}(\.optim-rank\d+)?\.pt\.tmp-(.+-)?\d+$")  # work_path names, and older ones
+_TEMP = re.compile(r"^\.step-\d{8}(\.optim-rank\d+)?\.pt(\.sha256)?\.tmp-(.+-)?\d+$")  # work_path names, and older ones
+_SIDECAR = re.compile(r"^(step-\d{8}(\.optim-rank\d+)?\.pt)\.sha256$")
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled magic number of old torch.save files
 
 
@@ -52,8 +56,12 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     import torch_xla.core.xla_model as xm
 
-    torch.set_rng_state(state["torch"])
-    random.setstate(_as_tuple(state["python"]))
+    try:
+        torch.set_rng_state(state["torch"])
+        random.setstate(_as_tuple(state["python"]))
+    except (TypeError, ValueError, RuntimeError) as exc:  # types are checked before; contents here
+        raise UsageError(f"the checkpoint's RNG state is damaged ({str(exc)[:120]}): resume from "
+                         "another checkpoint") from None
     xm.set_rng_state(int(state["xla"]))
 
 
@@ -69,6 +77,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def _step_file(run_dir: Path, step: int) -> Path:
+    if step < 0:  # a position read from a file is checked before; this is the last guard
+        raise RunError(f"cannot save a checkpoint at step {step}: steps are >= 0")
     return checkpoint_dir(run_dir) / f"step-{step:08d}.pt"
 
 
@@ -81,17 +91,36 @@ def _write_atomic(final: Path, state: dict) -> None:
     """`state` as `final`, whole or not at all: on any failure the temporary file is removed."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = work_path(final, "tmp")  # .step-N.pt.tmp-HOST-PID
+    side, side_tmp = fmt.checksum_file(final), work_path(fmt.checksum_file(final), "tmp")
     try:
         with open(tmp, "wb") as fh:
             torch.save({"format": FORMAT, **state}, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        with open(side_tmp, "w") as fh:  # hashed from the disk: what a reader will check
+            fh.write(fmt.checksum_line(tmp, final.name))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(side_tmp, side)  # the checksum first: a checkpoint never appears without one
         os.replace(tmp, final)  # atomic: a reader sees the old set or the complete new file
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise RunError(_save_failed(final, exc)) from None
+        side_tmp.unlink(missing_ok=True)
+        cause = _os_error(exc)
+        if cause is not None:
+            side.unlink(missing_ok=True)
+            raise RunError(_save_failed(final, cause)) from None
         raise
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind a failed save: torch's zip writer turns a failed write of the file object
+    into `RuntimeError: [enforce fail at inline_container.cc...]`, the OSError left as its context."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError):
+        return exc.__context__
+    return None
 
 
 def _save_failed(final: Path, exc: OSError) -> str:
@@ -115,10 +144,12 @@ def save(run_dir: Path, step: int, state: dict, keep_last: int) -> Path:
     kept = list_checkpoints(run_dir)[-keep_last:]
     for old in list_checkpoints(run_dir)[:-keep_last]:
         old.unlink()
+        fmt.checksum_file(old).unlink(missing_ok=True)
     kept_stems = {p.stem for p in kept}
     for shard in checkpoint_dir(run_dir).glob("step-*.optim-rank*.pt"):
         if shard.name.split(".")[0] not in kept_stems:  # pruned, or left by a crash mid-save
             shard.unlink()
+            fmt.checksum_file(shard).unlink(missing_ok=True)
     return final
 
 
@@ -130,11 +161,16 @@ def save_shard(run_dir: Path, step: int, rank: int, state: dict) -> Path:
 
 
 def remove_stale_temps(run_dir: Path) -> list[Path]:
-    """Delete temporary files of saves that never finished (a process killed mid-save).
+    """Delete what writes that never finished left (a process killed mid-save): checkpoint temporary
+    files and checksums without their checkpoint, and common.fileio's atomic-write temporary files
+    (`.NAME.XXXX.tmp`) in the run directory.
 
-    Call only while holding the run directory's lock: then no save of ours is in progress."""
+    Call only while holding the run directory's lock: then no write of ours is in progress."""
     d = checkpoint_dir(run_dir)
-    stale = [p for p in d.iterdir() if _TEMP.match(p.name)] if d.is_dir() else []
+    names = [p for p in d.iterdir()] if d.is_dir() else []
+    stale = [p for p in names if _TEMP.match(p.name)
+             or ((m := _SIDECAR.match(p.name)) and not (d / m[1]).exists())]
+    stale += list(Path(run_dir).glob(".*.tmp"))
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
@@ -194,6 +230,14 @@ def read(path: Path, what: str, *, mmap: bool = False) -> object:
     `mmap=True` maps tensors instead of reading them: a cheap look at a checkpoint's metadata."""
     path = Path(path)
     try:
+        damage = fmt.checksum_problem(path)  # before torch reads a byte of it
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot read it ({exc.strerror})") from None
+    if damage and zipfile.is_zipfile(path):
+        raise UsageError(f"{what} {path}: {damage}")
+    if damage:  # a cut-short or overwritten file: torch's failure says more than the checksum
+        raise UsageError(f"{what} {path}: {_why_unloadable(path, ValueError(damage))}")
+    try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # the user's file: said in one line, whatever torch raised
         raise UsageError(f"{what} {path}: {_why_unloadable(path, exc)}") from None
@@ -226,11 +270,27 @@ def _reason(exc: Exception) -> str:
 
 
 def load(path: Path) -> dict:
-    state = read(path, "cannot load checkpoint")
+    return _ours(path, read(path, "cannot load checkpoint"))
+
+
+def _ours(path: Path, state: object) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"{path} is not a neuron_train checkpoint (format {FORMAT}): to start from "
                          "its weights, pass it as --pretrained instead of --resume")
     return state
+
+
+def load_resumable(path: Path) -> dict:
+    """`load`, then everything a resume reads is checked (one line naming the first problem)."""
+    state = load(path)
+    _check_structure(path, state)
+    return state
+
+
+def _check_structure(path: Path, state: dict) -> None:
+    problem = fmt.structure_problem(state)
+    if problem:
+        raise UsageError(f"{path} cannot be resumed: {problem} (a damaged file, or not saved by neuron_train)")
 
 
 @dataclass
@@ -246,21 +306,23 @@ class CheckpointInfo:
     batch_size: int
     grad_accum: int
     zero1_ranks: int | None  # saved with --zero1: the ranks whose optimizer shards it holds
+    seed: int | None = None  # the data order depends on it (None: not recorded)
 
 
 def inspect(path: Path) -> CheckpointInfo:
     # mmap only works on (complete) zip archives, the format we write; anything else is read
     # normally so that its error message is the accurate one.
     state = read(path, "cannot load checkpoint", mmap=zipfile.is_zipfile(path))
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        load(path)  # raises the one-line "not a neuron_train checkpoint"
+    state = _ours(path, state)
+    _check_structure(path, state)
     cfg = state["config"]
     batch, accum = cfg["train"]["batch_size"], cfg["train"]["grad_accum"]
     optim = state["optimizer"]
     return CheckpointInfo(path=path, step=state["position"]["step"], global_batch=state["global_batch"],
                           world_size=state["global_batch"] // (batch * accum), model=cfg["model"]["name"],
                           img_size=cfg["model"]["img_size"], batch_size=batch, grad_accum=accum,
-                          zero1_ranks=optim["world_size"] if optim.get("sharded") == "zero1" else None)
+                          zero1_ranks=optim["world_size"] if optim.get("sharded") == "zero1" else None,
+                          seed=cfg["train"].get("seed") if isinstance(cfg["train"].get("seed"), int) else None)
 
 
 def newest_good(run_dir: Path) -> tuple[CheckpointInfo | None, list[str]]:

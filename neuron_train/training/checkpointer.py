@@ -66,14 +66,18 @@ class Checkpointer:
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Position, Path]:
         """Load --resume into model and optimizer; returns the position to continue from."""
         path = ckpt.resolve(self.run_dir, self.cfg.checkpoint.resume)
-        state = ckpt.load(path)
+        state = ckpt.load_resumable(path)  # checksum and structure checked: one line, never a KeyError
         if state["global_batch"] != self.global_batch:
             raise UsageError(f"{path} was trained with a global batch of {state['global_batch']}, "
                              f"this run has {self.global_batch}: the data position would not match")
         ckpt.load_model_state(model, state, path)  # a mismatch is one line naming the model
-        load_optimizer_state(optimizer, ckpt.optimizer_state(
-            path, state, zero1=self.cfg.optim.zero1, world_size=self.backend.world_size,
-            rank=self.backend.rank))
+        try:
+            load_optimizer_state(optimizer, ckpt.optimizer_state(
+                path, state, zero1=self.cfg.optim.zero1, world_size=self.backend.world_size,
+                rank=self.backend.rank))
+        except (ValueError, KeyError, TypeError) as exc:  # torch's own check of the saved groups
+            raise UsageError(f"{path}: its optimizer state does not fit this run's optimizer "
+                             f"({str(exc)[:120]}): resume with the same --optimizer and model") from None
         ckpt.set_rng_state(state["rng"])
         torch_xla.sync()  # materialise the loaded weights before the first step
         return Position(**state["position"]), path

@@ -10,6 +10,7 @@ Validation happens here, at the edge: a bad value raises UsageError (one line, e
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,7 +292,13 @@ class RunConfig:
 
     def validate(self) -> RunConfig:
         for section in sections(self):
-            getattr(self, section).validate()
+            values = getattr(self, section)
+            for f in dataclasses.fields(values):  # inf and nan pass every comparison-free check
+                value = getattr(values, f.name)
+                _need(not isinstance(value, float) or math.isfinite(value),
+                      f"{f.metadata.get('flag') or '--' + f.name.replace('_', '-')} must be a finite number, "
+                      f"got {value}")
+            values.validate()
         if self.sift.sift == "topk":
             kept = round(self.train.batch_size * self.sift.sift_keep)
             _need(kept >= 1, f"--sift-keep {self.sift.sift_keep} keeps no sample of a batch of "

@@ -17,7 +17,7 @@ import tomllib
 import yaml
 
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import not_utf8, write_text_atomic
+from neuron_train.common.fileio import not_utf8, write_failed, write_text_atomic
 from neuron_train.common.neuron_env import default_pjrt_device
 from neuron_train.training.config import RunConfig, default_text, device_defaults, sections
 
@@ -69,14 +69,20 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
-        raise UsageError(f"{where}: expected true/false, got {value!r}")
+        raise UsageError(f"{where}: expected true/false, got {_shown(value)}")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise UsageError(f"{where}: expected {kind.__name__}, got {value!r}")
+        raise UsageError(f"{where}: expected {kind.__name__}, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A value for an error line, cut short (a YAML alias bomb is megabytes of repr)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({type(value).__name__})"
 
 
 def load_config_file(path: str) -> dict[str, dict[str, Any]]:
@@ -99,6 +105,8 @@ def load_config_file(path: str) -> dict[str, dict[str, Any]]:
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(f"--config: {path} is not valid {p.suffix[1:].upper()}: {first}") from None
+    except RecursionError:  # a crafted file nested thousands of levels deep
+        raise UsageError(f"--config: {path} is nested too deeply (more levels than any real file has): write the sections as plain mappings") from None
     if not isinstance(data, dict):
         raise UsageError(f"--config: {path}: expected sections ({', '.join(sections())})")
     return data
@@ -116,21 +124,23 @@ def build_config(file_values: dict[str, dict[str, Any]] | None = None,
         values[section][key] = value
     for section, body in (file_values or {}).items():
         if section not in types:
-            raise UsageError(f"{source}: unknown section '{section}' (known: {', '.join(types)})")
+            raise UsageError(f"{source}: unknown section {_shown(section)} (known: {', '.join(types)})")
         if not isinstance(body, dict):
             raise UsageError(f"{source}: section '{section}' must be a mapping")
         names = {f.name: f for f in dataclasses.fields(types[section])}
         for key, value in body.items():
+            if not isinstance(key, str):
+                raise UsageError(f"{source}: section '{section}' has a key that is not a name: {_shown(key)}")
             key = key.replace("-", "_")
             if key not in names:
-                raise UsageError(f"{source}: unknown key '{section}.{key}' "
+                raise UsageError(f"{source}: unknown key '{section}.{key[:60]}' "
                                  f"(known: {', '.join(names)})")
             kind = _base_type(names[key], types[section])
             values[section][key] = _coerce(value, kind, f"{source}: {section}.{key}")
             choices = names[key].metadata["choices"]
             if choices and values[section][key] not in choices:
                 raise UsageError(f"{source}: {section}.{key} must be one of {', '.join(choices)}, "
-                                 f"got {value!r}")
+                                 f"got {_shown(value)}")
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         values[section][key] = value
@@ -162,4 +172,7 @@ def config_to_argv(cfg: RunConfig) -> list[str]:
 
 
 def save_config(cfg: RunConfig, path: os.PathLike) -> None:
-    write_text_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    try:
+        write_text_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as exc:  # a full disk: one line, an existing file stays whole (atomic write)
+        raise write_failed(Path(path), exc) from None

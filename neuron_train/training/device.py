@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.neuron_env import default_pjrt_device
+from neuron_train.common.neuron_env import default_pjrt_device, neuron_device_present
 
 _LEGACY_BF16_ENV = {"xla-use-bf16": "XLA_USE_BF16", "xla-downcast-bf16": "XLA_DOWNCAST_BF16"}
 
@@ -38,6 +39,25 @@ def prepare_environment(precision: str) -> str:
     for name, value in neuron_precision_env(precision, os.environ["PJRT_DEVICE"]).items():
         os.environ.setdefault(name, value)  # a value the user set wins
     return precision
+
+
+def check_launch() -> None:
+    """Before torch_xla starts: PJRT_DEVICE must name a device this machine has, and WORLD_SIZE > 1
+    needs a launcher (torch_xla or torch.distributed would otherwise abort with a traceback)."""
+    value = os.environ.get("PJRT_DEVICE")
+    kind = (value or "CPU").upper()
+    devices = {"GPU": "nvidia[0-9]*", "CUDA": "nvidia[0-9]*", "TPU": "accel[0-9]*"}
+    if kind not in ("CPU", "NEURON", *devices):
+        raise UsageError(f"PJRT_DEVICE={value} is not a device torch_xla knows (CPU, NEURON, CUDA, TPU): "
+                         "unset PJRT_DEVICE")
+    if kind in devices and not any(Path("/dev").glob(devices[kind])):
+        here = "NEURON" if neuron_device_present() else "CPU"
+        raise UsageError(f"PJRT_DEVICE={value}, but this machine has no {kind} device: unset PJRT_DEVICE "
+                         f"(neuron-train then uses {here}) or run where that device is")
+    world = env_int("WORLD_SIZE", 1)
+    if world > 1 and not os.environ.get("MASTER_ADDR"):
+        raise UsageError(f"WORLD_SIZE={world} is set, but no launcher started this process (no MASTER_ADDR): "
+                         f"launch with torchrun --standalone --nproc_per_node={world}, or unset WORLD_SIZE")
 
 
 def neuron_precision_env(precision: str, pjrt_device: str) -> dict[str, str]:

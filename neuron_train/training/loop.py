@@ -11,8 +11,10 @@ How it stays fast on XLA:
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import sys
 import time
 
 import torch
@@ -154,6 +156,10 @@ class Trainer:
 
     # ----- between steps ---------------------------------------------------------------------
     def _stop(self, signum, _frame) -> None:
+        if signum == signal.SIGINT and self.stop_signal is not None:  # a second Ctrl-C: abort now
+            print(f"\ninterrupted again at step {self.pos.step}: stopped without saving; the last "
+                  "checkpoint is kept, continue with --resume", file=sys.stderr, flush=True)
+            os._exit(130)  # no unwinding through the loader's and closures' threads (no traceback)
         self.stop_signal = signum  # acted on at the next step boundary: checkpoint, then exit
 
     def _end_of_step(self, progress: Progress) -> float:
@@ -182,7 +188,7 @@ class Trainer:
         if self.checkpointer.should_save(step, last=last, stopping=self.stop_signal is not None):
             path, acted = self.checkpointer.save(self.model, self.optimizer, self.pos), True
             if self.stop_signal:
-                raise RunError(f"stopped by signal {self.stop_signal} at step {step}; checkpoint "
+                raise RunError(f"stopped by {signal.Signals(self.stop_signal).name} at step {step}; checkpoint "
                                f"{path or 'saved by rank 0'}; continue with --resume")
         return time.perf_counter() - start if acted else 0.0
 
@@ -195,8 +201,9 @@ class Trainer:
         if self.writes:
             name = "config.yaml" if not self.resumed_from else f"config.resume-{self.pos.step}.yaml"
             save_config(self.cfg, self.run_dir / name)
-            self.metrics = MetricsWriter(self.run_dir, self.cfg.log.tensorboard)
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            self.metrics = MetricsWriter(self.run_dir, self.cfg.log.tensorboard,
+                                         resume_step=self.pos.step if self.resumed_from else None)
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # Ctrl-C too: save, then stop
             signal.signal(sig, self._stop)
         return Progress(self.cfg.log.progress and self.backend.is_main, self.total_steps, self.pos.step)
 

@@ -7,14 +7,56 @@ never stalls the training loop.
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import sys
 from pathlib import Path
+
+from neuron_train.common.errors import RunError
+from neuron_train.common.fileio import write_failed, write_text_atomic
+
+
+def _kept(line: str, resume_step: int) -> bool:
+    """A whole record from before the resumed checkpoint: train records of steps < N (the resumed
+    run logs step N again), eval records of steps <= N (the evaluation at N came before its save)."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):  # a line cut short by a killed run (or crafted)
+        return False
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        return False
+    return record["step"] <= resume_step if record.get("kind") == "eval" else record["step"] < resume_step
+
+
+def repair_metrics(path: Path, resume_step: int) -> str | None:
+    """Before a resumed run appends: drop a cut last line and the records after the checkpoint
+    (they will be logged again); rewritten atomically. Returns a note, or None if nothing changed."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    kept = [line for line in lines if _kept(line, resume_step)]
+    if len(kept) == len(lines) and path.read_bytes().endswith(b"\n") or not lines:
+        return None
+    try:
+        write_text_atomic(path, "".join(line + "\n" for line in kept))
+    except OSError as exc:
+        raise write_failed(path, exc, kept=" (left as it was)") from None
+    return (f"{path.name}: dropped {len(lines) - len(kept)} record(s) cut short or after step {resume_step}, "
+            "the step this run resumes from")
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path, tensorboard: bool):
+    """Appends to `<run>/metrics.jsonl`; a resumed run first repairs it (`repair_metrics`)."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.fh = open(self.path, "a", buffering=1)
+        if self.path.is_symlink():  # appending would write wherever it points
+            raise RunError(f"{self.path} is a symbolic link: refusing to write outside the run directory; "
+                           "replace it with the file itself")
+        if resume_step is not None and self.path.exists():
+            note = repair_metrics(self.path, resume_step)
+            if note:
+                print(f"note: {note}", file=sys.stderr, flush=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        self.fh = os.fdopen(fd, "a", buffering=1)
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

@@ -31,7 +31,7 @@ from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.training import checkpoint as ckpt
 from neuron_train.training.config import RunConfig
 from neuron_train.training.data import build_datasets, check_images, train_batches_per_epoch
-from neuron_train.training.device import Backend, env_int
+from neuron_train.training.device import Backend, check_launch, env_int
 from neuron_train.training.models import check_model_name
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "checkpoints", "config.yaml")
@@ -45,6 +45,7 @@ def preflight(cfg: RunConfig) -> str | None:
 
     Returns a line when `--resume` finds the run finished (nothing to do, nothing changed). May
     rewrite `cfg.checkpoint.resume` from "latest" to the file chosen (the newest good one)."""
+    check_launch()  # PJRT_DEVICE names a device here, WORLD_SIZE comes with a launcher
     rank, world = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
     run_dir = Path(cfg.train.output_dir) if cfg.train.output_dir else None
     check_location(run_dir or Path("runs"))
@@ -70,6 +71,9 @@ def preflight(cfg: RunConfig) -> str | None:
 
 def check_location(run_dir: Path) -> None:
     """The run directory must be, or be creatable as, a directory this process can write into."""
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise UsageError(f"--output-dir {run_dir} is a symbolic link to {os.readlink(run_dir)}, which does not "
+                         "exist: create that folder, or choose another --output-dir")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--output-dir {run_dir} is a file, not a directory: choose another path")
     existing = run_dir
@@ -166,6 +170,9 @@ def check_fits(info: ckpt.CheckpointInfo, cfg: RunConfig, world: int) -> None:
                          f"this run builds {m.name} at {m.img_size}: resume with --model {info.model} "
                          f"--img-size {info.img_size}")
     ckpt.check_optimizer_layout(info.path, info.zero1_ranks, zero1=cfg.optim.zero1, world_size=world)
+    if info.seed is not None and info.seed != t.seed:  # refused, not noted: the data order would differ
+        raise UsageError(f"{info.path} was trained with --seed {info.seed}, this run has --seed {t.seed}: the "
+                         f"data order would not match; resume with --seed {info.seed}")
     ours = t.batch_size * t.grad_accum * world
     if info.global_batch == ours:
         return
@@ -264,7 +271,7 @@ def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
     backend.barrier()  # every rank has looked before rank 0 changes anything
     if backend.is_main:
         _create_and_lock(run_dir)
-        stale = ckpt.remove_stale_temps(run_dir) + _remove_stale_temps(run_dir)
+        stale = ckpt.remove_stale_temps(run_dir)
         if stale:
             _note(0, f"removed {len(stale)} temporary file(s) of a save that never finished: "
                      f"{', '.join(p.name for p in stale[:3])}")
@@ -274,14 +281,6 @@ def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
         cfg.checkpoint.resume = None
     backend.barrier()
     return run_dir
-
-
-def _remove_stale_temps(run_dir: Path) -> list[Path]:
-    """Temporary files of common.fileio's atomic writes (`.NAME.XXXX.tmp`) left by a killed run."""
-    stale = list(run_dir.glob(".*.tmp"))
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
 
 
 def _set_aside(run_dir: Path) -> Path:
