@@ -89,7 +89,7 @@ process_isolation = "forkserver"
 EOF
     name="${module//\//.}"
     start=$(date +%s)
-    (cd "$scratch" && PJRT_DEVICE=CPU PYTHONPATH="$scratch/mutants" nice -n "$NICE" \
+    (cd "$scratch" && PJRT_DEVICE=CPU env -u PYTHONPATH nice -n "$NICE" \
         mutmut run --max-children "$CHILDREN" >"$OUT/$name.log" 2>&1) || true
     (cd "$scratch" && mutmut results --all true) | grep -E "$(scope_of "$module")" >"$OUT/$name.txt" || true
     total=$(grep -c ': ' "$OUT/$name.txt" || true)
