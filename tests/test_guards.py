@@ -136,10 +136,12 @@ def _average_rank(rank: int, world: int, port: int) -> list[float]:
     try:
         p = torch.nn.Parameter(torch.zeros(3))
         q = torch.nn.Parameter(torch.zeros(2))
+        r = torch.nn.Parameter(torch.zeros(2, 2))  # three tensors: each must get its own slice back
         p.grad = torch.tensor([1.0, 2.0, 3.0]) * (rank + 1)
         q.grad = torch.tensor([10.0, -4.0]) * (rank + 1)
-        _gloo_average(torch.optim.SGD([p, q], lr=0.1), world, torch.device("cpu"))
-        return torch.cat([p.grad, q.grad]).tolist()
+        r.grad = torch.tensor([[5.0, 6.0], [7.0, 8.0]]) * (rank + 1)
+        _gloo_average(torch.optim.SGD([p, q, r], lr=0.1), world, torch.device("cpu"))
+        return torch.cat([p.grad, q.grad, r.grad.reshape(-1)]).tolist()
     finally:
         dist.destroy_process_group()
 
@@ -163,6 +165,6 @@ def test_two_gloo_ranks_average_their_gradients_not_sum_them():
     mine = _average_rank(0, 2, port)
     theirs = out.get(timeout=120)
     other.join(timeout=60)
-    expected = [1.5 * v for v in (1.0, 2.0, 3.0, 10.0, -4.0)]
+    expected = [1.5 * v for v in (1.0, 2.0, 3.0, 10.0, -4.0, 5.0, 6.0, 7.0, 8.0)]
     assert mine == theirs == pytest.approx(expected, abs=1e-6)
     assert not math.isclose(mine[0], 3.0)
