@@ -42,7 +42,7 @@ tests_for() {
         precompile/archive.py)     echo "tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
         common/fileio.py)          echo "tests/test_reliability_cache.py tests/test_reliability_train.py tests/test_guards_train.py" ;;
         training/checkpoint.py)    echo "tests/test_reliability_train.py tests/test_guards_train.py" ;;
-        training/optim.py)         echo "tests/test_guards.py tests/test_config.py" ;;
+        training/optim.py)         echo "tests/test_guards.py" ;;
         training/device.py)        echo "tests/test_guards.py" ;;
         *) return 1 ;;
     esac
