@@ -1,0 +1,93 @@
+"""Bring your own script end to end, in CI, on scripts of our own (tests/fixtures/byos, written for
+these tests): a plain MpDeviceLoader loop, the same loop under torch_xla.launch, and a 2-rank torchrun
+loop. precompile -> the real run 100% covered; another batch size named; --require-precompiled
+stopping the uncovered compile; bench agreeing with the script's own clock.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_byos import nt
+
+BYOS = ROOT / "tests" / "fixtures" / "byos"
+FINISHED = "finished 60 steps"  # the scripts' last line: 2 epochs of 30 steps
+
+
+def scripts(to: Path) -> Path:
+    shutil.copytree(BYOS, to, ignore=shutil.ignore_patterns("__pycache__"))
+    return to
+
+
+def coverage_line(out: str) -> str:
+    return next(ln for ln in out.splitlines() if ln.startswith("precompile coverage"))
+
+
+def test_a_loader_loop_precompiled_is_covered_and_another_batch_size_is_named_and_stopped(tmp_path):
+    work = scripts(tmp_path / "w")
+    cmd = [sys.executable, "mp_loader_loop.py"]
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--", *cmd, "--batch-size", "32")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "graph tour complete (every call site warm) after step 5: stopping mp_loader_loop.py" in out
+    assert FINISHED not in out  # the tour stopped the script (60 steps were not run)
+
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd, "--batch-size", "32")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert FINISHED in proc.stdout and re.match(r"precompile coverage 100% \((\d+)/\1 graphs", coverage_line(proc.stdout))
+
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--", *cmd, "--batch-size", "16")
+    assert proc.returncode == 0 and FINISHED in proc.stdout, proc.stdout + proc.stderr  # reported, not stopped
+    assert coverage_line(proc.stdout).startswith("precompile coverage 0% (0/1 graphs")
+    assert "--batch-size 16 here, 32 in the manifest" in proc.stdout
+    (missing,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("  not precompiled:")]
+    assert "at mp_loader_loop.py:14 " in missing and "f32[16,512] here, f32[32,512] in the manifest" in missing
+
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd, "--batch-size", "16")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    stopped = next(ln for ln in proc.stdout.splitlines() if ln.startswith("--require-precompiled stopped"))
+    assert "from mp_loader_loop.py:14 " in stopped and "before it finished" in stopped
+    assert "own rate" not in proc.stdout  # stopped in its first step
+
+
+def test_bench_of_a_launch_loop_agrees_with_its_own_clock_and_a_short_bench_stops_it(tmp_path):
+    """The script's own rate is the median interval between its steady steps' starts; bench's is
+    the median of its sync-to-sync intervals. Within 10% of each other."""
+    work = scripts(tmp_path / "w")
+    proc = nt(work, "bench", "--steps", "0", "--output", str(tmp_path / "r.json"), "--",
+              sys.executable, "launch_loop.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    own = float(re.search(r"own rate: ([\d.]+) samples/s", proc.stdout).group(1))
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["batch_size_per_device"] == 32 and result["config"]["batch_shape"] == [32, 512]
+    assert result["samples_per_sec"]["median"] == pytest.approx(own, rel=0.10)
+    assert result["model"]["parameters"] == 512 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10
+
+    proc = nt(work, "bench", "--steps", "10", "--output", str(tmp_path / "short.json"), "--",
+              sys.executable, "launch_loop.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "enough steady steps measured" in out and FINISHED not in out
+    assert (tmp_path / "short.json").is_file()
+
+
+@pytest.mark.parametrize("command", [
+    ["launch_loop.py"],
+    pytest.param(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "torchrun_loop.py",
+                  "--steps-per-epoch", "10"], marks=pytest.mark.slow),
+], ids=["torch_xla_launch", "torchrun_2_ranks_gloo"])
+def test_precompile_then_the_real_run_is_fully_covered(tmp_path, command):
+    work = scripts(tmp_path / "w")
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--", sys.executable, *command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "graph tour complete" in proc.stdout + proc.stderr
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", sys.executable, *command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "finished" in proc.stdout and re.match(r"precompile coverage 100% \((\d+)/\1 graphs",
+                                                  coverage_line(proc.stdout))
