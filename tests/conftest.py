@@ -42,6 +42,14 @@ def summary_of(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def graph(hash: str, phase: str = "train", step: int | None = 0, where: str = "", kind: str = "warmup"):
+    """A checker's graph record (neuron_train.graphs.records.Graph) with what coverage reads."""
+    from neuron_train.graphs.records import WARMUP, Graph
+
+    return Graph(hash=hash, phase=phase, step=step, compile_time_s=None, kind=kind, cause=WARMUP, detail="",
+                 where=where, trigger="sync", site=[where] if where else [], inputs=-1, outputs=-1)
+
+
 def neuron_present() -> bool:
     return any(Path("/dev").glob("neuron[0-9]*"))
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cpu_env
+from conftest import cpu_env, graph
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost import script_bench
@@ -109,11 +109,10 @@ def test_a_missing_graph_is_compared_with_the_precompiled_graph_of_its_line():
     manifest = script_manifest(config, {"g1": {"where": "/a/train.py:51", "input_shapes": first},
                                         "g2": {"where": "/a/train.py:51", "input_shapes": steady},
                                         "e1": {"where": "/a/train.py:70", "input_shapes": ["f32[3]"]}})
-    here = [{"hash": "n1", "where": "/b/train.py:51", "input_shapes": ["f32[10]", "f32[16,784]", "s64[16]"],
-             "phase": "first step", "step": 1},
-            {"hash": "g2", "where": "/a/train.py:51", "input_shapes": steady, "phase": "steady", "step": 2},
-            {"hash": "n3", "where": "/a/train.py:99", "input_shapes": ["f32[3]"], "phase": "late", "step": 40}]
-    report = coverage.coverage_report(here, manifest, config, "cc")
+    here = [graph("n1", "first step", 1, "/b/train.py:51"), graph("g2", "steady", 2, "/a/train.py:51"),
+            graph("n3", "late", 40, "/a/train.py:99")]
+    shapes = {"n1": ["f32[10]", "f32[16,784]", "s64[16]"], "g2": steady, "n3": ["f32[3]"]}
+    report = coverage.coverage_report(here, manifest, config, "cc", shapes=shapes)
     assert (report["covered"], report["graphs"]) == (1, 3)
     by_hash = {m["hash"]: m for m in report["missing"]}
     assert by_hash["n1"]["nearest"] == "g1"  # same line (moved folder), same number of inputs
@@ -131,8 +130,7 @@ def test_a_graph_without_a_hash_makes_coverage_unknown_never_100_percent():
     """Eager mode's per-op compiles have no hash: the graphs with one all being covered is not 100%."""
     config = coverage.script_config(["python", "train.py"], device="CPU", env={})
     manifest = script_manifest(config, {"g1": {"where": "/a/train.py:51", "input_shapes": ["f32[3]"]}})
-    here = [{"hash": "g1", "where": "/a/train.py:51", "phase": "main", "step": 1},
-            {"hash": "", "where": "", "phase": "main", "step": 1}]
+    here = [graph("g1", "main", 1, "/a/train.py:51"), graph("", "main", 1)]
     report = coverage.coverage_report(here, manifest, config, "cc")
     assert report["coverage"] is None and report["unidentified"] == 1
     assert coverage.format_coverage(report) == ("precompile coverage unknown: 1 graph(s) compiled without a "

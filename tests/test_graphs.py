@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env
 from neuron_train.graphs import format_report, hlo_diff, log, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, internal_file_predicate, parse_debug_log
+from neuron_train.instrument.proc import Ended
+from neuron_train.instrument.runner import merge_records
 
 FIXTURES = ROOT / "tests" / "fixtures" / "graphs"
 RECORDED = FIXTURES / "recorded"
@@ -379,7 +382,7 @@ def test_a_site_first_seen_when_steady_compiles_late_graphs():
         events = ran(graph, 20) if graph not in analyzer.graphs else [sync_event("execute", graph, 20)]
         assert analyzer.observe(window(step, *events, phase="eval")) == []
     assert [analyzer.graphs[g].kind for g in "AEF"] == ["warmup", "late", "late"]
-    assert analyzer.graphs["E"].cause == records.NEW_CALL_SITE and analyzer.summary()["stable"]
+    assert analyzer.graphs["E"].cause == records.NEW_CALL_SITE and analyzer.summary().stable
 
 
 def test_library_frames_tell_two_syncs_on_one_line_apart():
@@ -407,7 +410,7 @@ def test_reads_in_a_step_closure_are_not_host_syncs():
     for n in range(1, 5):
         events = [sync_event("execute", "A", 10), sync_event("execute", "N", 30, cause=ACCESS, inner=closure)]
         analyzer.observe(window(n, *events))
-    assert analyzer.summary()["host_syncs"] == []
+    assert analyzer.summary().host_syncs == []
 
 
 def summary_of_shapes(*shapes: str, outputs: tuple[str, ...] = ()) -> hlo_diff.HloSummary:
@@ -451,7 +454,7 @@ def test_an_input_made_by_a_graph_just_recompiled_follows_its_cause():
     slice_graph, step_graph = analyzer.graphs["T"], analyzer.graphs["H"]
     assert slice_graph.kind == step_graph.kind == "recompile"
     assert (step_graph.cause, step_graph.where) == (slice_graph.cause, slice_graph.where)
-    assert len(analyzer.summary()["problems"]) == 1
+    assert len(analyzer.summary().problems) == 1
 
 
 def test_an_unlogged_compile_says_why_it_has_no_hash():
@@ -461,10 +464,10 @@ def test_an_unlogged_compile_says_why_it_has_no_hash():
     w.unlogged_compiles = 1
     analyzer.observe(w)
     summary = analyzer.summary()
-    [blind] = [g for g in summary["graphs"] if not g["hash"]]
-    assert blind["detail"].startswith("no hash: torch_xla compiled it for the read at /u/t.py:9")
-    assert "no hash: torch_xla compiled it" in format_report({**summary, "command_tail": []})
-    [problem] = summary["problems"]
+    [blind] = [g for g in summary.graphs if not g.hash]
+    assert blind.detail.startswith("no hash: torch_xla compiled it for the read at /u/t.py:9")
+    assert "no hash: torch_xla compiled it" in format_report(summary)
+    [problem] = summary.problems
     assert problem.startswith(f"{records.HOST_ACCESS}: .item() at /u/t.py:9 inside torch_xla.compile")
 
 
@@ -519,7 +522,7 @@ def test_analyzer_late_graph_then_recompilation():
     [again] = analyzer.observe(window(4, sync_event("compile", "b", 10)))
     assert (again.kind, again.cause, again.where) == ("recompile", records.UNKNOWN, "/u/t.py:10")
     summary = analyzer.summary()
-    assert not summary["stable"] and summary["distinct_graphs"] == 3
+    assert not summary.stable and len(summary.graphs) == 3
 
 
 # ----- our own loop ---------------------------------------------------------------------------
@@ -560,14 +563,40 @@ def test_dynamo_recompilations_after_the_warmup_and_the_recompile_limit_are_defe
         analyzer.observe(window(step, *ran("g", 10) if step == 1 else [sync_event("execute", "g", 10)],
                                 dynamo=notes))
     summary = analyzer.summary()
-    assert [(d["cause"], d["defect"]) for d in summary["dynamo"]] == [
+    assert [(d["cause"], d["defect"]) for d in summary.dynamo] == [
         (records.GRAPH_BREAK, False), (records.DYNAMO_RECOMPILE, False), (records.DYNAMO_RECOMPILE, True),
         (records.DYNAMO_EAGER, True)]
-    assert summary["problems"] == [
+    assert summary.problems == [
         f"dynamo recompilation of step (torch/optim/sgd.py:105) once, at step 3 (train): {lr} at /u/t.py:7",
         "dynamo fell back to eager of step (torch/optim/sgd.py:105) once, at step 4 (train): "
         "recompile_limit (8) reached at /u/t.py:7"]
-    assert "lr=torch.tensor" in summary["dynamo"][2]["fix"]
+    assert "lr=torch.tensor" in summary.dynamo[2]["fix"]
+
+
+PROCESS_KEYS = ["pid", "argv", "rank", "local_rank", "warmup_steps", "steps", "distinct_graphs", "graphs",
+                "late_graphs", "recompiles", "host_syncs", "scalar_reads_after_warmup", "fallback_ops", "dynamo",
+                "source", "problems", "stable", "compile_count", "compile_time_s", "input_shapes"]
+REPORT_KEYS = ["format", "command", "exit_code", "killed_by", "interrupted_by", "command_tail", "warmup_steps",
+               "max_graphs", "steps", "distinct_graphs", "compile_count", "compile_time_s", "graphs", "late_graphs",
+               "recompiles", "host_syncs", "fallback_ops", "dynamo", "processes", "problems", "stable"]
+
+
+def test_the_report_is_merged_once_typed_and_keeps_its_json_shape():
+    """Two processes' records: written and read back unchanged, merged into one report whose JSON has
+    the keys docs/graphs.md lists (check-graphs --json, graphs.json)."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    run_site(analyzer, "A", "A", "A")
+    analyzer.observe(window(4, *ran("B")))  # a recompilation at the warm site
+    one = replace(analyzer.summary(), pid=1, argv=["t.py"], rank="0", local_rank="0", input_shapes={"A": ["f32[2]"]})
+    two = replace(one, pid=2, rank="1")
+    written = json.loads(json.dumps(one.to_json()))
+    assert list(written) == PROCESS_KEYS and records.GraphReport.from_json(written) == one
+    merged = merge_records([one, two], ["python", "t.py"], Ended(1, tail=["ValueError: boom"]), 0, None)
+    on_disk = json.loads(json.dumps(merged.to_json()))
+    assert list(on_disk) == REPORT_KEYS and records.GraphReport.from_json(on_disk) == merged
+    assert on_disk["distinct_graphs"] == 2 and on_disk["graphs"][0]["executions"] == 2 * one.graphs[0].executions
+    assert [g["hash"] for g in on_disk["recompiles"]] == ["B"] and [p["pid"] for p in on_disk["processes"]] == [1, 2]
+    assert not merged.stable and "the command exited with code 1: ValueError: boom" in merged.problems
 
 
 def test_a_library_frame_is_named_package_relative_below_the_users_line():

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, run_train, summary_of
+from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, graph, run_train, summary_of
 
 from neuron_train.commands import precompile as pc
 from neuron_train.common import neuron_env
@@ -96,17 +96,17 @@ def test_cache_flags_point_the_compiler_at_the_cache(tmp_path):
 def test_coverage_full_partial_and_explained():
     a = config()
     m = manifest_with((a, ["h0", "h1", "heval"]))
-    graphs = [{"hash": "h0", "phase": "train", "step": 0}, {"hash": "h1", "phase": "train", "step": 1},
-              {"hash": "heval", "phase": "eval", "step": 3}]
+    graphs = [graph("h0", "train", 0), graph("h1", "train", 1),
+              graph("heval", "eval", 3)]
     full = coverage.coverage_report(graphs, m, a, "cc")
     assert full["coverage"] == 1.0 and full["missing"] == [] and full["precompiled"]
     b = config(train={"batch_size": 64})
-    part = coverage.coverage_report([{"hash": "x0", "phase": "train", "step": 0}, *graphs[2:]], m, b, "cc")
+    part = coverage.coverage_report([graph("x0", "train", 0), *graphs[2:]], m, b, "cc")
     assert part["coverage"] == 0.5 and [g["hash"] for g in part["missing"]] == ["x0"]
     assert part["explanation"].startswith("batch size 64 here, 32 in the manifest")
     assert "50%" in coverage.format_coverage(part) and "batch size 64 here" in coverage.format_coverage(part)
     # Same configuration, a graph the tour never reached: said so, not blamed on a setting.
-    late = coverage.coverage_report([*graphs, {"hash": "h9", "phase": "train", "step": 40}], m, a, "cc")
+    late = coverage.coverage_report([*graphs, graph("h9", "train", 40)], m, a, "cc")
     assert "did not reach" in late["explanation"]
 
 
@@ -114,7 +114,7 @@ def test_a_graph_precompiled_for_other_compiler_flags_does_not_count():
     a = config()
     flagged = dict(a, neuron_cc_flags="-O2")
     m = manifest_with((flagged, ["h0"]))
-    report = coverage.coverage_report([{"hash": "h0", "phase": "train", "step": 0}], m, a, "cc")
+    report = coverage.coverage_report([graph("h0", "train", 0)], m, a, "cc")
     assert report["coverage"] == 0.0 and "NEURON_CC_FLAGS (none) here, -O2 in the manifest" in report["explanation"]
 
 
@@ -123,12 +123,12 @@ def test_a_pruned_configuration_no_longer_counts_as_precompiled():
     m = manifest_with((a, ["h0"]))
     record = m.configs[coverage.fingerprint(a)]
     record.pruned_files, record.pruned_at = 2, "2026-11-21T06:00:00Z"
-    report = coverage.coverage_report([{"hash": "h0", "phase": "train", "step": 0}], m, a, "cc")
+    report = coverage.coverage_report([graph("h0", "train", 0)], m, a, "cc")
     assert report["coverage"] == 0.0 and "2 of its cache files were pruned" in report["explanation"]
 
 
 def test_coverage_without_fingerprints_is_unknown_not_perfect():
-    report = coverage.coverage_report([{"hash": "", "phase": "train", "step": 0}], manifest_with(), config(), "cc")
+    report = coverage.coverage_report([graph("", "train", 0)], manifest_with(), config(), "cc")
     assert report["coverage"] is None and "unknown" in coverage.format_coverage(report)
 
 

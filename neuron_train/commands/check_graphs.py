@@ -71,8 +71,8 @@ def main(args: argparse.Namespace) -> int:
     if extra:
         print(extra, flush=True)
     if json_path is not None:
-        _write_atomic(json_path, json.dumps(report, indent=2, default=str))
-    return 0 if report["stable"] and passed else 1
+        _write_atomic(json_path, json.dumps(report.to_json(), indent=2, default=str))
+    return 0 if report.stable and passed else 1
 
 
 def _coverage_check(args: argparse.Namespace, command: list[str]) -> CoverageCheck | None:

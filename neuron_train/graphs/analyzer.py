@@ -35,6 +35,7 @@ from neuron_train.graphs.records import (
     WARMUP,
     DynamoNote,
     Graph,
+    GraphReport,
     Window,
     fix_for,
 )
@@ -257,23 +258,19 @@ class Analyzer:
                 found.append(entry)
         return found
 
-    def summary(self, max_graphs: int | None = None) -> dict:
-        graphs = [asdict(replace(g, executions=self.executions.get(g.hash, 0))) for g in self.graphs.values()]
+    def summary(self, max_graphs: int | None = None) -> GraphReport:
+        graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
         host = self.host.entries(self.steady_steps)
-        recompiles = [g for g in graphs if g["kind"] == "recompile"]
-        late = [g for g in graphs if g["kind"] == "late"]
-        problems = (_recompile_problems(recompiles) + _dynamo_problems(self.dynamo)
-                    + HostSyncs.problems(host, self.steady_steps))
+        problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
+                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host, self.steady_steps))
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         for h in host:
             del h["steps_seen"]
-        return {"warmup_steps": self.warmup_steps, "steps": self.steps, "distinct_graphs": len(graphs),
-                "graphs": graphs, "late_graphs": late, "recompiles": recompiles, "host_syncs": host,
-                "scalar_reads_after_warmup": self.host.scalar_reads, "fallback_ops": self.host.fallback,
-                "dynamo": self.dynamo,
-                "source": "pt_xla_debug" if self.uses_log or not graphs else "counters",
-                "problems": problems, "stable": not problems}
+        return GraphReport(warmup_steps=self.warmup_steps, steps=self.steps, graphs=graphs, host_syncs=host,
+                           fallback_ops=self.host.fallback, dynamo=self.dynamo, problems=problems,
+                           source="pt_xla_debug" if self.uses_log or not graphs else "counters",
+                           scalar_reads_after_warmup=self.host.scalar_reads)
 
     def tracing_lines_wanted(self, lines_after_new_graph: int) -> bool:
         """Python lines on traced ops (IR debug) cost tracing time: wanted while graphs change."""
@@ -281,17 +278,16 @@ class Analyzer:
         return not self.steady or bool(recent)
 
 
-def _recompile_problems(recompiles: list[dict]) -> list[str]:
+def _recompile_problems(recompiles: list[Graph]) -> list[str]:
     """One line per cause and line: a mask that recompiles every step is one problem."""
-    grouped: dict[tuple, list[dict]] = {}
+    grouped: dict[tuple, list[Graph]] = {}
     for g in recompiles:
-        grouped.setdefault((g["cause"], g["where"]), []).append(g)
+        grouped.setdefault((g.cause, g.where), []).append(g)
     out = []
     for (cause, where), graphs in grouped.items():
-        steps = ", ".join(str(g["step"]) for g in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
+        steps = ", ".join(str(g.step) for g in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
         count = f"{len(graphs)} recompilations" if len(graphs) > 1 else "recompilation"
-        out.append(f"{count} at step {steps} ({graphs[0]['phase']}): {cause} at "
-                   f"{at(where, graphs[0].get('library', ''))}")
+        out.append(f"{count} at step {steps} ({graphs[0].phase}): {cause} at {at(where, graphs[0].library)}")
     return out
 
 

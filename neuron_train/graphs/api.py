@@ -9,7 +9,7 @@ from neuron_train.common.errors import RunError
 from neuron_train.graphs import hooks
 from neuron_train.graphs.process import debug_env_kept, prepare_process
 from neuron_train.graphs.recorder import Recorder, process_recorder
-from neuron_train.graphs.records import FIXES, UNKNOWN, Graph
+from neuron_train.graphs.records import FIXES, UNKNOWN, Graph, GraphReport
 from neuron_train.graphs.report import format_report
 
 
@@ -33,7 +33,7 @@ class GraphWatch:
         if found and self.fail_on_recompile:
             raise RunError(describe_recompile(found[0]))
 
-    def summary(self) -> dict:
+    def summary(self) -> GraphReport:
         return self._rec.summary()
 
 
@@ -44,7 +44,7 @@ def describe_recompile(graph: Graph) -> str:
 
 
 def assert_graph_stable(step_fn: Callable[..., object], steps: int = 8, warmup: int = 2,
-                        max_graphs: int | None = None) -> dict:
+                        max_graphs: int | None = None) -> GraphReport:
     """Run `step_fn(step)` `steps` times, syncing after each, and fail unless the graphs settle.
 
     For pytest: `assert_graph_stable(lambda i: train_step(batches[i]), steps=6)`. Raises
@@ -69,6 +69,6 @@ def assert_graph_stable(step_fn: Callable[..., object], steps: int = 8, warmup: 
             undo()
     report = recorder.summary(max_graphs)
     recorder.close()
-    if not report["stable"]:
+    if not report.stable:
         raise AssertionError("the step is not graph-stable:\n" + format_report(report))
     return report

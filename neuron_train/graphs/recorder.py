@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from neuron_train.graphs import hlo_diff, hooks
@@ -37,6 +38,7 @@ from neuron_train.graphs.records import (
     Batch,
     DynamoNote,
     Graph,
+    GraphReport,
     HostRead,
     LoaderOrigin,
     Refused,
@@ -136,14 +138,12 @@ class Recorder:
                 self._xlac._set_ir_debug(self.analyzer.tracing_lines_wanted(LINES_AFTER_NEW_GRAPH))
             return found
 
-    def summary(self, max_graphs: int | None = None) -> dict:
+    def summary(self, max_graphs: int | None = None) -> GraphReport:
         """Everything so far (events after the last step end count as a trailing window)."""
         with self._lock:
             self.analyzer.observe(self._window(None, False))
-            out = self.analyzer.summary(max_graphs)
-            out["compile_count"] = self._compiles - self._compiles0
-            out["compile_time_s"] = (self._compile_ns() - self._compile_ns0) / 1e9
-            return out
+            return replace(self.analyzer.summary(max_graphs), compile_count=self._compiles - self._compiles0,
+                           compile_time_s=(self._compile_ns() - self._compile_ns0) / 1e9)
 
     def close(self) -> None:
         if self._log is not None:
@@ -284,12 +284,12 @@ def start_instrumented_process() -> Recorder:
 
 def write_record(recorder: Recorder, folder: Path) -> None:
     """One process's summary for check-graphs to merge (atomic: temp file + rename)."""
-    record = {"pid": os.getpid(), "argv": sys.argv, "rank": os.environ.get("RANK"),
-              "local_rank": os.environ.get("LOCAL_RANK"), **recorder.summary(),
-              "input_shapes": {h: [p.shape for p in hlo.params] for h, hlo in _HLO.items()}}
+    record = replace(recorder.summary(), pid=os.getpid(), argv=sys.argv, rank=os.environ.get("RANK"),
+                     local_rank=os.environ.get("LOCAL_RANK"),
+                     input_shapes={h: [p.shape for p in hlo.params] for h, hlo in _HLO.items()})
     path = folder / f"{RECORD_PREFIX}{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, default=str))
+    tmp.write_text(json.dumps(record.to_json(), default=str))
     os.replace(tmp, path)
 
 

@@ -7,11 +7,12 @@ keeps each graph's fields by name (`dataclasses.asdict`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.log import XlaEvent
 
+REPORT_FORMAT = "neuron-train/graph-report/v1"  # the merged report's "format" (check-graphs --json)
 WARMUP = "warm-up"
 NEW_CALL_SITE = "new call site"
 HOST_ACCESS = "host access before sync"
@@ -171,3 +172,90 @@ class Graph:
     executions: int = 0            # how often it ran (filled in by the summary)
     library: str = ""              # the library line that ran it, or made the shape (package-relative)
     fix: str = ""                  # what to change (library-aware); FIXES[cause] when ""
+
+
+@dataclass
+class CommandRun:
+    """What check-graphs adds to the merged report about the command it ran."""
+
+    command: list[str]
+    exit_code: int
+    killed_by: str | None
+    interrupted_by: str | None
+    command_tail: list[str]        # a failed command's last stderr lines
+    max_graphs: int | None
+    processes: list[dict]          # per process: pid, rank, local_rank, argv, steps, ... stable
+
+
+@dataclass
+class GraphReport:
+    """The checker's report: one process's (Analyzer/Recorder), or every process's merged
+    (instrument/runner.py `merge_records`). JSON only at the edges: `to_json` when written,
+    `from_json` when read back; the written shape is docs/graphs.md's."""
+
+    warmup_steps: int
+    steps: int
+    graphs: list[Graph]
+    host_syncs: list[dict]         # HostSyncs.entries: one per line that read the device
+    fallback_ops: dict[str, dict]  # CPU fallback op -> count, first_step, where
+    dynamo: list[dict]             # dynamo's recompiles, limits, graph breaks (Analyzer._dynamo_notes)
+    problems: list[str]
+    compile_count: int = 0
+    compile_time_s: float = 0.0
+    source: str = ""               # one process's: "pt_xla_debug" | "counters"
+    scalar_reads_after_warmup: int = 0
+    pid: int | None = None         # one process's record (write_record): who wrote it
+    argv: list[str] = field(default_factory=list)
+    rank: str | None = None
+    local_rank: str | None = None
+    input_shapes: dict[str, list[str]] = field(default_factory=dict)  # graph hash -> its input shapes
+    run: CommandRun | None = None  # the merged report: the command check-graphs ran
+
+    @property
+    def stable(self) -> bool:
+        return not self.problems
+
+    @property
+    def late_graphs(self) -> list[Graph]:
+        return [g for g in self.graphs if g.kind == "late"]
+
+    @property
+    def recompiles(self) -> list[Graph]:
+        return [g for g in self.graphs if g.kind == "recompile"]
+
+    def to_json(self) -> dict:
+        graphs = [asdict(g) for g in self.graphs]
+        body = {"steps": self.steps, "distinct_graphs": len(graphs), "graphs": graphs,
+                "late_graphs": [g for g in graphs if g["kind"] == "late"],
+                "recompiles": [g for g in graphs if g["kind"] == "recompile"], "host_syncs": self.host_syncs}
+        verdict = {"problems": self.problems, "stable": self.stable}
+        if self.run is not None:
+            r = self.run
+            return {"format": REPORT_FORMAT, "command": r.command, "exit_code": r.exit_code,
+                    "killed_by": r.killed_by, "interrupted_by": r.interrupted_by, "command_tail": r.command_tail,
+                    "warmup_steps": self.warmup_steps, "max_graphs": r.max_graphs, "steps": self.steps,
+                    "distinct_graphs": len(graphs), "compile_count": self.compile_count,
+                    "compile_time_s": self.compile_time_s, "graphs": graphs, "late_graphs": body["late_graphs"],
+                    "recompiles": body["recompiles"], "host_syncs": self.host_syncs,
+                    "fallback_ops": self.fallback_ops, "dynamo": self.dynamo, "processes": r.processes, **verdict}
+        who = ({"pid": self.pid, "argv": self.argv, "rank": self.rank, "local_rank": self.local_rank}
+               if self.pid is not None else {})
+        return {**who, "warmup_steps": self.warmup_steps, **body,
+                "scalar_reads_after_warmup": self.scalar_reads_after_warmup, "fallback_ops": self.fallback_ops,
+                "dynamo": self.dynamo, "source": self.source, **verdict, "compile_count": self.compile_count,
+                "compile_time_s": self.compile_time_s,
+                **({"input_shapes": self.input_shapes} if self.pid is not None else {})}
+
+    @classmethod
+    def from_json(cls, data: dict) -> GraphReport:
+        """A report or a process's record as written by `to_json` (derived keys are recomputed)."""
+        run = (CommandRun(data["command"], data["exit_code"], data.get("killed_by"), data.get("interrupted_by"),
+                          data.get("command_tail", []), data.get("max_graphs"), data.get("processes", []))
+               if "command" in data else None)
+        return cls(warmup_steps=data["warmup_steps"], steps=data["steps"],
+                   graphs=[Graph(**g) for g in data["graphs"]], host_syncs=data["host_syncs"],
+                   fallback_ops=data["fallback_ops"], dynamo=data.get("dynamo", []), problems=data["problems"],
+                   compile_count=data.get("compile_count", 0), compile_time_s=data.get("compile_time_s", 0.0),
+                   source=data.get("source", ""), scalar_reads_after_warmup=data.get("scalar_reads_after_warmup", 0),
+                   pid=data.get("pid"), argv=data.get("argv", []), rank=data.get("rank"),
+                   local_rank=data.get("local_rank"), input_shapes=data.get("input_shapes", {}), run=run)

@@ -5,33 +5,32 @@ from __future__ import annotations
 
 import os
 
-from neuron_train.graphs.records import fix_for
+from neuron_train.graphs.records import GraphReport, fix_for
 
 
-def format_report(r: dict) -> str:
-    warmup = f", plus every graph of the first {r['warmup_steps']} steps" if r["warmup_steps"] else ""
-    lines = [f"graphs: {r['distinct_graphs']} distinct, {r.get('compile_count', '?')} compiles "
-             f"({_seconds(r.get('compile_time_s'))}) over {r['steps']} steps (syncs that ran a graph); "
+def format_report(r: GraphReport) -> str:
+    warmup = f", plus every graph of the first {r.warmup_steps} steps" if r.warmup_steps else ""
+    lines = [f"graphs: {len(r.graphs)} distinct, {r.compile_count} compiles "
+             f"({_seconds(r.compile_time_s)}) over {r.steps} steps (syncs that ran a graph); "
              f"warm-up: each call site's graphs until it repeats one{warmup}"]
-    for n, g in enumerate(r["graphs"], 1):
-        lines.append(f"  #{n} {(g['hash'] or 'no hash')[:12]:12}  step {str(g['step']):>5}  {g['phase']:10} "
-                     f"{g['kind']:9}  {_seconds(g['compile_time_s']):>7}  {short(g['site'][0] if g['site'] else '')}")
-        if not g["hash"]:
-            lines.append(f"      {g['detail']}")
-    lines.append(f"recompilations (new graphs at warm call sites): {len(r['recompiles'])}")
-    for g in r["recompiles"]:
-        site = g["site"][0] if g["site"] else ""
-        compiled = f" (graph compiled at {short(site)})" if site and site != g["where"] else ""
-        lines += [f"  step {g['step']} ({g['phase']}): {g['cause']} at {at(g['where'], g.get('library', ''))}"
-                  f"{compiled}",
-                  *([f"    {g['detail']}"] if g["detail"] else []),
-                  f"    fix: {g.get('fix') or fix_for(g['cause'], '')}"]
-    lines.append(f"late graphs (new call sites once the run was steady; precompile must cover them): "
-                 f"{len(r['late_graphs'])}")
-    for g in r["late_graphs"]:
-        lines.append(f"  step {g['step']} ({g['phase']}): {g['cause']} at {at(g['where'], g.get('library', ''))}")
-    lines.append(f"host syncs after warm-up: {len(r['host_syncs'])}")
-    for h in r["host_syncs"]:
+    for n, g in enumerate(r.graphs, 1):
+        lines.append(f"  #{n} {(g.hash or 'no hash')[:12]:12}  step {str(g.step):>5}  {g.phase:10} "
+                     f"{g.kind:9}  {_seconds(g.compile_time_s):>7}  {short(g.site[0] if g.site else '')}")
+        if not g.hash:
+            lines.append(f"      {g.detail}")
+    recompiles, late = r.recompiles, r.late_graphs
+    lines.append(f"recompilations (new graphs at warm call sites): {len(recompiles)}")
+    for g in recompiles:
+        site = g.site[0] if g.site else ""
+        compiled = f" (graph compiled at {short(site)})" if site and site != g.where else ""
+        lines += [f"  step {g.step} ({g.phase}): {g.cause} at {at(g.where, g.library)}{compiled}",
+                  *([f"    {g.detail}"] if g.detail else []),
+                  f"    fix: {g.fix or fix_for(g.cause, '')}"]
+    lines.append(f"late graphs (new call sites once the run was steady; precompile must cover them): {len(late)}")
+    for g in late:
+        lines.append(f"  step {g.step} ({g.phase}): {g.cause} at {at(g.where, g.library)}")
+    lines.append(f"host syncs after warm-up: {len(r.host_syncs)}")
+    for h in r.host_syncs:
         effect = (f"{h['cause']}: runs a graph before the step's sync" if h["executes_graph"]
                   else "waits for the device, no extra graph")
         often = ("refused inside torch_xla.compile(full_graph=True)" if h.get("refused") else "every step"
@@ -39,7 +38,7 @@ def format_report(r: dict) -> str:
         lines.append(f"  {at(h['where'], h.get('library', ''))}: {h['what']} x{h['count']} ({often}; {effect})")
         if h["executes_graph"] and h.get("library"):
             lines.append(f"    fix: {h.get('fix') or fix_for(h['cause'], h['library'])}")
-    dynamo = r.get("dynamo", [])
+    dynamo = r.dynamo
     if dynamo:
         defects = sum(d["defect"] for d in dynamo)
         lines.append(f"torch.compile (dynamo): {defects} recompilation(s) after warm-up or fall-back(s) to eager, "
@@ -51,16 +50,16 @@ def format_report(r: dict) -> str:
                              f"{at(d['where'], d['library'])}: {d['reason']}")
         fixes = {d["fix"] for d in dynamo if d["defect"] and not d.get("graph")}
         lines += [f"    fix: {fix}" for fix in sorted(fixes)]
-    fallbacks = r["fallback_ops"]
+    fallbacks = r.fallback_ops
     lines.append(f"CPU fallback ops: {len(fallbacks)}")
     for op, f in fallbacks.items():
         lines.append(f"  {op} x{f['count']} from step {f['first_step']}"
                      + (f" at {', '.join(map(short, f['where']))}" if f["where"] else ""))
-    if r.get("command_tail"):
+    if r.run is not None and r.run.command_tail:
         lines.append("the command failed; its last lines:")
-        lines += [f"  | {line}" for line in r["command_tail"]]
-    verdict = "graph-stable" if r["stable"] else "NOT graph-stable"
-    lines.append(f"verdict: {verdict}" + "".join(f"\n  - {p}" for p in r["problems"]))
+        lines += [f"  | {line}" for line in r.run.command_tail]
+    verdict = "graph-stable" if r.stable else "NOT graph-stable"
+    lines.append(f"verdict: {verdict}" + "".join(f"\n  - {p}" for p in r.problems))
     return "\n".join(lines)
 
 

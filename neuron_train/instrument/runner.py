@@ -7,12 +7,13 @@ import json
 import os
 import re
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, RECORD_PREFIX
+from neuron_train.graphs.records import CommandRun, Graph, GraphReport
 from neuron_train.instrument import proc
 
-REPORT_FORMAT = "neuron-train/graph-report/v1"
 DEFAULT_WARMUP = 0  # --warmup-steps: the per-call-site rule alone (analyzer.py)
 _INSTRUMENT_DIR = Path(__file__).resolve().parent / "_startup"
 TAIL_LINES = 15  # a failed command's last stderr lines kept for the report
@@ -58,68 +59,62 @@ def instrumented_env(folder: Path, warmup_steps: int) -> dict[str, str]:
     return env
 
 
-def load_records(folder: Path) -> list[dict]:
+def load_records(folder: Path) -> list[GraphReport]:
     """Each instrumented process's summary, written at its exit."""
-    return [json.loads(p.read_text()) for p in sorted(folder.glob(RECORD_PREFIX + "*.json"))]
+    return [GraphReport.from_json(json.loads(p.read_text())) for p in sorted(folder.glob(RECORD_PREFIX + "*.json"))]
 
 
-def merge_records(records: list[dict], command: list[str], ended: proc.Ended, warmup_steps: int,
-                  max_graphs: int | None, started: list[dict] | None = None) -> dict:
+def merge_records(records: list[GraphReport], command: list[str], ended: proc.Ended, warmup_steps: int,
+                  max_graphs: int | None, started: list[dict] | None = None) -> GraphReport:
     """One report over all processes: graphs by hash, host syncs by line, counts summed; a failed
     command's own error (from its last stderr lines) is reported as such, and so is a process that
     imported torch_xla but never wrote its record (`started`: start.py's markers)."""
-    merged_graphs: dict[str, dict] = {}
+    merged_graphs: dict[str, Graph] = {}
     host: dict[str, dict] = {}
     fallback: dict[str, dict] = {}
     problems: list[str] = []
     for n, record in enumerate(records):
-        for g in record["graphs"]:
-            key = g["hash"] or f"{n}:{g['step']}:{len(merged_graphs)}"
+        for g in record.graphs:
+            key = g.hash or f"{n}:{g.step}:{len(merged_graphs)}"
             if key in merged_graphs:
-                merged_graphs[key]["executions"] += g["executions"]
+                merged_graphs[key].executions += g.executions
             else:
-                merged_graphs[key] = dict(g)
-        for h in record["host_syncs"]:
+                merged_graphs[key] = replace(g)
+        for h in record.host_syncs:
             _merge_host(host, h)
-        for op, f in record["fallback_ops"].items():
+        for op, f in record.fallback_ops.items():
             _merge_fallback(fallback, op, f)
-        problems += [p for p in record["problems"] if p not in problems]
+        problems += [p for p in record.problems if p not in problems]
     all_graphs = list(merged_graphs.values())
     problems += _run_problems(records, started or [], ended)
     if max_graphs is not None and len(all_graphs) > max_graphs:
         problems.append(f"{len(all_graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
     failed = ended.code != 0 or ended.interrupted is not None
-    return {
-        "format": REPORT_FORMAT, "command": command, "exit_code": ended.code,
-        "killed_by": signal_name(ended.signal), "interrupted_by": signal_name(ended.interrupted),
-        "command_tail": ended.tail[-TAIL_LINES:] if failed else [],
-        "warmup_steps": warmup_steps, "max_graphs": max_graphs,
-        "steps": max((r["steps"] for r in records), default=0),
-        "distinct_graphs": len(all_graphs),
-        "compile_count": sum(r["compile_count"] for r in records),
-        "compile_time_s": sum(r["compile_time_s"] for r in records),
-        "graphs": all_graphs,
-        "late_graphs": [g for g in all_graphs if g["kind"] == "late"],
-        "recompiles": [g for g in all_graphs if g["kind"] == "recompile"],
-        "host_syncs": list(host.values()), "fallback_ops": fallback,
-        "dynamo": [d for r in records for d in r.get("dynamo", [])],
-        "processes": [{k: r.get(k) for k in ("pid", "rank", "local_rank", "argv", "steps", "compile_count",
-                                             "distinct_graphs", "source", "stable")} for r in records],
-        "problems": problems, "stable": not problems,
-    }
+    run = CommandRun(command=command, exit_code=ended.code, killed_by=signal_name(ended.signal),
+                     interrupted_by=signal_name(ended.interrupted),
+                     command_tail=ended.tail[-TAIL_LINES:] if failed else [], max_graphs=max_graphs,
+                     processes=[{"pid": r.pid, "rank": r.rank, "local_rank": r.local_rank, "argv": r.argv,
+                                 "steps": r.steps, "compile_count": r.compile_count,
+                                 "distinct_graphs": len(r.graphs), "source": r.source, "stable": r.stable}
+                                for r in records])
+    return GraphReport(warmup_steps=warmup_steps, steps=max((r.steps for r in records), default=0),
+                       graphs=all_graphs, host_syncs=list(host.values()), fallback_ops=fallback,
+                       dynamo=[d for r in records for d in r.dynamo], problems=problems,
+                       compile_count=sum(r.compile_count for r in records),
+                       compile_time_s=sum(r.compile_time_s for r in records), run=run)
 
 
 def signal_name(signum: int | None) -> str | None:
     return signal.Signals(signum).name if signum else None
 
 
-def _run_problems(records: list[dict], started: list[dict], ended: proc.Ended) -> list[str]:
+def _run_problems(records: list[GraphReport], started: list[dict], ended: proc.Ended) -> list[str]:
     """What the run itself lost: an interruption, processes without a record, the command's failure."""
     problems = []
     if ended.interrupted is not None:
         problems.append(f"interrupted by {signal_name(ended.interrupted)}: the command was ended; "
                         "this report covers what ran until then")
-    written = {r.get("pid") for r in records}
+    written = {r.pid for r in records}
     lost = [s for s in started if s["pid"] not in written]
     for s in lost[:3]:
         problems.append(f"process {s['pid']} ({' '.join(s['argv'])[:80]}) imported torch_xla but ended without "

@@ -12,10 +12,11 @@ import json
 import re
 import shlex
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.graphs.records import Graph, GraphReport
 from neuron_train.instrument import probe, proc
 from neuron_train.instrument import runner as graph_runner
 from neuron_train.instrument.start import started
@@ -28,7 +29,7 @@ RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
 class ScriptRun:
     command: list[str]
     exit_code: int
-    records: list[dict]      # the graph checker's, one per process that imported torch_xla
+    records: list[GraphReport]  # the graph checker's, one per process that imported torch_xla
     probes: list[dict]       # the probe's, one per process that imported torch_xla
     tail: str                # the command's last output lines
     how: str = ""            # how it ended: "exit code N", "killed by SIGKILL"
@@ -38,16 +39,27 @@ class ScriptRun:
         """The first process that stopped for `reason` ('tour', 'bench', 'uncovered')."""
         return next((p["stop"] for p in self.probes if p.get("stop") and p["stop"]["reason"] == reason), None)
 
-    def graphs(self) -> list[dict]:
-        """Every graph compiled, once per hash (processes compile the same graphs), with its input
-        shapes and the phase a script's tour saw it in."""
-        seen: dict[str, dict] = {}
+    def graphs(self) -> list[Graph]:
+        """Every graph compiled, once per hash (processes compile the same graphs), with the phase a
+        script's tour saw it in."""
+        seen: dict[str, Graph] = {}
         for record in self.records:
-            for g in record["graphs"]:
-                if g.get("hash") and g["hash"] not in seen:
-                    seen[g["hash"]] = {**g, "phase": script_phase(g),
-                                       "input_shapes": record.get("input_shapes", {}).get(g["hash"])}
+            for g in record.graphs:
+                if g.hash and g.hash not in seen:
+                    seen[g.hash] = replace(g, phase=script_phase(g))
         return list(seen.values())
+
+    def unhashed(self) -> list[Graph]:
+        """The graphs compiled without a hash (eager mode's per-op graphs), every process's."""
+        return [g for r in self.records for g in r.graphs if not g.hash]
+
+    def input_shapes(self) -> dict[str, list[str]]:
+        """Each graph's input shapes by hash (from the dumped HLO), as the first process saw them."""
+        shapes: dict[str, list[str]] = {}
+        for record in self.records:
+            for h, s in record.input_shapes.items():
+                shapes.setdefault(h, s)
+        return shapes
 
     def steps(self) -> int:
         return max((len(p["windows"]) for p in self.probes), default=0)
@@ -57,12 +69,12 @@ class ScriptRun:
         return shlex.join(self.command)
 
 
-def script_phase(graph: dict) -> str:
+def script_phase(graph: Graph) -> str:
     """Where in a script's run a graph came from: its call site's first step(s) (optimizer state,
     an accumulator's first batch), its steady step (ran again), a late call site, a recompilation."""
-    if graph.get("kind") in ("late", "recompile"):
-        return graph["kind"]
-    return "steady" if graph.get("executions", 0) > 1 else "first step"
+    if graph.kind in ("late", "recompile"):
+        return graph.kind
+    return "steady" if graph.executions > 1 else "first step"
 
 
 def checked_command(command: list[str], usage: str) -> list[str]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import NETWORK_FS, neuron_cache_location, path_facts
+from neuron_train.graphs.records import Graph
 from neuron_train.instrument.script import RETRIES_ENV
 from neuron_train.precompile import store
 from neuron_train.precompile.coverage import GRAPH_DETAILS
@@ -92,21 +93,22 @@ def warn(message: str) -> None:
     print(f"neuron-train: warning: {message}", file=sys.stderr, flush=True)
 
 
-def record_graphs(cache: Path, fp: str, config: dict, graphs: list[dict], *, precompile_id: str | None,
-                  tour_steps: int) -> None:
+def record_graphs(cache: Path, fp: str, config: dict, graphs: Sequence[Graph], *, precompile_id: str | None,
+                  tour_steps: int, shapes: Mapping[str, list[str]] | None = None) -> None:
     """Add a graph tour's graphs to the manifest under configuration `fp` (our loop's tour and any
     script's precompile both record through here): hash, phase, step, compile time, and the details
-    coverage compares later (call site, kind, input shapes) when the tour knew them."""
+    coverage compares later (call site, kind, input `shapes` by hash) when the tour knew them."""
     now = store.utc_now()
 
     def add(manifest: Manifest) -> None:
         record = manifest.configs.setdefault(fp, ConfigRecord(config=config, created=now))
         for g in graphs:
-            if g.get("hash"):
-                record.graphs.setdefault(g["hash"], GraphRecord(
-                    phase=g.get("phase"), step=g.get("step"), compile_time_s=g.get("compile_time_s"),
-                    extra={k: g[k] for k in GRAPH_DETAILS if g.get(k)}))
-        unidentified = sum(1 for g in graphs if not g.get("hash"))
+            if g.hash:
+                details = {"where": g.where, "site": g.site, "kind": g.kind, "input_shapes": (shapes or {}).get(g.hash)}
+                record.graphs.setdefault(g.hash, GraphRecord(
+                    phase=g.phase, step=g.step, compile_time_s=g.compile_time_s,
+                    extra={k: details[k] for k in GRAPH_DETAILS if details[k]}))
+        unidentified = sum(1 for g in graphs if not g.hash)
         record.unidentified_graphs = max(record.unidentified_graphs, unidentified)
         if precompile_id and precompile_id not in record.precompile_ids:
             record.precompile_ids.append(precompile_id)

@@ -16,9 +16,10 @@ import json
 import os
 import shlex
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from neuron_train.common.neuron_env import compiler_flags, library_versions
+from neuron_train.graphs.records import Graph
 from neuron_train.graphs.report import short
 from neuron_train.precompile.manifest import Manifest
 from neuron_train.precompile.store import MANIFEST
@@ -160,17 +161,18 @@ def explain(manifest: Manifest, config: dict, cache_dir: str, labels: Mapping[st
     return "; ".join(diffs) + f" (compared with precompiled configuration {nearest})"
 
 
-def coverage_report(graphs: list[dict], manifest: Manifest, config: dict, cache_dir: str,
-                    labels: Mapping[str, str] | None = None) -> dict:
-    """Compare the graphs a run compiled with the manifest (pure); `labels` name the settings."""
+def coverage_report(graphs: Sequence[Graph], manifest: Manifest, config: dict, cache_dir: str,
+                    labels: Mapping[str, str] | None = None, shapes: Mapping[str, list[str]] | None = None) -> dict:
+    """Compare the graphs a run compiled with the manifest (pure); `labels` name the settings,
+    `shapes` are the graphs' input shapes by hash when known (GraphReport.input_shapes)."""
     fp = fingerprint(config)
     known = covering_hashes(manifest, config)
-    seen: dict[str, dict] = {}
+    seen: dict[str, Graph] = {}
     for g in graphs:
-        if g.get("hash"):
-            seen.setdefault(g["hash"], g)
-    unidentified = sum(1 for g in graphs if not g.get("hash"))
-    missing = [_missing(g, manifest, config) for h, g in seen.items() if h not in known]
+        if g.hash:
+            seen.setdefault(g.hash, g)
+    unidentified = sum(1 for g in graphs if not g.hash)
+    missing = [_missing(g, manifest, config, (shapes or {}).get(h)) for h, g in seen.items() if h not in known]
     precompiled = set(manifest.configs[fp].graphs) if fp in manifest.configs else set()
     covered = len(seen) - len(missing)
     # A graph without a hash cannot be compared with the manifest: coverage is unknown, never 100%.
@@ -196,10 +198,10 @@ def _explanation(manifest: Manifest, config: dict, cache_dir: str, missing: list
     return explain(manifest, config, cache_dir, labels)
 
 
-def _missing(graph: dict, manifest: Manifest, config: dict) -> dict:
-    nearest, difference = nearest_graph(graph, manifest, config)
-    return {**{k: graph.get(k) for k in ("hash", "phase", "step", "cause", "where")},
-            "nearest": nearest, "difference": difference}
+def _missing(graph: Graph, manifest: Manifest, config: dict, shapes: list[str] | None) -> dict:
+    nearest, difference = nearest_graph(graph.where, shapes, manifest, config)
+    return {"hash": graph.hash, "phase": graph.phase, "step": graph.step, "cause": graph.cause,
+            "where": graph.where, "nearest": nearest, "difference": difference}
 
 
 def same_site(a: str | None, b: str | None) -> bool:
@@ -236,13 +238,14 @@ def _shapes(value) -> list[str] | None:
     return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
 
-def nearest_graph(graph: dict, manifest: Manifest, config: dict) -> tuple[str | None, str]:
-    """The precompiled graph of the same call site closest to `graph`, and what differs from it.
+def nearest_graph(where: str, shapes: list[str] | None, manifest: Manifest,
+                  config: dict) -> tuple[str | None, str]:
+    """The precompiled graph of call site `where` closest to a graph with input `shapes` (None:
+    unknown), and what differs from it.
 
     Only graphs of the same compile environment count (others are another cache entry whatever
     their shapes); closest = fewest input shape differences.
     """
-    where = graph.get("where") or ""
     same_env = [(h, g) for r in manifest.configs.values() if same_compile_env(r.config, config)
                 for h, g in r.graphs.items()]
     if not any(g.extra.get("where") for _, g in same_env):
@@ -252,7 +255,6 @@ def nearest_graph(graph: dict, manifest: Manifest, config: dict) -> tuple[str | 
     if not candidates:
         return None, (f"no precompiled graph comes from {short(where)}: the precompile run never reached "
                       "that line" if where else "")
-    shapes = graph.get("input_shapes")
 
     nearest, record = min(candidates, key=lambda c: shape_distance(shapes, _shapes(c[1].extra.get("input_shapes"))))
     changes = shape_changes(shapes, _shapes(record.extra.get("input_shapes")))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import refuse_s3
+from neuron_train.graphs.records import Graph, GraphReport
 from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.script import ScriptRun, load_probes, probe_vars
@@ -72,26 +73,26 @@ class CoverageCheck:
             env[probe.COVERED_ENV] = str(covered)
         return env
 
-    def finish(self, folder: Path, records: list[dict], exit_code: int) -> tuple[str, bool]:
+    def finish(self, folder: Path, records: list[GraphReport], exit_code: int) -> tuple[str, bool]:
         try:
             run = ScriptRun(self.command, exit_code, records, load_probes(folder), "")
-            graphs = run.graphs()
+            graphs, shapes = run.graphs(), run.input_shapes()
             # graphs without a hash (eager mode's per-op graphs) make the coverage unknown, never 100%
-            unhashed = [g for r in records for g in r["graphs"] if not g.get("hash")]
-            report = coverage_report(graphs + unhashed, self.manifest, self.config, str(self.cache))
+            report = coverage_report(graphs + run.unhashed(), self.manifest, self.config, str(self.cache),
+                                     shapes=shapes)
             lines = ["", "== precompile coverage ==", format_coverage(report)]
             stop = run.stop("uncovered")
             if stop:
-                lines.append(self._stopped(stop, graphs))
+                lines.append(self._stopped(stop, graphs, shapes))
             elif report["missing"]:
                 lines.append(f"precompile what was missed: {self.hint}")
             return "\n".join(lines), not (self.require and (stop or report["missing"]))
         finally:
             self.use.release()
 
-    def _stopped(self, stop: dict, graphs: list[dict]) -> str:
-        graph = next((g for g in graphs if g["hash"] == stop["graph"]), {"hash": stop["graph"], "where": stop["where"]})
-        difference = nearest_graph(graph, self.manifest, self.config)[1]
+    def _stopped(self, stop: dict, graphs: list[Graph], shapes: dict[str, list[str]]) -> str:
+        where = next((g.where for g in graphs if g.hash == stop["graph"]), stop["where"])
+        difference = nearest_graph(where or "", shapes.get(stop["graph"]), self.manifest, self.config)[1]
         unfinished = stop["compiles_finished"] < stop["compiles_started"]
         when = (f"{stop['seconds_into_compile']:.2f} s after its compile started, before it finished" if unfinished
                 else "right after its compile")

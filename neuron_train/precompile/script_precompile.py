@@ -22,6 +22,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import RunError
 from neuron_train.common.neuron_env import neuron_device_present
+from neuron_train.graphs.records import Graph
 from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.epochs import EPOCH_ENV, MAX_EPOCH_STEPS
@@ -119,7 +120,8 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary:
                        "nothing to precompile")
     config = script_config(plan.script, device=device, env={**os.environ, **plan.env})
     fp = fingerprint(config)
-    record_graphs(plan.cache, fp, config, graphs, precompile_id=run_id, tour_steps=run.steps())
+    record_graphs(plan.cache, fp, config, graphs, precompile_id=run_id, tour_steps=run.steps(),
+                  shapes=run.input_shapes())
     vouched = 0
     for p in run.probes:
         if p.get("staging"):
@@ -129,8 +131,8 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary:
     return _report(plan, run, fp, graphs, vouched, summary)
 
 
-def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[dict], vouched: int, summary: dict) -> str:
-    sites = {g.get("where") or "?" for g in graphs}
+def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouched: int, summary: dict) -> str:
+    sites = {g.where or "?" for g in graphs}
     stop = run.stop("tour")
     if stop and any(p.get("to_epoch_end") for p in run.probes):
         ended = f"stopped after step {stop['step']}, past the first epoch's end, every call site warm"
@@ -144,8 +146,8 @@ def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[dict], vouch
              f"graphs       {len(graphs)} recorded in {plan.cache}/{store.MANIFEST}, from {len(sites)} call "
              f"site(s)"]
     for g in graphs:
-        lines.append(f"  {g['hash'][:12]}  {short(g.get('where') or '?')}  ({g['phase']}, step {g.get('step')}, "
-                     f"{(g.get('compile_time_s') or 0):.1f} s to compile)")
+        lines.append(f"  {g.hash[:12]}  {short(g.where or '?')}  ({g.phase}, step {g.step}, "
+                     f"{(g.compile_time_s or 0):.1f} s to compile)")
     lines += [f"tour         {ended}", f"cache        {vouched} cache file(s) vouched for"]
     if summary:
         lines.append(f"compile      neuron_parallel_compile: {summary.get('graphs', '?')} graphs, "

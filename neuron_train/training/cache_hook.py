@@ -15,6 +15,7 @@ from pathlib import Path
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, write_json_atomic
 from neuron_train.common.neuron_env import EXTRACT_ENV, compiler_flags
+from neuron_train.graphs import Graph, GraphReport
 from neuron_train.precompile import store
 from neuron_train.precompile.cache_env import (
     PRECOMPILE_ENV,
@@ -116,7 +117,7 @@ class CompileCacheHook:
         self.staging.mkdir(parents=True, exist_ok=True)
         xr.initialize_cache(str(self.staging), readonly=False)
 
-    def _record(self, graphs: list[dict]) -> None:
+    def _record(self, graphs: list[Graph]) -> None:
         record_graphs(self._cache, self.fp, self.config, graphs, precompile_id=self.precompile_id,
                       tour_steps=self.tour_steps)
         if self.staging is not None:
@@ -151,24 +152,24 @@ class CompileCacheHook:
         if compiles == self.compiles_seen:
             return
         self.compiles_seen = compiles
-        new = [g for g in watch.summary()["graphs"] if g.get("hash") and g["hash"] not in self.checked]
+        new = [g for g in watch.summary().graphs if g.hash and g.hash not in self.checked]
         if not new:
             return
         manifest = store.load_manifest(self.dir)
         known = covering_hashes(manifest, self.config)
         for g in new:
-            self.checked.add(g["hash"])
-            if g["hash"] not in known:
-                raise RunError(f"--require-precompiled: graph {g['hash'][:12]} ({g.get('phase')}, step "
-                               f"{g.get('step')}) is not in {self.dir}/{store.MANIFEST}: "
+            self.checked.add(g.hash)
+            if g.hash not in known:
+                raise RunError(f"--require-precompiled: graph {g.hash[:12]} ({g.phase}, step "
+                               f"{g.step}) is not in {self.dir}/{store.MANIFEST}: "
                                f"{explain(manifest, self.config, str(self.dir), config_labels())}. Precompile: {self.hint}")
 
-    def finish(self, graph_summary: dict, run_dir: Path | None) -> float | None:
+    def finish(self, graph_summary: GraphReport, run_dir: Path | None) -> float | None:
         """At the end of the run: record (graph tour) or report coverage; returns the coverage."""
         if self.dir is None:
             return None
         try:
-            graphs = graph_summary["graphs"]
+            graphs = graph_summary.graphs
             if self.recording:
                 self._record(graphs)
                 return None

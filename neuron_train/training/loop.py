@@ -250,7 +250,7 @@ class Trainer:
             "batch_size": t.batch_size, "global_batch_size": self._global_batch(),
             "steps": self.pos.step, "epochs": round(self.pos.step / self.steps_per_epoch, 3),
             **self.clock.figures(self._global_batch()),
-            "compile_count": graphs["compile_count"], "compile_time_s": graphs["compile_time_s"],
+            "compile_count": graphs.compile_count, "compile_time_s": graphs.compile_time_s,
             "precompile_coverage": coverage,
             "xla_execute_ms_median": _median_ms(met.metric_data("ExecuteTime")),
             "final_loss": self.last.get("loss"), **self.eval_result,
@@ -261,7 +261,7 @@ class Trainer:
         }
         if self.writes:
             write_json_atomic(self.run_dir / "summary.json", summary)
-            write_json_atomic(self.run_dir / "graphs.json", graphs)
+            write_json_atomic(self.run_dir / "graphs.json", graphs.to_json())
             self.metrics.close()
         return summary
 
