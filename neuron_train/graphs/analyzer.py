@@ -7,7 +7,8 @@ may flush the training graph once), or once it has run WARMUP_GRAPHS different o
 every step is a new graph never repeats one). A new graph at a warm site is a *recompilation*, the
 defect the checker exists for. The graphs a site compiles before it is warm are its *warm-up*
 (an optimizer creates its state in its first step; an eval accumulator starts as a Python 0):
-reported, never a defect; so are the graphs compiled in an optimizer's first two steps. A site
+reported, never a defect; so are the graphs compiled in an optimizer's first two steps (but not a
+new length a user's slice made: every new one is a recompilation, warm or not). A site
 first seen once the run is steady (some site warm) compiles *late graphs*: not a defect either, but
 precompile must cover them. A step is a sync that ran a graph; syncs with nothing pending (a
 loader's first fetch, torch_xla.compile clearing pending work, a rendezvous) are not steps.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
-from neuron_train.graphs.explain import Context, Loaders, explain
+from neuron_train.graphs.explain import Context, Loaders, explain, slice_made
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
@@ -174,8 +175,12 @@ class Analyzer:
         if event.graph_hash in self.graphs:
             return None  # compiled again (cache eviction): not a new graph
         frames = [f.where for f in user_frames(event.frames, self.is_internal)]
+        kind = self._kind(site, index, ctx.window)
+        if kind == "warmup" and self.executions_logged and index > self.warmup_steps and site.last \
+                and slice_made(self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window):
+            kind = "recompile"  # a slice's new length is never warm-up: every new shape counts
         graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds,
-                      kind=self._kind(site, index, ctx.window), cause=WARMUP, detail="",
+                      kind=kind, cause=WARMUP, detail="",
                       where=frames[0] if frames else "", trigger=_trigger(event), site=frames,
                       inputs=event.inputs, outputs=event.outputs,
                       library=library_frame(event.frames, self.is_internal, self.library_of))

@@ -3,7 +3,8 @@
 The HLO diff (hlo_diff.py) says what changed: an input shape, a constant 0/1, the program. Other
 sources then name the line to fix: a CPU fallback op's line (a data-dependent shape), the LR
 scheduler or optimizer step that moved a hyperparameter to or from 0/1, and the DataLoader (or
-its collate_fn) whose batches have the new input shape.
+its collate_fn) whose batches have the new input shape, the user's slice that cut an input to a new
+length, or the Python `if` that chose which ops a step traced (source.py reads the user's script).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from neuron_train.graphs import hlo_diff
+from neuron_train.graphs import hlo_diff, source
 from neuron_train.graphs.records import (
     DATA_DEPENDENT,
     GRAPH_STRUCTURE,
     NEW_CONSTANT,
     NEW_INPUT_SHAPE,
+    PYTHON_BRANCH,
+    SLICE_SHAPE,
     UNKNOWN,
     Graph,
     LoaderOrigin,
@@ -109,6 +112,13 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
         ops = ", ".join(sorted(w.fallbacks))
         return DATA_DEPENDENT, f"{ops} ran on the CPU and its result's shape reached the graph ({why.detail})", \
             fallback_lines[0]
+    if cause == NEW_INPUT_SHAPE and base and new and slice_made(base, new, ctx.is_internal, ctx.loaders, w):
+        return SLICE_SHAPE, (f"{detail}; the slice at {short(why.where)} cut the input to another length; "
+                             f"{_per_step(_changed(base, new)[0], new, ctx.step, ctx)}"), why.where
+    branch = source.branch_at(line, where) if cause == GRAPH_STRUCTURE and _other_program(base, new) else ""
+    if branch:
+        return PYTHON_BRANCH, f"{detail}; the Python `if` at {short(branch)} chose which ops this step traced", \
+            branch
     if cause == NEW_CONSTANT and not why.where and w.scalars:
         return cause, detail + _scalar_detail(w.scalars[0]), w.scalars[0]["where"] or line
     if cause == NEW_INPUT_SHAPE and base is not None and new is not None:
@@ -118,6 +128,28 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
                                  f"{first.step} ({first.cause})"), first.where
         return (cause, *_input_source(base, new, line, detail, ctx))
     return cause, detail, line
+
+
+def slice_made(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None,
+               is_internal: Callable[[str], bool], loaders: Loaders, w: Window) -> bool:
+    """Did a user's slice with a computed length make the only difference (an input's shape)? Not when
+    a loader's ragged last batch came in this window: the loader made it (named at the loader)."""
+    if base is None or new is None or loaders.ragged_in(w) is not None:
+        return False
+    why = hlo_diff.explain(base, new, is_internal)
+    return why.cause == NEW_INPUT_SHAPE and bool(why.where) and source.slice_at(why.where)
+
+
+def _other_program(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None) -> bool:
+    """Other ops, not the same ops with other lengths (a slice or loop length makes that)."""
+    if base is None or new is None:
+        return False
+    return len(base.instrs) != len(new.instrs) or any(
+        a.opcode != b.opcode for a, b in zip(base.instrs, new.instrs, strict=True))
+
+
+def _changed(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary) -> list[int]:
+    return [i for i, (a, b) in enumerate(zip(base.params, new.params, strict=False)) if a.shape != b.shape]
 
 
 def _fed_by(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, outputs: list[str]) -> bool:
@@ -137,7 +169,7 @@ def _scalar_detail(change: dict) -> str:
 def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str, detail: str,
                   ctx: Context) -> tuple[str, str]:
     """(detail, line): the loader or collate_fn that made the new shape, and the shapes per step."""
-    changed = [i for i, (a, b) in enumerate(zip(base.params, new.params, strict=False)) if a.shape != b.shape]
+    changed = _changed(base, new)
     if not changed:
         return detail, line
     per_step = _per_step(changed[0], new, ctx.step, ctx)

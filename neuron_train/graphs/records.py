@@ -26,6 +26,8 @@ UNKNOWN = hlo_diff.UNKNOWN
 DYNAMO_RECOMPILE = "dynamo recompilation"    # a guard of a torch.compile'd function failed
 DYNAMO_EAGER = "dynamo fell back to eager"   # recompile limit reached: the function runs op by op
 GRAPH_BREAK = "graph break"                  # torch.compile split a function (reported, not a defect)
+PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a step traced
+SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
 
 FIXES = {
     NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
@@ -43,6 +45,11 @@ FIXES = {
                       "tensor (e.g. the optimizer's lr=torch.tensor(0.01)), give every batch one shape",
     DYNAMO_EAGER: "remove the recompilations above; raising torch._dynamo.config.recompile_limit only "
                   "compiles more graphs",
+    PYTHON_BRANCH: "make the choice on the device (torch.where, or multiply by a 0/1 mask) so one graph "
+                   "serves every path, or keep the branch out of the traced step (sync before it; for an "
+                   "accumulation remainder, sync every micro-batch or give every window the same length)",
+    SLICE_SHAPE: "cut to a few fixed lengths (buckets, each compiled once and precompiled) or pad to one "
+                 "fixed length and mask the padding",
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 

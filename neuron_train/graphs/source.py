@@ -1,0 +1,89 @@
+"""The Python statement behind a line of the user's script (its source, parsed with `ast`): the branch
+that chose which graph a step traced, the slice that made an input's shape."""
+
+from __future__ import annotations
+
+import ast
+import functools
+
+_JUMPS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
+
+
+@functools.lru_cache(maxsize=32)
+def _tree(path: str) -> ast.Module | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ast.parse(f.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None  # not a file we can read (a notebook cell, <string>, a deleted script)
+
+
+def _split(where: str) -> tuple[str, int]:
+    path, _, line = where.rpartition(":")
+    return path, int(line) if line.isdigit() else 0
+
+
+def _blocks(tree: ast.AST):
+    """Every statement list in the tree (bodies, else branches, handlers)."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield node, block
+
+
+def _holds(stmt: ast.stmt, line: int) -> bool:
+    return stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno)
+
+
+def branch_at(where: str, sync: str = "") -> str:
+    """`file:line` of the Python `if` that chose the ops traced at `where` ("" when none): the innermost
+    `if` whose body or else holds that line, or an `if` right before its statement whose body leaves
+    (return, continue, break: the code after it runs on one path only), or else an `if` in a loop that
+    holds the sync that ran the graph (`sync`: how many iterations one graph holds, e.g. an
+    accumulation remainder)."""
+    path, line = _split(where)
+    tree = _tree(path) if line else None
+    if tree is None:
+        return ""
+    found = 0
+    for node, block in _blocks(tree):
+        for i, stmt in enumerate(block):
+            if not _holds(stmt, line):
+                continue
+            if isinstance(node, ast.If) and stmt.lineno != node.lineno:
+                found = max(found, node.lineno)
+            before = block[i - 1] if i else None
+            if isinstance(before, ast.If) and isinstance(before.body[-1], _JUMPS):
+                found = max(found, before.lineno)
+    if found:
+        return f"{path}:{found}"
+    return _branch_around_sync(tree, path, line, sync) if sync.startswith(f"{path}:") else ""
+
+
+def _branch_around_sync(tree: ast.Module, path: str, line: int, sync: str) -> str:
+    """An `if` holding the sync, inside a loop that also holds the line where the graphs differ."""
+    at = _split(sync)[1]
+    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While)) and _holds(n, at) and _holds(n, line)]
+    ifs = [n for loop in loops for n in ast.walk(loop) if isinstance(n, ast.If)
+           and any(_holds(s, at) for s in n.body + n.orelse)]
+    return f"{path}:{max(n.lineno for n in ifs)}" if ifs else ""
+
+
+def slice_at(where: str) -> bool:
+    """Does the line at `where` cut a tensor with a slice whose bound is computed (`data[:, :seq]`)?"""
+    path, line = _split(where)
+    tree = _tree(path) if line else None
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Slice) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            bounds = (node.lower, node.upper, node.step)
+            if any(b is not None and not _constant(b) for b in bounds):
+                return True
+    return False
+
+
+def _constant(node: ast.expr) -> bool:
+    """`8`, `-1`: a bound written as a number (the same length every step)."""
+    return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
