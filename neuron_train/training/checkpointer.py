@@ -78,6 +78,8 @@ class Checkpointer:
         except (ValueError, KeyError, TypeError) as exc:  # torch's own check of the saved groups
             raise UsageError(f"{path}: its optimizer state does not fit this run's optimizer "
                              f"({str(exc)[:120]}): resume with the same --optimizer and model") from None
-        ckpt.set_rng_state(state["rng"])
         torch_xla.sync()  # materialise the loaded weights before the first step
+        # After the sync, not before: every sync advances the XLA seed, and the saved seed was read
+        # after save()'s sync, so the next sync in either run is the first step's batch fetch.
+        ckpt.set_rng_state(state["rng"])
         return Position(**state["position"]), path

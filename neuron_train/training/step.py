@@ -2,7 +2,8 @@
 
 - lazy: every op of forward, backward and update is traced in Python each step (torch_xla's own
   way, what Neuron's samples do); the host's tracing competes with execution on a small machine.
-- dynamo: torch.compile(backend="openxla") captures forward and backward once; the update is
+- dynamo: torch.compile with torch's openxla backend (compiling keeps the random seed, see
+  _seed_keeping_compiler) captures forward and backward once; the update is
   still traced lazily each step.
 - dynamo-full (the default): the update (gradient clipping + optimizer step) is captured as well,
   so a step costs the host a few guard checks and graph launches, not a trace (except with ZeRO-1
@@ -15,6 +16,10 @@ and precompile's graph tour reaches them all (tests/test_precompile.py).
 from __future__ import annotations
 
 import torch
+import torch_xla.core.dynamo_bridge as dynamo_bridge
+import torch_xla.core.xla_model as xm
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
 from neuron_train.training.optim import build_optimizer, clip_grad_norm
@@ -27,9 +32,32 @@ def autocast(precision: str):
     return torch.autocast("xla", enabled=False)
 
 
+def _seed_keeping_compiler(gm: torch.fx.GraphModule, _fake_inputs):
+    """torch's openxla compiler (torch/_dynamo/backends/torchxla.py), except that compiling leaves the
+    XLA random seed where it was. torch_xla's graph extraction calls torch_xla.sync() several times,
+    and every sync advances the seed: the stream drop-path draws from would depend on when the graphs
+    were compiled, so a run resumed from a checkpoint (which compiles after restoring the seed) would
+    draw other masks than the uninterrupted run (which compiled at step 0). Executions still advance
+    the seed once each (torch_xla's dynamo_bridge), as in the uninterrupted run."""
+    compiled = None
+
+    def run(*args):
+        nonlocal compiled
+        if compiled is None:
+            seed = xm.get_rng_state()
+            compiled = dynamo_bridge.extract_compiled_graph(gm, args)
+            xm.set_rng_state(seed)
+        return compiled(*args)
+
+    return make_boxed_func(run)
+
+
+_OPENXLA_SEED_KEEPING = aot_autograd(fw_compiler=_seed_keeping_compiler)
+
+
 def _captured(fn):
     # Replays the captured graphs without re-tracing Python each step; one graph per input shape.
-    return torch.compile(fn, backend="openxla", dynamic=False)
+    return torch.compile(fn, backend=_OPENXLA_SEED_KEEPING, dynamic=False)
 
 
 class StepPath:
@@ -49,7 +77,7 @@ class StepPath:
         self.update = _captured(self._update) if captured_update else self._update
 
     def _update(self) -> torch.Tensor:
-        params = list(self.model.parameters())
+        params: list[torch.Tensor] = list(self.model.parameters())
         if self.clip:
             grad_norm = clip_grad_norm(params, self.clip, foreach=self.foreach)
         else:
