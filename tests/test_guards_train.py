@@ -73,8 +73,6 @@ def test_two_ranks_of_b_train_exactly_like_one_rank_of_2b_with_plain_sgd(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open finding (docs/testing.md): with drop-path a run resumed from step 4 "
-                   "ends up to 2e-3 away from the uninterrupted run although the RNG states are restored")
 def test_resume_restores_the_random_state_drop_path_draws_from(tmp_path):
     """M27. With drop-path (stochastic depth) each step's weights depend on the random masks: a run
     resumed from step 4 ends with the uninterrupted run's weights only if the RNG came back too.

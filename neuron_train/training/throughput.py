@@ -15,6 +15,18 @@ import torch_xla.core.xla_model as xm
 from neuron_train.training.metrics import median_and_spread
 
 
+def _sync_keeping_seed() -> None:
+    """torch_xla.sync(), then the XLA seed set back to what it was before it. Every sync advances the
+    seed; this one comes `warmup_measure_steps` after the run's first step, so a resumed run would
+    have it at another step than the uninterrupted run, and draw other random numbers (drop-path)
+    from then on. The base seed is read before the sync (a device-data read, no graph runs)."""
+    device = torch_xla._XLAC._xla_get_default_device()
+    # an int64 tensor: a seed of 2**63 or more comes back negative, the setter wants the uint64
+    base = int(torch_xla._XLAC._get_base_seed_as_tensor(str(device)).cpu().item()) % 2**64
+    torch_xla.sync()
+    xm.set_rng_state(base)
+
+
 class Throughput:
     def __init__(self, first_step: int, warmup_steps: int):
         self.measure_from = first_step + warmup_steps  # steps done when the clock starts
@@ -31,7 +43,7 @@ class Throughput:
         """After a step's tracing: when warm-up ends, start the clock on an idle device."""
         self.last_step = steps_done
         if steps_done == self.measure_from:
-            torch_xla.sync()
+            _sync_keeping_seed()
             xm.wait_device_ops()  # host waits for the device: the window starts with nothing queued
             self.t0 = self.t_prev = time.perf_counter()
             self.excluded = 0.0
