@@ -29,7 +29,6 @@ def coverage_line(out: str) -> str:
     return next(ln for ln in out.splitlines() if ln.startswith("precompile coverage"))
 
 
-@pytest.mark.xfail(reason="fails since the 2026-11-23 merge of seven branches; found by the last full run, not yet diagnosed (closing note)", strict=False)
 def test_a_loader_loop_precompiled_is_covered_and_another_batch_size_is_named_and_stopped(tmp_path):
     work = scripts(tmp_path / "w")
     cmd = [sys.executable, "mp_loader_loop.py"]

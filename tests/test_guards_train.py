@@ -30,7 +30,6 @@ print("saved 2", flush=True)
 """
 
 
-@pytest.mark.xfail(reason="fails since the 2026-11-23 merge of seven branches; found by the last full run, not yet diagnosed (closing note)", strict=False)
 def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_whole_and_no_partial_one(tmp_path):
     """M13. SIGKILL while a 512 MiB checkpoint is being written: no torn step-2 among the
     checkpoints, step 1 loads with its contents, and the next start removes the leftover."""
@@ -53,7 +52,7 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_whole_and_no_par
     assert ckpt.list_checkpoints(run) == [first]
     state = ckpt.load(first)
     assert state["step"] == 1 and torch.equal(state["model"]["w"], torch.arange(10.0))
-    assert ckpt.remove_stale_temps(run) == partial and os.listdir(ckpt.checkpoint_dir(run)) == [first.name]
+    assert ckpt.remove_stale_temps(run) == partial and sorted(os.listdir(ckpt.checkpoint_dir(run))) == [first.name, first.name + ".sha256"]
 
 
 SGD = ["--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--grad-clip", "0",

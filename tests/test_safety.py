@@ -116,7 +116,6 @@ def test_check_graphs_fails_the_run_on_a_recompilation_inside_the_loop(tmp_path)
 # ----------------------------------------------------------------------------- signals
 
 
-@pytest.mark.xfail(reason="fails since the 2026-11-23 merge of seven branches; found by the last full run, not yet diagnosed (closing note)", strict=False)
 @pytest.mark.slow
 def test_sigusr1_saves_a_checkpoint_and_exits_like_sigterm(tmp_path):
     out = tmp_path / "run"
@@ -133,7 +132,7 @@ def test_sigusr1_saves_a_checkpoint_and_exits_like_sigterm(tmp_path):
     (saved,) = list_checkpoints(out)
     step = int(saved.stem.split("-")[1])
     assert 3 <= step < 400
-    assert err.strip().splitlines()[-1] == (f"neuron-train train: stopped by signal {int(signal.SIGUSR1)} at "
+    assert err.strip().splitlines()[-1] == ("neuron-train train: stopped by SIGUSR1 at "
                                             f"step {step}; checkpoint {saved}; continue with --resume")
     state = torch.load(saved, weights_only=True)
     assert state["position"]["step"] == step and not (out / "summary.json").exists()

@@ -81,6 +81,7 @@ class Analyzer:
     last_recompile: tuple[int, Graph, list[str]] | None = None  # (step index, graph, its output shapes)
     library_of: Callable[[str], str] = field(default=lambda path: "")  # package-relative library file
     dynamo: list[dict] = field(default_factory=list)   # torch.compile's recompiles, limits, graph breaks
+    phases: set[str] = field(default_factory=set)       # phases of the windows seen so far
 
     @property
     def steady(self) -> bool:
@@ -239,10 +240,16 @@ class Analyzer:
         """Record dynamo's notes; returns this window's recompilations past the warm-up (defects).
 
         Warm-up as on the lazy path: an optimizer's first steps (its state appears: the first guard
-        failure of its compiled `step`) and the first --warmup-steps steps. A step here is a compiled
-        call or a sync that ran a graph. Graph breaks are reported, never a defect.
+        failure of its compiled `step`), the first --warmup-steps steps and a phase's first window.
+        A step here is a compiled call or a sync that ran a graph. Graph breaks are reported, never a
+        defect.
         """
-        warm = index <= max(OPTIMIZER_WARMUP_STEPS, self.warmup_steps) or any(
+        # A phase's first window is its warm-up, as a new site is on the lazy path: the switch to
+        # sifted steps or the first evaluation may recompile once (a graph break's resume function
+        # guarded on the phase's flag), the next window of that phase may not.
+        new_phase = w.phase not in self.phases
+        self.phases.add(w.phase)
+        warm = new_phase or index <= max(OPTIMIZER_WARMUP_STEPS, self.warmup_steps) or any(
             n <= OPTIMIZER_WARMUP_STEPS for n in w.optimizer_steps)
         found = []
         for note in w.dynamo:
