@@ -23,7 +23,7 @@ from neuron_train.commands.bench import (
     validate_result,
 )
 from neuron_train.common.errors import UsageError
-from neuron_train.cost.measure import classify_failure
+from neuron_train.cost.failures import classify_failure
 
 
 @pytest.fixture(autouse=True)

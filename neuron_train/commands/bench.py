@@ -25,7 +25,8 @@ from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import new_output, write_json_atomic
 from neuron_train.common.neuron_env import library_versions
 from neuron_train.cost import script_bench
-from neuron_train.cost.measure import InferBench, MeasureFailed, Measurement, Workload, measure_train
+from neuron_train.cost.failures import MeasureFailed
+from neuron_train.cost.measure import InferBench, Measurement, Workload, measure_train
 from neuron_train.cost.schema import MODES, SCHEMA_NAME, SCHEMA_VERSION, validate_result
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
