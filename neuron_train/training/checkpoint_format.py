@@ -10,7 +10,7 @@ Every checkpoint file (and ZeRO-1 shard) is written with a SHA-256 beside it, `N
 bytes on disk after the fsync and written before the checkpoint takes its final name, so a
 checkpoint never appears without its checksum. Bytes changed later (a bad disk, a damaged copy)
 are found before the file is used. A file without one (saved by an older version, or copied
-alone) is loaded unverified.
+alone) is loaded unverified, with a note (`checkpoint._note_unverified`); none is written for it.
 """
 
 from __future__ import annotations
