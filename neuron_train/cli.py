@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from collections.abc import Iterator
 
 from neuron_train.common.cli_parser import CommandParser
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import unusable_path
 
 # name -> (module, one-line help). The order is the order a user meets them.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -65,6 +68,30 @@ def _capped(exc: Exception, limit: int = 600) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
+def _given_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """(flag or argument name, value) for every string the command was given (or defaults to)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _given_paths(sub, args)
+            continue
+        values = getattr(args, action.dest, None)
+        for value in values if isinstance(values, list) else [values]:
+            if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+                yield (action.option_strings or [action.dest])[0], os.fspath(value)
+
+
+def _path_error(exc: BaseException, parser: argparse.ArgumentParser, args: argparse.Namespace) -> UsageError | None:
+    """`unusable_path`'s line, naming the option whose value (the longest one inside the failing
+    path: a cache's manifest.json is in its --compile-cache) the path came from."""
+    if unusable_path(exc) is None:
+        return None
+    failed = os.fsdecode(getattr(exc, "filename", None) or str(exc))
+    matches = [(len(value), flag) for flag, value in _given_paths(parser, args)
+               if value in failed or value.startswith(failed)]  # the path, or a folder of it, failed
+    return unusable_path(exc, max(matches)[1] if matches else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
@@ -89,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as exc:
         print(f"neuron-train {name}: {_capped(exc)}", file=sys.stderr)
         return 1
+    except (OSError, RuntimeError) as exc:  # a path no command can use, wherever the command first touched it
+        usage = _path_error(exc, parser, args)
+        if usage is None:
+            raise
+        print(f"neuron-train {name}: error: {usage}", file=sys.stderr)
+        return 2
     except SystemExit as exc:  # e.g. a command's own parser (precompile's TRAIN_ARGS) printed its one line
         return _exit_code(exc)
     except KeyboardInterrupt:

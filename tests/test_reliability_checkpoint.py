@@ -189,6 +189,31 @@ def test_a_save_killed_with_sigkill_leaves_only_whole_verified_checkpoints(tmp_p
     assert left == sorted([p.name for p in found] + [p.name + ".sha256" for p in found])
 
 
+# ----- a checkpoint without its checksum ---------------------------------------------------------
+def test_a_checkpoint_without_its_checksum_is_used_with_one_note_and_gets_none(tmp_path, capsys):
+    """Saved by an older version, or copied alone: --resume and --pretrained use it, unverified,
+    saying so once on stderr; no .sha256 is written for a file we did not see written."""
+    out = tmp_path / "run"
+    save_checkpoint(out, 2)
+    path = ckpt.checkpoint_dir(out) / "step-00000002.pt"
+    checksum_file(path).unlink()
+    cfg = run_cfg(out, "--max-steps", "8", "--resume")
+    rundir.preflight(cfg)  # reads the file's metadata (and the run then loads it whole)
+    assert ckpt.load_resumable(path)["position"]["step"] == 2
+    notes = [line for line in capsys.readouterr().err.splitlines() if "checksum" in line]
+    assert notes == [f"note: {path} has no step-00000002.pt.sha256 beside it (saved by an older neuron-train, "
+                     "or copied without it): loaded without a checksum check; copy the .sha256 file with it "
+                     "to have it verified"]
+    weights = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, weights)  # a state dict from elsewhere: --pretrained
+    ckpt.read(weights, "cannot read weights from")
+    assert f"note: {weights} has no weights.pt.sha256 beside it" in capsys.readouterr().err
+    assert not checksum_file(path).exists() and not checksum_file(weights).exists()
+    save_checkpoint(out, 4)  # a file we write and verify is not noted
+    ckpt.load_resumable(ckpt.checkpoint_dir(out) / "step-00000004.pt")
+    assert "checksum" not in capsys.readouterr().err
+
+
 # ----- metrics.jsonl on --resume -----------------------------------------------------------------
 def test_resume_repairs_a_metrics_file_cut_mid_line_and_drops_records_after_the_checkpoint(tmp_path, capsys):
     run = tmp_path / "run"

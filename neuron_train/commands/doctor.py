@@ -14,7 +14,7 @@ import textwrap
 from dataclasses import asdict
 
 from neuron_train.common.cli_parser import add_cache_option
-from neuron_train.common.fileio import new_output, write_json_atomic
+from neuron_train.common.fileio import new_output, refuse_unusable, write_json_atomic
 from neuron_train.ops.checks import FAIL, OK, SKIP, WARN, Check, exit_code, load_pins, run_checks
 from neuron_train.ops.facts import gather_facts
 
@@ -69,6 +69,8 @@ def main(args: argparse.Namespace) -> int:
     pins = load_pins()
     if args.json:
         new_output(args.json, "--json")  # refused before the checks run, not after
+    if args.compile_cache and "://" not in args.compile_cache:  # a URL has nothing local to check
+        refuse_unusable(args.compile_cache, "--compile-cache")
     facts = gather_facts(multi_node=args.multi_node, compile_cache=args.compile_cache)
     checks = run_checks(facts, pins, multi_node=args.multi_node, require_neuron=args.require_neuron)
     print(format_report(checks, pins))

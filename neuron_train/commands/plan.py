@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import cast
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import new_output, write_json_atomic
+from neuron_train.common.fileio import new_output, unusable_path, write_json_atomic
 from neuron_train.cost import plan_calibrate, plan_data
 from neuron_train.cost.plan_model import (
     GIB,
@@ -80,7 +80,10 @@ def _load_calibration(path: str, mode: str, name: str, known: dict[str, Target])
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"--calibrate {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
+        raise (unusable_path(exc, "--calibrate")
+               or UsageError(f"--calibrate {path}: not a readable file ({exc.strerror or exc})")) from None
+    except ( UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"--calibrate {path}: not a readable JSON file ({str(exc).splitlines()[0]})") from None
     r = validate_result(data, f"--calibrate {path}")
     if r.get("source") == "estimated":

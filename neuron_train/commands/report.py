@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import errno
 import json
 import os
 from pathlib import Path
 
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import publish_folder, recover_folder
+from neuron_train.common.fileio import publish_folder, recover_folder, refuse_unusable, unusable_path
 from neuron_train.cost.catalog import Catalog, load_catalog, resolve_prices
 from neuron_train.cost.plan_result import ESTIMATED, PLAN_SCHEMA, plan_results
 from neuron_train.cost.references import ReferenceRow, read_reference_csv
@@ -53,7 +54,7 @@ def load_results(path: str | Path) -> list[dict]:
     except RecursionError:  # a crafted file nested thousands of levels deep
         raise UsageError(f"{path}: not a bench result (nested too deeply (more levels than any real file has))") from None
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        raise unusable_path(exc) or UsageError(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
         return plan_results(data, str(path))
     return [validate_result(data, str(path))]
@@ -209,6 +210,7 @@ def check_out_dir(out: Path, force: bool) -> None:
     nothing but a previous report, which is replaced only with --force. Leftovers of a killed
     report run are cleaned first and never block a new one.
     """
+    refuse_unusable(out, "--out", but=errno.ENOTDIR)  # under a file: said below, naming the file
     recover_folder(out)
     if out.is_symlink():
         raise UsageError(f"--out {out} is a symbolic link: give the folder it points to")

@@ -18,6 +18,7 @@ import sys
 import time
 
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import unusable_path
 from neuron_train.training import rundir
 from neuron_train.training.config_io import add_config_arguments, config_from_args
 from neuron_train.training.summary import RunSummary
@@ -54,6 +55,11 @@ def main(args: argparse.Namespace) -> int:
     except (UsageError, RunError) as exc:
         _tell_torchrun(exc)
         raise
+    except (OSError, RuntimeError) as exc:
+        usage = unusable_path(exc)  # a path no command can use: neuron_train.cli prints the line
+        if usage is not None:
+            _tell_torchrun(usage)
+        raise
     finally:
         rundir.release_unused()  # a run that wrote nothing leaves no empty directory
 
@@ -77,11 +83,13 @@ def _train(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         finished = rundir.preflight(cfg)  # before torch_xla starts: refusals take seconds, not ~20 s
-    except (UsageError, RunError) as exc:
+    except (UsageError, RunError, OSError, RuntimeError) as exc:
+        if not isinstance(exc, (UsageError, RunError)) and unusable_path(exc) is None:
+            raise
         if os.environ.get("LOCAL_RANK", "0") != "0":  # the same line as local rank 0's: said once
             _tell_torchrun(exc)
             time.sleep(_QUIET_RANK_GRACE_S)  # torchrun stops every rank at the first exit: let 0 print
-            sys.exit(2 if isinstance(exc, UsageError) else 1)
+            sys.exit(1 if isinstance(exc, RunError) else 2)
         raise
     if finished:
         if os.environ.get("LOCAL_RANK", "0") == "0":

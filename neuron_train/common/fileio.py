@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.values import shown
 
 
 def sha256_file(path: Path) -> str:
@@ -57,6 +58,42 @@ def write_failed(path: Path, exc: OSError, kept: str = "") -> RunError:
     return RunError(f"cannot write {path}: {exc.strerror or exc}{kept}")
 
 
+# errno -> what is wrong with a path the user gave, whatever the command and whatever it does with it
+_UNUSABLE = {
+    errno.ENAMETOOLONG: "is too long (at most 4095 bytes, and 255 for each name in it): give a shorter path",
+    errno.ELOOP: "goes through a loop of symbolic links: fix the link or give another path",
+    errno.ENOTDIR: "goes through a file as if it were a folder: check the path",
+    errno.EACCES: "cannot be used: permission denied: fix its permissions or choose another location",
+    errno.EPERM: "cannot be used: operation not permitted: choose another location",
+}
+_SYMLINK_LOOP = "Symlink loop from "  # Path.resolve() raises RuntimeError, not OSError(ELOOP), before 3.13
+
+
+def unusable_path(exc: BaseException, flag: str = "") -> UsageError | None:
+    """The one line for a path that cannot be used at all (too long, a symlink loop, a file where
+    a folder should be, permission denied), found where any command first touches it; None for
+    any other error. `flag` names the option the path was given with."""
+    if isinstance(exc, OSError) and exc.errno in _UNUSABLE and exc.filename is not None:
+        path, problem = os.fsdecode(exc.filename), _UNUSABLE[exc.errno]
+    elif type(exc) is RuntimeError and str(exc).startswith(_SYMLINK_LOOP):
+        path, problem = str(exc)[len(_SYMLINK_LOOP):].strip("'"), _UNUSABLE[errno.ELOOP]
+    else:
+        return None
+    return UsageError(f"{flag + ': ' if flag else ''}path {shown(path)} {problem}")
+
+
+def refuse_unusable(path: str | os.PathLike, flag: str, but: int = 0) -> None:
+    """Refuse a path no command can use (`unusable_path`) before any work is done; a path that
+    does not exist yet is fine. `but`: an errno the caller explains itself."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno != but and (usage := unusable_path(exc, flag)) is not None:
+            raise usage from None
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
@@ -71,6 +108,7 @@ def new_output(value: str | os.PathLike, flag: str, replace: bool = False, creat
     With `replace` (the command's --force) an existing file is allowed, never a directory; with
     `create_folder` a missing folder is allowed when it can be created (the caller creates it)."""
     path = Path(value)
+    refuse_unusable(path, flag, but=errno.ENOTDIR)  # a path under a file: said below, naming the file
     if path.is_dir():
         raise UsageError(f"{flag}: {path} is a directory: give a file name")
     if (path.exists() or path.is_symlink()) and not replace:

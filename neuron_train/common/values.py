@@ -42,8 +42,17 @@ def kind_problem(value: object, kind: str) -> str | None:
     test, expected = _KINDS[kind.rstrip("?")]
     if test(value):
         return None
-    shown = "null" if value is None else repr(value)
-    return f"must be {expected}{' or null' if kind.endswith('?') else ''}, got {shown[:60]}"
+    got = "null" if value is None else shown(value)
+    return f"must be {expected}{' or null' if kind.endswith('?') else ''}, got {got}"
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A value for an error line, cut short (a YAML alias bomb is megabytes of repr, a path can be
+    100,000 characters)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(value) if isinstance(value, str) else len(text)} characters)"
 
 
 def header_problem(data: object, name_key: str, name: str, version_key: str, version: int) -> str | None:

@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,10 +107,10 @@ def _write_atomic(final: Path, state: dict) -> None:
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         side_tmp.unlink(missing_ok=True)
-        cause = _os_error(exc)
-        if cause is not None:
+        failed = write_failed_in_run(final.parent.parent, final, exc)
+        if failed is not None:
             side.unlink(missing_ok=True)
-            raise RunError(_save_failed(final, cause)) from None
+            raise failed from None
         raise
 
 
@@ -123,14 +124,22 @@ def _os_error(exc: BaseException) -> OSError | None:
     return None
 
 
-def _save_failed(final: Path, exc: OSError) -> str:
-    good = [p for p in list_checkpoints(final.parent.parent) if p != final]
+def write_failed_in_run(run_dir: Path, path: Path, exc: BaseException, lost: str = "") -> RunError | None:
+    """The one line for a file of the run that could not be written (a checkpoint, metrics.jsonl,
+    summary.json, graphs.json), or None when `exc` is no failed write: a full disk says
+    `no space left on DIR`, and the line names the last good checkpoint to continue from.
+    `lost` says what was not written (default: "NAME was not saved")."""
+    cause = _os_error(exc)
+    if cause is None:
+        return None
+    good = [p for p in list_checkpoints(run_dir) if p != path]
     last = f"the last good checkpoint is {good[-1]}" if good else "no checkpoint was saved before"
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = shutil.disk_usage(final.parent).free / 2**20
-        return (f"no space left on {final.parent} ({free:.0f} MiB free): {final.name} was not saved; "
-                f"{last}; free some space, then continue with --resume")
-    return f"cannot write checkpoint {final}: {exc.strerror or exc}; {last}"
+    lost = lost or f"{path.name} was not saved"
+    if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = shutil.disk_usage(path.parent).free / 2**20
+        return RunError(f"no space left on {path.parent} ({free:.0f} MiB free): {lost}; {last}; "
+                        "free some space, then continue with --resume")
+    return RunError(f"cannot write {path}: {cause.strerror or cause}: {lost}; {last}")
 
 
 def save(run_dir: Path, step: int, state: dict, keep_last: int) -> Path:
@@ -238,9 +247,26 @@ def read(path: Path, what: str, *, mmap: bool = False) -> object:
     if damage:  # a cut-short or overwritten file: torch's failure says more than the checksum
         raise UsageError(f"{what} {path}: {_why_unloadable(path, ValueError(damage))}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # the user's file: said in one line, whatever torch raised
         raise UsageError(f"{what} {path}: {_why_unloadable(path, exc)}") from None
+    if not fmt.checksum_file(path).is_file():
+        _note_unverified(path)
+    return state
+
+
+_NOTED: set[Path] = set()  # files already noted as unverified (a file is read more than once a run)
+
+
+def _note_unverified(path: Path) -> None:
+    """A file without its `.sha256` (saved by an older version, or copied alone) is used, unverified,
+    with a note (once per file, by rank 0). No checksum is written for it: we did not see it written."""
+    if path.resolve() in _NOTED or os.environ.get("RANK", "0") != "0":
+        return
+    _NOTED.add(path.resolve())
+    print(f"note: {path} has no {fmt.checksum_file(path).name} beside it (saved by an older neuron-train, "
+          "or copied without it): loaded without a checksum check; copy the .sha256 file with it to have "
+          "it verified", file=sys.stderr, flush=True)
 
 
 def _why_unloadable(path: Path, exc: Exception) -> str:

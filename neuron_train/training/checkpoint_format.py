@@ -10,7 +10,7 @@ Every checkpoint file (and ZeRO-1 shard) is written with a SHA-256 beside it, `N
 bytes on disk after the fsync and written before the checkpoint takes its final name, so a
 checkpoint never appears without its checksum. Bytes changed later (a bad disk, a damaged copy)
 are found before the file is used. A file without one (saved by an older version, or copied
-alone) is loaded unverified.
+alone) is loaded unverified, with a note (`checkpoint._note_unverified`); none is written for it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from neuron_train.common.fileio import sha256_file
+from neuron_train.common.values import shown
 
 CHECKSUM_SUFFIX = ".sha256"
 _REQUIRED = ("model", "optimizer", "position", "rng", "global_batch", "config")
@@ -56,10 +57,6 @@ def _int(value: object, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _shown(value: object) -> str:
-    return repr(value)[:40]
-
-
 def structure_problem(state: dict) -> str | None:
     """None if `state` (a loaded format-1 checkpoint) holds everything a resume reads, else the first problem."""
     missing = [key for key in _REQUIRED if key not in state]
@@ -69,7 +66,7 @@ def structure_problem(state: dict) -> str | None:
         if not isinstance(state[key], dict):
             return f"'{key}' must be a dictionary, got {type(state[key]).__name__}"
     if not _int(state["global_batch"], 1):
-        return f"'global_batch' must be an integer >= 1, got {_shown(state['global_batch'])}"
+        return f"'global_batch' must be an integer >= 1, got {shown(state['global_batch'])}"
     return (_position_problem(state["position"]) or _config_problem(state["config"])
             or _rng_problem(state["rng"]) or _optimizer_problem(state["optimizer"])
             or _model_problem(state["model"]))
@@ -79,7 +76,7 @@ def _position_problem(pos: dict) -> str | None:
     if sorted(map(str, pos)) != sorted(_POSITION):
         return f"'position' must hold exactly {', '.join(_POSITION)}, got {sorted(map(str, pos))[:6]}"
     bad = [k for k in _POSITION if not _int(pos[k], 0)]
-    return f"'position.{bad[0]}' must be an integer >= 0, got {_shown(pos[bad[0]])}" if bad else None
+    return f"'position.{bad[0]}' must be an integer >= 0, got {shown(pos[bad[0]])}" if bad else None
 
 
 def _config_problem(cfg: dict) -> str | None:
@@ -87,7 +84,7 @@ def _config_problem(cfg: dict) -> str | None:
         value = cfg.get(section, {}).get(key) if isinstance(cfg.get(section), dict) else None
         if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 1):
             return f"'config.{section}.{key}' must be {'a string' if kind is str else 'an integer >= 1'}, " \
-                   f"got {_shown(value)}"
+                   f"got {shown(value)}"
     return None
 
 
@@ -98,7 +95,7 @@ def _rng_problem(rng: dict) -> str | None:
     if not isinstance(python, (list, tuple)) or len(python) != 3:
         return "'rng.python' must be Python's random state (3 items)"
     if not _int(rng.get("xla"), 0):
-        return f"'rng.xla' must be an integer >= 0, got {_shown(rng.get('xla'))}"
+        return f"'rng.xla' must be an integer >= 0, got {shown(rng.get('xla'))}"
     return None
 
 

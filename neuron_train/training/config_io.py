@@ -19,6 +19,7 @@ import yaml
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import not_utf8, write_failed, write_text_atomic
 from neuron_train.common.neuron_env import default_pjrt_device
+from neuron_train.common.values import shown
 from neuron_train.training.config import RunConfig, default_text, device_defaults, sections
 
 
@@ -69,20 +70,14 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
-        raise UsageError(f"{where}: expected true/false, got {_shown(value)}")
+        raise UsageError(f"{where}: expected true/false, got {shown(value)}")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise UsageError(f"{where}: expected {kind.__name__}, got {_shown(value)}")
+        raise UsageError(f"{where}: expected {kind.__name__}, got {shown(value)}")
     return value
-
-
-def _shown(value: Any) -> str:
-    """A value for an error line, cut short (a YAML alias bomb is megabytes of repr)."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:60]}... ({type(value).__name__})"
 
 
 def load_config_file(path: str) -> dict[str, dict[str, Any]]:
@@ -124,13 +119,13 @@ def build_config(file_values: dict[str, dict[str, Any]] | None = None,
         values[section][key] = value
     for section, body in (file_values or {}).items():
         if section not in types:
-            raise UsageError(f"{source}: unknown section {_shown(section)} (known: {', '.join(types)})")
+            raise UsageError(f"{source}: unknown section {shown(section)} (known: {', '.join(types)})")
         if not isinstance(body, dict):
             raise UsageError(f"{source}: section '{section}' must be a mapping")
         names = {f.name: f for f in dataclasses.fields(types[section])}
         for key, value in body.items():
             if not isinstance(key, str):
-                raise UsageError(f"{source}: section '{section}' has a key that is not a name: {_shown(key)}")
+                raise UsageError(f"{source}: section '{section}' has a key that is not a name: {shown(key)}")
             key = key.replace("-", "_")
             if key not in names:
                 raise UsageError(f"{source}: unknown key '{section}.{key[:60]}' "
@@ -140,7 +135,7 @@ def build_config(file_values: dict[str, dict[str, Any]] | None = None,
             choices = names[key].metadata["choices"]
             if choices and values[section][key] not in choices:
                 raise UsageError(f"{source}: {section}.{key} must be one of {', '.join(choices)}, "
-                                 f"got {_shown(value)}")
+                                 f"got {shown(value)}")
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         values[section][key] = value

@@ -27,6 +27,7 @@ from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.graphs import GraphWatch
 from neuron_train.training import zero1
 from neuron_train.training.cache_hook import CompileCacheHook
+from neuron_train.training.checkpoint import write_failed_in_run
 from neuron_train.training.checkpointer import Checkpointer, Position
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import save_config
@@ -184,6 +185,7 @@ class Trainer:
         if self.nan_step is not None:
             raise RunError(f"loss is not finite at step {self.nan_step}; try a lower --lr, "
                            "--precision fp32 or bf16-autocast, or --grad-clip")
+        self._check_metrics()
         # asked again, not reused from above: a stop signal may have arrived during the evaluation
         if self.checkpointer.should_save(step, last=last, stopping=self.stop_signal is not None):
             path, acted = self.checkpointer.save(self.model, self.optimizer, self.pos), True
@@ -260,10 +262,23 @@ class Trainer:
             **({"bottleneck": profile.get("bottleneck")} if profile else {}),
         }
         if self.writes:
-            write_json_atomic(self.run_dir / "summary.json", summary)
-            write_json_atomic(self.run_dir / "graphs.json", graphs.to_json())
             self.metrics.close()
+            self._check_metrics()
+            # summary.json last: it marks the run complete. Each file is whole or absent.
+            for name, data in (("graphs.json", graphs.to_json()), ("summary.json", summary)):
+                try:
+                    write_json_atomic(self.run_dir / name, data)
+                except OSError as exc:
+                    raise write_failed_in_run(self.run_dir, self.run_dir / name, exc,
+                                              f"{name} was not written") or exc from None
         return summary
+
+    def _check_metrics(self) -> None:
+        """Stop the run when a record could not be appended to metrics.jsonl (a full disk)."""
+        m = self.metrics
+        if m is not None and m.error is not None:
+            raise write_failed_in_run(self.run_dir, m.path, m.error, f"{m.path.name} holds no records "
+                                      f"from step {m.failed_step} on") or m.error from None
 
     def _optimizer_memory(self) -> dict:
         """Optimizer bytes held by each rank (ZeRO-1 shards them); gathered from all ranks."""

@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 from pathlib import Path
 
 from neuron_train.common.errors import RunError
@@ -55,8 +56,10 @@ class MetricsWriter:
             note = repair_metrics(self.path, resume_step)
             if note:
                 print(f"note: {note}", file=sys.stderr, flush=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        self.fh = os.fdopen(fd, "a", buffering=1)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        self.lock = threading.Lock()  # records come from step closures (a thread) and evaluations
+        self.error: OSError | None = None  # the first failed write (a full disk): the loop stops with it
+        self.failed_step: int | None = None
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -64,14 +67,30 @@ class MetricsWriter:
             self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def write(self, step: int, values: dict[str, float], kind: str = "train") -> None:
-        self.fh.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        """Append one record whole or not at all. A write that fails is cut back to the last whole
+        line and kept in `error` (this may run in a step closure's thread: the loop raises it)."""
+        line = memoryview((json.dumps({"kind": kind, "step": step, **values}) + "\n").encode())
+        with self.lock:
+            if self.error is not None:
+                return
+            size = os.fstat(self.fd).st_size
+            try:
+                while line:
+                    line = line[os.write(self.fd, line):]
+            except OSError as exc:
+                self.error, self.failed_step = exc, step
+                try:
+                    os.ftruncate(self.fd, size)  # no cut line (also frees its bytes on a full disk)
+                except OSError:
+                    pass  # a cut last line is dropped by the next --resume (repair_metrics)
+                return
         if self.tb is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):
                     self.tb.add_scalar(f"{kind}/{key}", value, step)
 
     def close(self) -> None:
-        self.fh.close()
+        os.close(self.fd)
         if self.tb is not None:
             self.tb.close()
 
