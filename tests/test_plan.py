@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -301,3 +302,33 @@ def test_plan_on_our_loop_then_report_and_calibrate(tmp_path):
               "--calibrate", str(bench), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "the first estimate for trn1.2xlarge was +" in proc.stdout and "off the bench" in proc.stdout
+
+
+# --- a COMMAND's host time ---------------------------------------------------------------------------
+
+def test_a_commands_host_time_is_its_steady_wall_time_minus_the_devices_execution():
+    """Pure: three windows of one site, 10 ms apart, of which the device executed 4 and 6 ms."""
+    from neuron_train.cost.script_bench import process_steps
+
+    windows = [dict(step=n, t=t, site="loop.py:9", compiled=c, batch=[32, 8], executed_s=e)
+               for n, (t, c, e) in enumerate([(0.0, 1, 0.0), (0.010, 0, 0.004), (0.020, 0, 0.008),
+                                              (0.030, 0, 0.014)], 1)]
+    steps = process_steps({"windows": windows, "parameters": 10, "device": "CPU"})
+    assert steps is not None and steps.executed == pytest.approx([0.004, 0.006])
+    assert steps.host_seconds() == pytest.approx(0.005)  # (20 ms - 10 ms) / 2 steps
+
+
+@pytest.mark.slow
+def test_plan_of_a_script_measures_its_host_so_a_tiny_model_is_not_an_upper_bound(tmp_path):
+    """Our byos MpDeviceLoader loop (an MLP of 1.5 M weights): its device step on a NeuronCore
+    is microseconds; without the host's share plan estimated millions of samples per second."""
+    shutil.copytree(ROOT / "tests" / "fixtures" / "byos", tmp_path / "w")
+    out = tmp_path / "plan.json"
+    proc = nt("--steps", "20", "--instances", "trn1.2xlarge,inf2.xlarge", "--output", str(out), "--",
+              sys.executable, "mp_loader_loop.py", cwd=tmp_path / "w")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "upper bound" not in proc.stdout
+    doc = json.loads(out.read_text())
+    cpu_step_s = doc["workload"]["samples_per_step"] / doc["details"]["cpu_samples_per_sec"]
+    assert 0 < doc["workload"]["host_rest_s"] <= cpu_step_s
+    assert all(r["estimate"]["bottleneck"] == "host_rest" for r in doc["results"])

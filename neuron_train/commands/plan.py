@@ -55,8 +55,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--force", action="store_true", help="replace an existing --output file")
     c = parser.add_argument_group("a COMMAND's options (as for bench -- COMMAND)")
     c.add_argument("--samples-per-step", type=int, metavar="N", help="samples one process's step trains on")
-    c.add_argument("--steps", type=int, default=5, metavar="N", help="steady steps to run before the command "
-                   "is stopped (default 5: the estimate needs the step's graph, not a precise CPU time)")
+    c.add_argument("--steps", type=int, default=20, metavar="N", help="steady steps to run before the command "
+                   "is stopped (default 20: the host's share of a step is their wall time minus execution)")
     c.add_argument("--workload", metavar="NAME", help="the workload's name (default: the script's file name)")
     add_config_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: a PyTorch/XLA command")
@@ -220,7 +220,7 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
     shortest = min(e.step_s for e in ests if e.fits and e.step_s is not None)  # set for every one that fits
     if not (w.host_input_s or w.host_rest_s) and shortest < 1e-3:
         print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the host was not measured "
-              "(a COMMAND, or --from-shapes): the host will decide the rate; these figures are an upper bound")
+              "(--from-shapes): the host will decide the rate; these figures are an upper bound")
     best = next((e for e in ests if e.rank == 1), None)
     fastest = max((e for e in ests if e.fits), key=lambda e: cast(float, e.samples_per_sec))  # set: it fits
     print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "

@@ -93,7 +93,7 @@ class Probe:
         self.lock = threading.Lock()
         self.steps = 0
         self.compiles0 = self.compiles = self._counter("UncachedCompile")
-        self.compile_ns0 = self._compile_ns()
+        self.compile_s0 = self._metric_total_s("CompileTime")
         self.copy: tuple[int, list[int]] | None = None   # (elements, shape) of the largest copy
         self.seen_params: set[int] = set()
         self.written = False
@@ -104,9 +104,9 @@ class Probe:
     def _counter(self, name: str) -> int:
         return self.xlac._xla_counter_value(name) or 0
 
-    def _compile_ns(self) -> float:
-        data = self.xlac._xla_metric_data("CompileTime")
-        return float(data[1]) if data else 0.0
+    def _metric_total_s(self, name: str) -> float:
+        data = self.xlac._xla_metric_data(name)
+        return float(data[1]) / 1e9 if data else 0.0
 
     def graph_runs(self) -> int:
         """Compile-cache lookups: one per sync that ran a graph, whether it compiled or not."""
@@ -135,7 +135,7 @@ class Probe:
             copy, self.copy = self.copy, None
         self.steps += 1
         window = StepWindow(self.steps, time.perf_counter(), site, compiles - self.compiles,
-                            copy[1] if copy else None)
+                            copy[1] if copy else None, self._metric_total_s("ExecuteTime"))
         self.compiles = compiles
         if len(self.record.windows) < MAX_WINDOWS:
             self.record.windows.append(window)
@@ -158,7 +158,7 @@ class Probe:
             return
         self.written = True
         self.record.compiles = self._counter("UncachedCompile") - self.compiles0
-        self.record.compile_time_s = (self._compile_ns() - self.compile_ns0) / 1e9
+        self.record.compile_time_s = self._metric_total_s("CompileTime") - self.compile_s0
         if self.record.windows:
             import torch_xla.runtime as xr
 

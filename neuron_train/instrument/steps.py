@@ -21,6 +21,7 @@ class StepWindow:
     site: str              # the innermost user line above the sync
     compiled: int          # graphs compiled in this window
     batch: list[int] | None = None   # shape of the largest host-to-device copy in this window
+    executed_s: float = 0.0          # torch_xla's ExecuteTime so far (s): the device's share of the time
 
 
 @dataclass
