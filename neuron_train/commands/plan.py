@@ -220,7 +220,8 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
     shortest = min(e.step_s for e in ests if e.fits and e.step_s is not None)  # set for every one that fits
     if not (w.host_input_s or w.host_rest_s) and shortest < 1e-3:
         print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the host was not measured "
-              "(--from-shapes): the host will decide the rate; these figures are an upper bound")
+              "(--from-shapes, or a COMMAND whose graphs' execution time added up to its wall time): the host "
+              "will decide the rate; these figures are an upper bound")
     best = next((e for e in ests if e.rank == 1), None)
     fastest = max((e for e in ests if e.fits), key=lambda e: cast(float, e.samples_per_sec))  # set: it fits
     print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "
