@@ -9,7 +9,9 @@ test_train_mp_mnist.py (MpDeviceLoader, xm.optimizer_step, an eval loop and mesh
 and test_train_mp_mnist_zero1.py (the same with ZeroRedundancyOptimizer, fake data, one epoch of
 117 steps at batch 512: issue 20 measured 1.45x on it), and, always there, our fixture
 tests/fixtures/instrument/epoch_eval.py (2 epochs of 12 steps and an evaluation) and
-tests/fixtures/graphs/clean.py (8 steps: start-up alone, nearly). Each runs as
+tests/fixtures/graphs/clean.py (8 steps: start-up alone, nearly), and our registry-library fixtures
+tests/fixtures/scripts/hf_trainer.py (a Trainer run, 2 epochs with evaluation, both of its fixes
+applied: graph-stable) and accelerate_loop.py (2 epochs of an accelerate loop). Each runs as
 `python SCRIPT` and as `neuron-train check-graphs -- python SCRIPT`, alternating so that load from
 other processes hits both alike. Prints the median wall time per mode and the ratio.
 """
@@ -37,6 +39,9 @@ SCRIPTS = {
                                      "--num_workers", "0"],
     "epoch_eval.py": [str(ROOT / "tests" / "fixtures" / "instrument" / "epoch_eval.py")],
     "clean.py": [str(ROOT / "tests" / "fixtures" / "graphs" / "clean.py")],
+    "hf_trainer.py": [str(ROOT / "tests" / "fixtures" / "scripts" / "hf_trainer.py"), "--eval", "--no-mask",
+                      "--drop-last", "--output-dir", "out"],  # out: inside the run's temporary folder
+    "accelerate_loop.py": [str(ROOT / "tests" / "fixtures" / "scripts" / "accelerate_loop.py")],
 }
 
 

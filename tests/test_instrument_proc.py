@@ -7,6 +7,7 @@ record (os._exit, SIGKILL) named as such.
 
 from __future__ import annotations
 
+import ast
 import json
 import signal
 import subprocess
@@ -140,3 +141,24 @@ def test_a_process_that_never_wrote_its_record_is_named(tmp_path, mode, words):
     assert any(words in p for p in problems), problems
     assert not any("no process of the command imported torch_xla" in p for p in problems), problems
     assert any("imported torch_xla but ended without writing its record" in p for p in problems), problems
+
+
+def test_the_start_up_hook_loads_the_checker_only_when_torch_xla_is_imported(tmp_path, monkeypatch):
+    """Lazy arming (the start-up cost of every process a command starts): a process that never imports
+    torch_xla loads no module of the checker or the probe; importing torch_xla arms it all."""
+    from neuron_train.instrument.runner import instrumented_env
+    from neuron_train.instrument.start import started
+
+    for key, value in cpu_env().items():
+        monkeypatch.setenv(key, value)
+    env = instrumented_env(tmp_path, 0)
+    loaded = "import sys; print(sorted(m for m in sys.modules if m.startswith('neuron_train')))"
+    plain = subprocess.run([sys.executable, "-c", loaded], env=env, capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert not [m for m in ast.literal_eval(plain.stdout) if m.startswith(("neuron_train.graphs", "neuron_train.instrument.probe"))]
+    assert "neuron_train.instrument.start" in plain.stdout and not started(tmp_path)  # armed, not loaded
+    armed = subprocess.run([sys.executable, "-c", f"import torch_xla; {loaded}"], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert armed.returncode == 0, armed.stderr
+    assert {"neuron_train.graphs.recorder", "neuron_train.instrument.probe"} <= set(ast.literal_eval(armed.stdout))
+    assert [s["pid"] for s in started(tmp_path)]  # the process marked itself as checked

@@ -134,6 +134,28 @@ def test_a_trainer_run_names_transformers_lines_and_the_users_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_trainers_eval_loop_growing_its_outputs_is_named_with_its_fix(tmp_path):
+    """Evaluation with compute_metrics (4 eval batches): transformers concatenates each batch's losses,
+    logits and labels onto the last ones on the device, a new length and a new graph per batch; with
+    the fix the report gives (eval_accumulation_steps=1) the same run is stable."""
+    command = (sys.executable, str(HF), "--no-mask", "--epochs", "1", "--eval", "--metrics", "--eval-samples", "32")
+    code, report, output = check_graphs(tmp_path, *command, "--output-dir", str(tmp_path / "out"))
+    assert code == 1, output
+    grown = report["recompiles"]
+    assert len(grown) == 6, output  # 3 tensors x (batches 3 and 4): every longer one, no warm-up allowance
+    for graph in grown:
+        assert (graph["cause"], graph["where"]) == (records.GROWING_CONCAT, label(HF, "TRAIN")), output
+        assert re.fullmatch(r"transformers/trainer_pt_utils\.py:\d+", graph["library"])  # nested_concat's torch.cat
+        assert "eval_accumulation_steps=1" in graph["fix"]
+    assert {g["detail"].split(":")[1].strip() for g in grown} >= {"f32[8] -> f32[16]", "f32[16] -> f32[24]"}
+    assert "tensor grown by concatenation at transformers/trainer_pt_utils.py:" in output
+
+    code, report, output = check_graphs(tmp_path, *command, "--arg", "eval_accumulation_steps=1",
+                                        "--output-dir", str(tmp_path / "out2"))
+    assert code == 0 and not report["recompiles"], output
+
+
+@pytest.mark.slow
 def test_a_trainer_run_is_precompiled_covered_and_benched(tmp_path):
     command = [sys.executable, str(HF), "--no-mask", "--output-dir", str(tmp_path / "out")]
     proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--", *command)

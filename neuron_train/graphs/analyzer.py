@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
-from neuron_train.graphs.explain import Context, Loaders, explain, slice_made
+from neuron_train.graphs.explain import Context, Loaders, explain, grown, slice_made
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
@@ -113,7 +113,7 @@ class Analyzer:
                 site = self.sites[key] = Site(late=steady)
             if event.kind == "compile":
                 ctx = Context(w, reads, self.loaders, site.runs, label, self.hlo, self.is_internal,
-                                  self._recent_recompile(index))
+                              self._recent_recompile(index), self.library_of)
                 graph = self._new_graph(event, phase, site, label, index, next(times, None), ctx,
                                         w.hlo.get(i), fresh_read, dynamo)
                 if graph is not None and graph.trigger == "host access" and not in_closure(event):
@@ -177,9 +177,10 @@ class Analyzer:
             return None  # compiled again (cache eviction): not a new graph
         frames = [f.where for f in user_frames(event.frames, self.is_internal)]
         kind = self._kind(site, index, ctx.window)
-        if kind == "warmup" and self.executions_logged and index > self.warmup_steps and site.last \
-                and slice_made(self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window):
-            kind = "recompile"  # a slice's new length is never warm-up: every new shape counts
+        if kind in ("warmup", "late") and self.executions_logged and index > self.warmup_steps and site.last \
+                and (grown(self.hlo.get(site.last), hlo) is not None or kind == "warmup" and slice_made(
+                    self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window)):
+            kind = "recompile"  # a slice's new length, a tensor grown again: never warm-up, every shape counts
         graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds,
                       kind=kind, cause=WARMUP, detail="",
                       where=frames[0] if frames else "", trigger=_trigger(event), site=frames,

@@ -17,6 +17,7 @@ from neuron_train.graphs import hlo_diff, source
 from neuron_train.graphs.records import (
     DATA_DEPENDENT,
     GRAPH_STRUCTURE,
+    GROWING_CONCAT,
     NEW_CONSTANT,
     NEW_INPUT_SHAPE,
     PYTHON_BRANCH,
@@ -85,12 +86,16 @@ class Context:
     hlo: dict[str, hlo_diff.HloSummary]
     is_internal: Callable[[str], bool]
     follows: tuple[Graph, list[str]] | None = None  # a recompilation just before, and its output shapes
+    library_of: Callable[[str], str] = field(default=lambda path: "")  # package-relative library file
 
 
 def explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, where: str,
             ctx: Context, library: str = "") -> tuple[str, str, str, str]:
     """(cause, detail, line, library line) of a new graph at a warm call site whose last graph was
     `base`; `library` is the library line that ran it."""
+    cat = grown(base, new)
+    if cat is not None and base is not None and new is not None:
+        return _grown_detail(base, new, cat, where, ctx, library)
     cause, detail, line = _explain(base, new, where, ctx)
     if line != where or cause == NEW_INPUT_SHAPE:  # a loader's line: its library line is the loader's
         origin = ctx.loaders.made_at(line)
@@ -138,6 +143,37 @@ def slice_made(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None
         return False
     why = hlo_diff.explain(base, new, is_internal)
     return why.cause == NEW_INPUT_SHAPE and bool(why.where) and source.slice_at(why.where)
+
+
+def grown(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None) -> hlo_diff.Instr | None:
+    """The concatenation that grows a tensor from run to run, if that is the only difference: every
+    input that changed shape is a result the site's last graph concatenated (an accumulator such as
+    `preds = torch.cat([preds, logits])`, or the HF Trainer's eval loop), and this graph concatenates it
+    again. Returns the new graph's concatenation (its line, when traced with lines, is the one to fix)."""
+    if base is None or new is None or len(base.params) != len(new.params):
+        return None
+    made = {i.shape for i in base.instrs if i.opcode == "concatenate"} & set(base.outputs)
+    changed = [b.shape for a, b in zip(base.params, new.params, strict=True) if a.shape != b.shape]
+    cats = [i for i in new.instrs if i.opcode == "concatenate"]
+    if not changed or not cats or not all(shape in made for shape in changed):
+        return None
+    made_here = [i for i in base.instrs if i.opcode == "concatenate" and i.shape in made]
+    return next((i for i in cats + made_here if i.where), cats[0])  # a graph traced without lines: the last
+
+
+def _grown_detail(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, cat: hlo_diff.Instr, where: str,
+                  ctx: Context, library: str) -> tuple[str, str, str, str]:
+    """(cause, detail, line, library line) of a tensor grown by concatenation: the concatenation's own
+    line when it is the user's, else the library's line and the user's line that called into it."""
+    changed = _changed(base, new)
+    shapes = ", ".join(f"input {i}: {base.params[i].shape} -> {new.params[i].shape}" for i in changed[:3])
+    file, _, line = cat.where.rpartition(":")
+    name = ctx.library_of(file) if file else ""
+    mine = bool(file) and not ctx.is_internal(file)
+    at = (f"{name}:{line}" if name else short(cat.where)) or "?"
+    detail = (f"{shapes}: the tensor the last run concatenated (torch.cat at {at}) is concatenated again, "
+              f"longer every run, so every run is a new graph; {_per_step(changed[0], new, ctx.step, ctx)}")
+    return GROWING_CONCAT, detail, cat.where if mine else where, "" if mine else f"{name}:{line}" if name else library
 
 
 def _other_program(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None) -> bool:

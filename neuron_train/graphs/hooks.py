@@ -21,8 +21,6 @@
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
 import threading
 import weakref
@@ -31,7 +29,7 @@ from collections.abc import Callable
 from neuron_train.graphs import dynamo, loaders, syncs
 from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
 
-__all__ = ["AfterImport", "caller_line", "install"]
+__all__ = ["caller_line", "install"]
 
 # Tensor method -> the kind of host read it is (records.HOST_READS).
 _READS = {"item": "item", "tolist": "tolist", "__bool__": "bool", "__repr__": "print",
@@ -257,45 +255,3 @@ def _strip(value: BaseException | None, tb, depth: int = 0):
             if chained is not None:
                 _strip(chained, chained.__traceback__, depth + 1)
     return head
-
-
-class AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `callback(module)` once `name` has been imported, whoever imports it first.
-
-    Libraries often look before they import (transformers and accelerate call
-    `importlib.util.find_spec("torch_xla")`, then import it later, lazily or through importlib):
-    a look is not the import, so the finder stays in place and wraps the loader of every spec it
-    hands out; the first wrapped loader that executes the module runs the callback and retires it.
-    """
-
-    def __init__(self, name: str, callback: Callable):
-        self.name, self.callback = name, callback
-        self._looking = False
-        self._done = False
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name or self._looking or self._done:
-            return None
-        self._looking = True  # the search below walks sys.meta_path again, through this finder
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._looking = False
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def run(module) -> None:
-            exec_module(module)
-            if self._done:
-                return
-            self._done = True
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            try:
-                self.callback(module)
-            except Exception as exc:  # never break the user's program over the checker
-                print(f"neuron-train check-graphs: instrumentation failed: {exc!r}", file=sys.stderr)
-
-        spec.loader.exec_module = run
-        return spec

@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -291,21 +290,3 @@ def write_record(recorder: Recorder, folder: Path) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record.to_json(), default=str))
     os.replace(tmp, path)
-
-
-def arm_process(then: Callable[[Recorder | None], None] | None = None, check: bool = True) -> None:
-    """At interpreter start: set torch_xla's debug variables now, hook in on its import, then hand the
-    recorder to `then` (neuron_train.instrument's probe). `check=False` (bench) arms no checker:
-    no debug log, HLO dump or hooks on the measured steps, and `then` gets None."""
-    if check:
-        prepare_process(check=True)
-
-    def start() -> None:
-        recorder = start_instrumented_process() if check else None
-        if then is not None:
-            then(recorder)
-
-    if "torch_xla" in sys.modules:
-        start()
-    else:
-        sys.meta_path.insert(0, hooks.AfterImport("torch_xla", lambda _: start()))

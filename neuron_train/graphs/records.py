@@ -28,6 +28,7 @@ DYNAMO_EAGER = "dynamo fell back to eager"   # recompile limit reached: the func
 GRAPH_BREAK = "graph break"                  # torch.compile split a function (reported, not a defect)
 PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a step traced
 SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
+GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run's result: a new length each run
 
 FIXES = {
     NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
@@ -50,6 +51,9 @@ FIXES = {
                    "accumulation remainder, sync every micro-batch or give every window the same length)",
     SLICE_SHAPE: "cut to a few fixed lengths (buckets, each compiled once and precompiled) or pad to one "
                  "fixed length and mask the padding",
+    GROWING_CONCAT: "collect per-step results without growing a device tensor: append each one to a "
+                    "Python list and torch.cat once after the loop, or move each to the CPU after the step's "
+                    "sync (in xm.add_step_closure)",
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 
@@ -63,6 +67,11 @@ LIBRARY_FIXES = {
     ("transformers/trainer.py", NEW_INPUT_SHAPE):
         "TrainingArguments(dataloader_drop_last=True) for a ragged last batch; for varying lengths pad every "
         "batch to one length (a collator with padding=\"max_length\", or pad_to_multiple_of for a few buckets)",
+    ("transformers/trainer_pt_utils.py", GROWING_CONCAT):
+        "the Trainer's evaluation loop concatenates every eval batch's losses, logits and labels onto the "
+        "last ones on the device (a new length, so a new graph, per batch): TrainingArguments("
+        "eval_accumulation_steps=1) moves each batch's results to the CPU after its step and concatenates "
+        "there; prediction_loss_only=True does not help (the losses are still concatenated)",
     ("accelerate/", NEW_INPUT_SHAPE):
         "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
         "pad/bucket to fixed sizes",
