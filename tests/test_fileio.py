@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fullfs import mounted_tmpfs
 
 from neuron_train.common import fileio
 from neuron_train.common.errors import RunError, UsageError
@@ -60,9 +61,14 @@ def test_a_folder_that_cannot_be_created_under_a_file_is_refused(tmp_path):
         new_output(tmp_path / "a-file" / "sub" / "result.json", "--output", create_folder=True)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into any folder")
-def test_a_folder_without_write_permission_is_refused_before_any_work(tmp_path):
+def test_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    """A read-only mount (as root, who may write anywhere else) or a folder without write permission."""
     folder = tmp_path / "ro"
+    if os.geteuid() == 0:
+        with mounted_tmpfs(folder, read_only=True):
+            with pytest.raises(UsageError, match=r"^--output: folder .*ro is not writable: choose another location"):
+                new_output(folder / "result.json", "--output")
+        return
     folder.mkdir()
     folder.chmod(0o500)
     try:
