@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_train.precompile.manifest import ConfigRecord, FileRecord, GraphRecord, Manifest, ManifestError
+from neuron_train.precompile.manifest import (
+    ConfigRecord,
+    FileRecord,
+    GraphRecord,
+    Manifest,
+    ManifestError,
+    is_cache_file_path,
+)
 
 SHA_A, SHA_B = "a" * 64, "b" * 64
 WHERE = "/cache/manifest.json"
@@ -129,3 +136,46 @@ def test_a_section_that_is_null_says_null():
     data["configs"] = None
     with pytest.raises(ManifestError, match=r"configs must be a JSON object, not null$"):
         Manifest.from_json(data, WHERE)
+
+
+def test_top_level_fields_this_version_does_not_know_are_kept_and_only_they():
+    data = manifest_json() | {"written_by": "a later neuron-train"}
+    m = Manifest.from_json(data, WHERE)
+    assert m.extra == {"written_by": "a later neuron-train"}
+    written = m.to_json()
+    assert sorted(written) == ["configs", "files", "format", "version", "written_by"]
+    assert (written["format"], written["version"], written["written_by"]) == (
+        "neuron-train-graph-manifest", 1, "a later neuron-train")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("configs"), "the manifest has no 'configs' field"),
+    (lambda d: d.pop("files"), "the manifest has no 'files' field"),
+    (lambda d: d.update(files=None), "files must be a JSON object, not null"),
+    (lambda d: d.update(files=[]), "files must be a JSON object, not list"),
+    (lambda d: d["configs"].update(fp1=None), "configs['fp1'] must be a JSON object, not null"),
+    (lambda d: d["configs"]["fp1"].pop("graphs"), "configs['fp1'] has no 'graphs' field"),
+    (lambda d: d["configs"]["fp1"]["graphs"].update(g1=3), "configs['fp1'].graphs['g1'] must be a JSON object, not int"),
+    (lambda d: d["files"]["xla/a"].update(size=-1), "files['xla/a'].size must be"),
+    (lambda d: d["files"]["xla/a"].pop("recorded_by"), "files['xla/a'] has no 'recorded_by' field"),
+    (lambda d: d["files"]["xla/a"].update(sha256="A" * 64), "files['xla/a'].sha256 is not a SHA-256"),
+    (lambda d: d["files"].update({".": d["files"]["xla/a"]}), "files lists '.', which is not a file of a compile "
+                                                               "cache (xla/NAME or neuronxcc-*/MODULE_*/FILE): it "
+                                                               "may point outside the cache"),
+])
+def test_every_bad_part_is_one_line_naming_the_manifest_and_the_field(change, message):
+    data = manifest_json()
+    change(data)
+    with pytest.raises(ManifestError) as err:
+        Manifest.from_json(data, WHERE)
+    assert str(err.value).startswith(f"{WHERE}: {message}"), str(err.value)
+
+
+@pytest.mark.parametrize("rel", [".", "", None, 5, "xla/a\\b", "xla\\a", "xla/a\x00b", "xla/../x", "/xla/a",
+                                 "xla//a", "xla/./a", "xla/a/b", "neuronxcc-2/x/y", "neuronxcc-2/MODULE_1"])
+def test_what_is_not_a_cache_file_path_is_refused(rel):
+    assert is_cache_file_path(rel) is False
+
+
+def test_both_layouts_are_cache_file_paths():
+    assert is_cache_file_path("xla/123") and is_cache_file_path("neuronxcc-2.0/MODULE_1+ab/sub/model.neff")
