@@ -80,7 +80,7 @@ def test_the_optimizer_layout_must_be_the_runs(tmp_path):
     plain = ckpt.save(tmp_path, 1, state(1), keep_last=3)
     loaded = ckpt.load(plain)
     assert ckpt.optimizer_state(plain, loaded, zero1=False, world_size=2, rank=1) is loaded["optimizer"]
-    with pytest.raises(UsageError, match=r"was saved without --zero1: resume it the same way"):
+    with pytest.raises(UsageError, match=rf"^{plain} was saved without --zero1: resume it the same way"):
         ckpt.optimizer_state(plain, loaded, zero1=True, world_size=1, rank=0)
     with pytest.raises(UsageError, match=r"was saved with --zero1 on 2 ranks: resume it the same way"):
         ckpt.check_optimizer_layout(plain, 2, zero1=False, world_size=2)
@@ -100,6 +100,8 @@ def test_a_failed_save_removes_its_temporary_files_and_names_the_last_good_one(t
     with pytest.raises(RunError) as err:
         ckpt.save(tmp_path, 4, state(4), keep_last=3)
     msg = str(err.value)
+    free = float(msg.split(" (")[1].split(" MiB")[0])
+    assert abs(free - ckpt.shutil.disk_usage(tmp_path).free / 2**20) < 64  # the device's free space, in MiB
     assert msg.startswith(f"no space left on {ckpt.checkpoint_dir(tmp_path)} (")
     assert msg.endswith(f"MiB free): step-00000004.pt was not saved; the last good checkpoint is {good}; "
                         "free some space, then continue with --resume")
@@ -142,6 +144,13 @@ def test_the_os_error_behind_torchs_writer_error_is_found():
     assert ckpt._os_error(wrapped) is cause
     assert ckpt._os_error(RuntimeError("other")) is None
     assert ckpt._os_error(ValueError("x")) is None
+    try:
+        try:
+            raise cause
+        except OSError:
+            raise KeyboardInterrupt from None  # an interrupt during a failed write stays an interrupt
+    except KeyboardInterrupt as exc:
+        assert ckpt._os_error(exc) is None
 
 
 # ----- cleaning after a killed save ----------------------------------------------------------------------
@@ -170,9 +179,10 @@ def test_cleaning_a_run_without_checkpoints_is_nothing(tmp_path):
 
 
 def test_resume_latest_is_the_newest_checkpoint_and_a_file_must_exist(tmp_path):
-    with pytest.raises(UsageError, match=r"^--resume: no checkpoint in .*checkpoints \(pass --output-dir"):
+    with pytest.raises(UsageError, match=r"^--resume: no checkpoint in .*checkpoints \(pass --output-dir of the run "
+                                         r"to resume, or --resume FILE\)$"):
         ckpt.resolve(tmp_path, "latest")
-    for step in (9, 10):
+    for step in (8, 9, 10):
         ckpt.save(tmp_path, step, state(step), keep_last=5)
     (ckpt.checkpoint_dir(tmp_path) / "step-11.pt").write_bytes(b"x")  # not our name: ignored
     assert ckpt.resolve(tmp_path, "latest") == ckpt.checkpoint_dir(tmp_path) / "step-00000010.pt"
