@@ -123,6 +123,8 @@ def test_a_full_disk_names_the_free_space_of_the_folder_that_exists(tmp_path, mo
                        kept=", the previous one is kept")
     assert asked == [tmp_path]
     assert isinstance(err, RunError)
+    free = float(str(err).split(" (")[1].split(" MiB")[0])
+    assert abs(free - real(tmp_path).free / 2**20) < 64  # in MiB, as said
     assert str(err).startswith(f"no space left on the device of {tmp_path / 'new' / 'deeper' / 'out.json'} (")
     assert str(err).endswith("MiB free): it was not written, the previous one is kept; free some space and run again")
 
@@ -173,3 +175,11 @@ def test_a_process_of_another_user_counts_as_alive(tmp_path, monkeypatch):
     (tmp_path / f".out.building-{socket.gethostname()}-{_dead_pid()}").mkdir()
     monkeypatch.setattr(fileio.os, "kill", not_yours)
     assert fileio.stale_work_paths(final, "building") == []
+
+
+def test_a_text_input_that_is_not_utf8_is_one_line_naming_the_byte_and_the_fix(tmp_path):
+    try:
+        b"ok \xff".decode("utf-8")
+    except UnicodeDecodeError as exc:
+        err = fileio.not_utf8(tmp_path / "cfg.yaml", exc)
+    assert str(err) == f"{tmp_path / 'cfg.yaml'}: not UTF-8 text (byte 0xff at offset 3): save it as UTF-8"
