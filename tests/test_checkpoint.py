@@ -284,3 +284,17 @@ def test_a_damaged_rng_state_is_one_line(tmp_path):
     bad = {"torch": torch.zeros(3, dtype=torch.uint8), "python": random.getstate(), "xla": 0}
     with pytest.raises(UsageError, match=r"^the checkpoint's RNG state is damaged \(.*\): resume from another"):
         ckpt.set_rng_state(bad)
+
+
+def test_the_state_is_copied_to_the_host_whole_and_detached():
+    w = torch.ones(2, requires_grad=True) * 2
+    state = {"model": {"w": w}, "step": 3, "groups": [{"lr": 0.1, "t": torch.zeros(1)}]}
+    host = ckpt.to_cpu(state)
+    assert host["step"] == 3 and host["groups"][0]["lr"] == 0.1 and torch.equal(host["groups"][0]["t"], torch.zeros(1))
+    assert torch.equal(host["model"]["w"], torch.full((2,), 2.0)) and not host["model"]["w"].requires_grad
+
+
+def test_pythons_random_state_read_back_as_lists_is_a_tuple_again():
+    state = random.getstate()
+    as_lists = [state[0], list(state[1]), state[2]]
+    assert ckpt._as_tuple(as_lists) == state and ckpt._as_tuple(5) == 5
