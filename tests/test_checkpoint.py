@@ -18,7 +18,7 @@ import torch
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training import checkpoint as ckpt
-from neuron_train.training.checkpoint_format import checksum_file
+from neuron_train.training.checkpoint_format import checksum_file, structure_problem
 
 CONFIG = {"model": {"name": "vit-nano", "img_size": 32}, "train": {"batch_size": 4, "grad_accum": 2, "seed": 7}}
 
@@ -278,6 +278,20 @@ def test_a_model_mismatch_is_one_line_naming_the_files_model():
     assert ckpt.describe_mismatch(model.state_dict(), model.state_dict()) is None
     assert ckpt.origin({"w": 1}) == "a file without neuron_train metadata (model unknown)"
     ckpt.load_model_state(model, {"model": {k: v + 1 for k, v in model.state_dict().items()}}, "f.pt")
+
+
+def test_the_rng_states_saved_are_the_ones_a_resume_restores():
+    """torch's, Python's and the XLA seed: restored, the next draws are the ones after the save."""
+    import torch_xla.core.xla_model as xm
+
+    xm.set_rng_state(1234)
+    saved = ckpt.rng_state()
+    assert structure_problem({**state(1), "rng": saved}) is None
+    after_save = (torch.rand(3), random.random(), xm.get_rng_state())
+    torch.rand(5), random.random(), xm.set_rng_state(99)  # the run goes on, then stops
+    ckpt.set_rng_state({**saved, "python": list(saved["python"])})
+    assert torch.equal(torch.rand(3), after_save[0]) and random.random() == after_save[1]
+    assert xm.get_rng_state() == after_save[2] == 1234
 
 
 def test_a_damaged_rng_state_is_one_line(tmp_path):
