@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import zipfile
 
 import pytest
 import torch
@@ -312,3 +313,13 @@ def test_pythons_random_state_read_back_as_lists_is_a_tuple_again():
     state = random.getstate()
     as_lists = [state[0], list(state[1]), state[2]]
     assert ckpt._as_tuple(as_lists) == state and ckpt._as_tuple(5) == 5
+
+
+def test_a_zip_archive_that_torch_cannot_read_is_one_line_with_the_reason(tmp_path):
+    path = tmp_path / "step-00000001.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes.txt", "not a torch.save archive")
+    with pytest.raises(UsageError) as err:
+        ckpt.load(path)
+    assert str(err.value).startswith(f"cannot load checkpoint {path}: a damaged torch.save archive: ")
+    assert len(str(err.value)) > len(f"cannot load checkpoint {path}: a damaged torch.save archive: ") + 5
