@@ -159,3 +159,15 @@ def test_an_s3_url_needs_a_bucket_and_a_key():
     for url in ("s3://bucket-only", "s3://bucket/", "s3:///key"):
         with pytest.raises(UsageError, match="s3://BUCKET/KEY"):
             archive.split_s3(url)
+
+
+def test_pack_changes_nothing_in_a_folder_that_is_not_a_cache_unless_adopted(tmp_path):
+    """A torch_xla cache without our manifest (or any folder): refused by default, `--adopt` packs it."""
+    folder = tmp_path / "xla-cache"
+    xla_entry(folder, XLA_A)
+    (folder / "notes.txt").write_text("someone's")
+    with pytest.raises(UsageError, match=r"is not a compile cache .*`cache pack` changes nothing in it"):
+        archive.pack(folder, str(tmp_path / "warm.tar.gz"))
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "xla"]
+    assert not (tmp_path / "warm.tar.gz").exists()
+    assert archive.pack(folder, str(tmp_path / "warm.tar.gz"), adopt=True).files == 1
