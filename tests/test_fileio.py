@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,9 @@ def _dead_pid() -> int:
 
 def test_only_the_leftovers_of_dead_processes_are_stale_and_no_process_is_signalled(tmp_path):
     final = tmp_path / "cache.tar.gz"
-    live = subprocess.Popen(["sleep", "60"])  # another writer, still at work
+    live = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                             "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert live.stdout.readline() == "ready\n"  # another writer, still at work (that a stray SIGHUP would stop)
     try:
         host = socket.gethostname()
         mine, dead = fileio.work_path(final, "part"), tmp_path / f".cache.tar.gz.part-{host}-{_dead_pid()}"
@@ -160,7 +163,8 @@ def test_only_the_leftovers_of_dead_processes_are_stale_and_no_process_is_signal
             p.write_bytes(b"partial")
         assert mine.name == f".cache.tar.gz.part-{host}-{os.getpid()}"
         assert fileio.stale_work_paths(final, "part") == [dead]
-        assert live.poll() is None  # checking that it lives did not stop it
+        with pytest.raises(subprocess.TimeoutExpired):
+            live.wait(timeout=0.5)  # checking that it lives did not stop it
     finally:
         live.kill()
         live.wait()
