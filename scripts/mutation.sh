@@ -9,7 +9,8 @@
 # and its config is per project), against the fast in-process tests that guard it: mutmut maps
 # tests to functions by tracing the test process, so a test that runs the code in a subprocess
 # only counts when the same test also calls it in-process. Results: runs/mutation/<module>.txt
-# (every mutant and its status) and one summary line per module on stdout; docs/testing.md keeps
+# (every mutant and its status), runs/mutation/<module>.survivors.diff (the diff of each mutant not
+# killed) and one summary line per module on stdout; docs/testing.md keeps
 # the figures of the last run.
 set -euo pipefail
 
@@ -34,14 +35,17 @@ or pack_never_overwrites or rejects_a_tampered or s3_locations or cache_list_sho
 or steps_is_the_same_flag or manifest_from_another_cache or never_touches_torch_xla or crashes_mid_tour \
 or plain_sgd or drop_path"
 
+# The tests mutmut runs for each module: only fast files that call the module in-process
+# (`-m "not slow"` is added for every module: the slow tests run training subprocesses).
 tests_for() {
     case "$1" in
         graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_guards.py" ;;
         precompile/coverage.py)    echo "tests/test_precompile.py tests/test_byos.py" ;;
-        precompile/manifest.py)    echo "tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
-        precompile/archive.py)     echo "tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
-        common/fileio.py)          echo "tests/test_reliability_cache.py tests/test_reliability_train.py tests/test_guards_train.py" ;;
-        training/checkpoint.py)    echo "tests/test_reliability_train.py tests/test_guards_train.py" ;;
+        precompile/manifest.py)    echo "tests/test_manifest.py tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
+        precompile/archive.py)     echo "tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
+        common/fileio.py)          echo "tests/test_fileio.py tests/test_reliability_cache.py tests/test_reliability_report.py tests/test_cache.py tests/test_guards.py tests/test_reliability_checkpoint.py" ;;
+        training/checkpoint.py)    echo "tests/test_checkpoint.py" ;;  # its reliability tests take minutes per mutant
+        training/checkpoint_format.py) echo "tests/test_checkpoint_format.py" ;;  # the structure and checksum checks, pure
         training/optim.py)         echo "tests/test_guards.py" ;;
         training/device.py)        echo "tests/test_guards.py" ;;
         *) return 1 ;;
@@ -55,8 +59,8 @@ scope_of() {
         *)                  echo '__mutmut_' ;;
     esac
 }
-ALL=(graphs/analyzer.py precompile/coverage.py precompile/manifest.py precompile/archive.py common/fileio.py
-     training/checkpoint.py training/optim.py training/device.py)
+ALL=(common/fileio.py precompile/manifest.py precompile/archive.py training/checkpoint_format.py
+     training/checkpoint.py precompile/coverage.py graphs/analyzer.py training/optim.py training/device.py)
 
 if ! command -v mutmut >/dev/null; then
     echo "mutation.sh: mutmut is not installed: pip install -e '.[mutation]'" >&2
@@ -83,7 +87,7 @@ for module in "${modules[@]}"; do
 [tool.mutmut]
 source_paths = ["neuron_train"]
 only_mutate = ["neuron_train/$module"]
-pytest_add_cli_args_test_selection = [$(printf '"%s", ' $(tests_for "$module"))"-k", "not ($SUBPROCESS_TESTS)"]
+pytest_add_cli_args_test_selection = [$(printf '"%s", ' $(tests_for "$module"))"-m", "not slow", "-k", "not ($SUBPROCESS_TESTS)"]
 pytest_add_cli_args = ["-p", "no:cacheprovider"]
 process_isolation = "forkserver"
 EOF
@@ -92,6 +96,10 @@ EOF
     (cd "$scratch" && PJRT_DEVICE=CPU env -u PYTHONPATH nice -n "$NICE" \
         mutmut run --max-children "$CHILDREN" >"$OUT/$name.log" 2>&1) || true
     (cd "$scratch" && mutmut results --all true) | grep -E "$(scope_of "$module")" >"$OUT/$name.txt" || true
+    # the diff of every mutant not killed, to judge it (a gap to test, or equivalent)
+    grep -v ': killed$' "$OUT/$name.txt" | sed 's/: .*//' | while read -r mutant; do
+        (cd "$scratch" && mutmut show "$mutant") || true
+    done >"$OUT/$name.survivors.diff"
     total=$(grep -c ': ' "$OUT/$name.txt" || true)
     killed=$(grep -c ': killed$' "$OUT/$name.txt" || true)
     echo "$module: $killed/$total killed ($(grep -vc ': killed$' "$OUT/$name.txt" || true) not:" \

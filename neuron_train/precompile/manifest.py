@@ -133,7 +133,7 @@ def is_cache_file_path(rel: object) -> bool:
         return False
     path = PurePosixPath(rel)
     parts = path.parts
-    if path.is_absolute() or path.as_posix() != rel or any(p in (".", "..") for p in parts):
+    if not parts or path.is_absolute() or path.as_posix() != rel or ".." in parts:  # "." has no parts
         return False
     if parts[0] == XLA_DIR:
         return len(parts) == 2

@@ -1,0 +1,173 @@
+"""precompile/archive.py in-process: `cache pack` / `cache unpack` called as functions.
+
+The CLI tests of test_cache.py run them in subprocesses, where mutmut cannot see them; these
+check the same promises in-process (docs/testing.md, "Scores"): a pack holds exactly the finished
+entries and never replaces a file, an unpack adds them byte for byte, never replaces a file the
+cache has, and refuses an archive that does not match its manifest before anything reaches the cache.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from test_cache import CONFIG, VERSION_DIR, add_config, neuron_entry, xla_entry
+
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.precompile import archive, store
+from neuron_train.precompile.manifest import GraphRecord
+
+XLA_A, XLA_B = "67939951107342009493273238831484768838", "123116424461872025944304137096563822046"
+DONE = "MODULE_9219523464496887986+abb26765"
+
+
+@pytest.fixture
+def cache(tmp_path) -> Path:
+    """Two finished entries (a Neuron module, an xla file), one failed and one locked entry."""
+    c = tmp_path / "cache"
+    neuron_entry(c, DONE, "compiled")
+    neuron_entry(c, "MODULE_02e0833b58066ea94f2c+2c2d707e", "failed")
+    neuron_entry(c, "MODULE_17109392703413819652+abb26765", "locked")
+    xla_entry(c, XLA_A)
+    xla_entry(c, XLA_B, size=4000)
+    add_config(c, "aaaaaaaaaaaaaaaa", CONFIG, {"h1": GraphRecord(phase="train", step=0)})
+    store.record_entries(c, "aaaaaaaaaaaaaaaa")
+    return c
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != store.MANIFEST and not p.name.endswith(".lock")}
+
+
+def finished(cache: Path) -> dict[str, bytes]:
+    return {rel: data for rel, data in files_of(cache).items()
+            if rel.startswith("xla/") or rel.startswith(f"{VERSION_DIR}/{DONE}/")}
+
+
+def test_pack_then_unpack_moves_exactly_the_finished_entries_byte_for_byte(cache, tmp_path):
+    dest = tmp_path / "warm.tar.gz"
+    packed = archive.pack(cache, str(dest))
+    assert (packed.entries, packed.files) == (3, len(finished(cache)))
+    assert packed.bytes == sum(len(d) for d in finished(cache).values())
+    assert sorted(packed.left_out) == sorted(f"{VERSION_DIR}/{m}" for m in (
+        "MODULE_02e0833b58066ea94f2c+2c2d707e", "MODULE_17109392703413819652+abb26765"))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".warm")]  # no partial file left
+
+    other = tmp_path / "other"
+    result = archive.unpack(str(dest), other)
+    assert (result.new_files, result.identical, result.configs) == (len(finished(cache)), 0, 1)
+    assert files_of(other) == finished(cache)
+    manifest = store.load_manifest(other)
+    assert set(manifest.files) == set(finished(cache)) and set(manifest.configs) == {"aaaaaaaaaaaaaaaa"}
+    assert [p.name for p in other.iterdir() if p.name.startswith(".staging")] == []  # private folder removed
+
+    again = archive.unpack(str(dest), other)  # the same archive twice: nothing new, nothing changed
+    assert (again.new_files, again.identical) == (0, len(finished(cache)))
+    assert files_of(other) == finished(cache)
+
+
+def test_pack_never_replaces_a_file_and_refuses_what_is_not_a_cache(cache, tmp_path):
+    dest = tmp_path / "warm.tar.gz"
+    dest.write_text("precious")
+    with pytest.raises(UsageError, match="already exists"):
+        archive.pack(cache, str(dest))
+    assert dest.read_text() == "precious"
+    with pytest.raises(UsageError, match="no such cache directory"):
+        archive.pack(tmp_path / "missing", str(tmp_path / "new.tar.gz"))
+    assert not (tmp_path / "new.tar.gz").exists()
+
+
+def test_pack_refuses_a_damaged_cache_and_writes_nothing(cache, tmp_path):
+    (cache / "xla" / XLA_A).write_bytes(b"changed")
+    with pytest.raises(RunError, match=r"refusing to pack a damaged cache \(1 damaged file"):
+        archive.pack(cache, str(tmp_path / "warm.tar.gz"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_unpack_never_replaces_a_different_file_the_cache_has(cache, tmp_path):
+    dest = tmp_path / "warm.tar.gz"
+    archive.pack(cache, str(dest))
+    other = tmp_path / "other"
+    archive.unpack(str(dest), other)
+    (other / "xla" / XLA_A).write_bytes(b"someone else's")
+    before = files_of(other)
+    with pytest.raises(UsageError, match=r"refusing to unpack: 1 file\(s\) already in .* differ from the archive"):
+        archive.unpack(str(dest), other)
+    assert files_of(other) == before
+
+
+def test_unpack_refuses_what_is_not_an_archive_or_a_folder(tmp_path):
+    with pytest.raises(UsageError, match="no such archive"):
+        archive.unpack(str(tmp_path / "none.tar.gz"), tmp_path / "c")
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a.tar.gz").write_bytes(b"not gzip")
+    with pytest.raises(UsageError, match="is a file, not a folder"):
+        archive.unpack(str(tmp_path / "a.tar.gz"), tmp_path / "a-file")
+    with pytest.raises(RunError, match="is not a readable .tar.gz archive"):
+        archive.unpack(str(tmp_path / "a.tar.gz"), tmp_path / "c")
+    assert files_of(tmp_path / "c") == {}
+
+
+def rewrite(src: Path, dst: Path, change) -> None:
+    """A copy of archive `src` with each member (and its bytes) passed through `change`."""
+    with tarfile.open(src) as tin, tarfile.open(dst, "w:gz") as tout:
+        for member in tin.getmembers():
+            data = tin.extractfile(member).read() if member.isfile() else b""
+            for m, d in change(member, data):
+                m.size = len(d)
+                tout.addfile(m, io.BytesIO(d))
+
+
+def _manifest_lists(extra: str):
+    def change(member, data):
+        if member.name == store.MANIFEST:
+            return [(member, json.dumps(json.loads(data) | {"files": {
+                **json.loads(data)["files"], extra: {"sha256": "0" * 64, "size": 3, "recorded": "t",
+                                                     "recorded_by": "x"}}}).encode())]
+        return [(member, data)]
+    return change
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m, d: [(m, d[:-1] if m.name.startswith("xla/") else d)], r"is damaged: member xla/\S+ is \d+ bytes, its manifest says"),
+    (lambda m, d: [(m, d)] + ([(tarfile.TarInfo("xla/unlisted"), b"abc")] if m.name == store.MANIFEST else []),
+     "member xla/unlisted is not listed in its manifest"),
+    (lambda m, d: [] if m.name == store.MANIFEST else [(m, d)], "has no manifest.json: not made by"),
+    (lambda m, d: [(m, b"{not json" if m.name == store.MANIFEST else d)], "its manifest.json is not valid JSON"),
+    (lambda m, d: [(m, b"[]" if m.name == store.MANIFEST else d)], "not a neuron-train graph manifest.*refusing to unpack"),
+    (_manifest_lists("xla/absent"), "is incomplete: xla/absent is listed but absent"),
+    (lambda m, d: [(m, bytes([d[0] ^ 1]) + d[1:] if m.name.startswith("xla/") else d)], "damaged"),
+])
+def test_an_archive_that_does_not_match_its_manifest_is_refused_before_anything_reaches_the_cache(
+        cache, tmp_path, change, message):
+    good, bad = tmp_path / "good.tar.gz", tmp_path / "bad.tar.gz"
+    archive.pack(cache, str(good))
+    rewrite(good, bad, change)
+    other = tmp_path / "other"
+    with pytest.raises(RunError, match=message):
+        archive.unpack(str(bad), other)
+    assert files_of(other) == {} and not (other / store.MANIFEST).exists()
+    assert [p.name for p in other.iterdir() if p.name.startswith(".staging")] == []
+
+
+def test_an_s3_url_needs_a_bucket_and_a_key():
+    assert archive.split_s3("s3://bucket/caches/warm.tar.gz") == ("bucket", "caches/warm.tar.gz")
+    for url in ("s3://bucket-only", "s3://bucket/", "s3:///key"):
+        with pytest.raises(UsageError, match="s3://BUCKET/KEY"):
+            archive.split_s3(url)
+
+
+def test_pack_changes_nothing_in_a_folder_that_is_not_a_cache_unless_adopted(tmp_path):
+    """A torch_xla cache without our manifest (or any folder): refused by default, `--adopt` packs it."""
+    folder = tmp_path / "xla-cache"
+    xla_entry(folder, XLA_A)
+    (folder / "notes.txt").write_text("someone's")
+    with pytest.raises(UsageError, match=r"is not a compile cache .*`cache pack` changes nothing in it"):
+        archive.pack(folder, str(tmp_path / "warm.tar.gz"))
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "xla"]
+    assert not (tmp_path / "warm.tar.gz").exists()
+    assert archive.pack(folder, str(tmp_path / "warm.tar.gz"), adopt=True).files == 1
