@@ -50,13 +50,28 @@ def test_a_loader_loop_precompiled_is_covered_and_another_batch_size_is_named_an
     assert coverage_line(proc.stdout).startswith("precompile coverage 0% (0/1 graphs")
     assert "--batch-size 16 here, 32 in the manifest" in proc.stdout
     (missing,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("  not precompiled:")]
-    assert "at mp_loader_loop.py:14 " in missing and "f32[16,512] here, f32[32,512] in the manifest" in missing
+    line = next(n for n, text in enumerate((BYOS / "mp_loader_loop.py").read_text().splitlines(), 1)
+                if "MpDeviceLoader(loader" in text)  # the loader's sync runs the step's graph
+    assert f"at mp_loader_loop.py:{line} " in missing and "f32[16,512] here, f32[32,512] in the manifest" in missing
 
     proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd, "--batch-size", "16")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     stopped = next(ln for ln in proc.stdout.splitlines() if ln.startswith("--require-precompiled stopped"))
-    assert "from mp_loader_loop.py:14 " in stopped and "before it finished" in stopped
+    assert f"from mp_loader_loop.py:{line} " in stopped and "before it finished" in stopped
     assert "own rate" not in proc.stdout  # stopped in its first step
+
+
+def test_a_set_up_graph_before_the_first_batch_does_not_cut_the_tour_short(tmp_path):
+    """As in pytorch/xla's test_train_mp_mnist_zero1.py: a sync that runs a graph before the loader's
+    first batch (MpDeviceLoader syncs before it takes each batch, too) is step 1. The tour is still
+    planned from the loader that feeds the steps, and runs past the first epoch's end."""
+    work = scripts(tmp_path / "w")
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--", sys.executable, "mp_loader_loop.py", "--setup-sync")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "the tour runs to the end of the first epoch (30 steps)" in out and "no DataLoader" not in out
+    stop = re.search(r"graph tour complete \(every call site warm\) after step (\d+): stopping mp_loader_loop.py", out)
+    assert stop and 31 < int(stop.group(1)) < 61, out
 
 
 def test_bench_of_a_launch_loop_agrees_with_its_own_clock_and_a_short_bench_stops_it(tmp_path):

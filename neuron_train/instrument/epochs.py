@@ -8,7 +8,8 @@ the loader that fed the first step gives the epoch's length; when a loader that 
 (StopIteration) is iterated again, its next epoch begins, and what ran in between is the
 once-per-epoch code. An epoch longer than MAX_EPOCH_STEPS, or steps no
 DataLoader of known length feeds, fall back to the warm-sites rule; the process says so at the
-tour's first step, with the --steps that would reach the epoch's end.
+first step a loader fed (set-up syncs may come before it), with the --steps that would reach the
+epoch's end, or when the warm-sites rule stops a tour no loader fed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Epochs:
         self.lock = threading.Lock()
 
     def plan(self, steps: int) -> tuple[bool, str]:
-        """At the tour's first step: whether it runs to the epoch's end, and the words saying so."""
+        """At the first step a loader fed: whether the tour runs to the epoch's end, and the words."""
         length = self.feeding
         if length is None:
             return False, (f"no DataLoader of known length feeds the steps: the tour stops once every call "
@@ -94,13 +95,14 @@ class Epochs:
             parallel(self, cpu_loader, *args, **kwargs)
 
         def next_on_device(self):
+            # Noted before the call: PerDeviceLoader.next() syncs before it takes the batch, and that
+            # sync closes a step the loader feeds (in the training thread: the loader of its steps).
+            epochs.fed(self._loader._cpu_loader)
             try:
-                batch = device_next(self)
+                return device_next(self)
             except StopIteration:
                 epochs.ended_one(self._loader._cpu_loader)
                 raise
-            epochs.fed(self._loader._cpu_loader)  # in the training thread: the loader of its steps
-            return batch
 
         # Monkeypatching torch's and torch_xla's loader classes:
         DataLoader.__iter__, _BaseDataLoaderIter.__next__ = __iter__, __next__  # type: ignore[method-assign]

@@ -140,10 +140,15 @@ class Probe:
         if len(self.record.windows) < MAX_WINDOWS:
             self.record.windows.append(window)
         self.sites.add(window)
-        if self.steps == 1 and self.epochs is not None:
-            self.record.to_epoch_end, self.record.tour = self.epochs.plan(self.record.steps_wanted)
-            say(self.record.tour)
+        # The tour's extent is decided at the first step a loader fed: set-up syncs (a broadcast of
+        # the weights, ZeRO-1's sharding) may come first. If the warm-sites rule would stop the tour
+        # before any loader fed a step, it is decided then, with the words saying no loader was seen.
+        if self.epochs is not None and not self.record.tour and self.epochs.feeding is not None:
+            self._plan_tour()
         reason = self.sites.stop_reason(self.mode, self.record.steps_wanted, self.record.to_epoch_end)
+        if reason and self.epochs is not None and not self.record.tour:
+            self._plan_tour()
+            reason = self.sites.stop_reason(self.mode, self.record.steps_wanted, self.record.to_epoch_end)
         if reason and self.record.stop is None:
             self.record.stop = Stop(reason, window.step)
             say(f"{STOP_WORDS[reason]} after step {window.step}: stopping {Path(sys.argv[0]).name} here")
@@ -151,6 +156,11 @@ class Probe:
             # the checker's. From a worker thread (torch_xla.launch runs the function in one per
             # device) the exception reaches the process through the executor's future.
             raise SystemExit(0)
+
+    def _plan_tour(self) -> None:
+        assert self.epochs is not None
+        self.record.to_epoch_end, self.record.tour = self.epochs.plan(self.record.steps_wanted)
+        say(self.record.tour)
 
     # ----- output ------------------------------------------------------------------------------
     def write(self) -> None:
