@@ -101,10 +101,16 @@ def test_bench_of_a_script_agrees_with_its_own_rate_and_is_priced_next_to_our_lo
 @corpus
 @pytest.mark.slow
 def test_an_evaluation_the_tour_never_reached_is_named_with_its_line(tmp_path):
-    """planted_late_eval.py (mnist_mlp/train.py + an evaluation after training): the tour stops
-    in the first epoch, so the real run's evaluation graph is not precompiled, and says where."""
+    """planted_late_eval.py (mnist_mlp/train.py + an evaluation after training): the default tour
+    runs past the first epoch's end and precompiles the evaluation; a tour cut at 5 steps
+    (--steps 5) does not, and the real run's evaluation graph is named with its line."""
     work = copy_mlp(tmp_path / "w", EPOCHS=1)
-    proc = nt(work, "precompile", "--cache-dir", "cc", "--", sys.executable, "planted_late_eval.py")
+    proc = nt(work, "precompile", "--cache-dir", "full", "--", sys.executable, "planted_late_eval.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = nt(work, "check-graphs", "--compile-cache", "full", "--", sys.executable, "planted_late_eval.py")
+    assert "precompile coverage 100% (2/2 graphs" in proc.stdout, proc.stdout
+
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--steps", "5", "--", sys.executable, "planted_late_eval.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = nt(work, "check-graphs", "--compile-cache", "cc", "--", sys.executable, "planted_late_eval.py")
     late = next(n for n, line in enumerate((work / "planted_late_eval.py").read_text().splitlines(), 1)
