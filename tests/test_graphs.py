@@ -607,3 +607,12 @@ def test_a_library_frame_is_named_package_relative_below_the_users_line():
     assert log.library_frame(frames[2:], LIBS, name) == ""  # the user's own line comes first
     assert records.fix_for(records.VALUE_BRANCH, "transformers/masking_utils.py:369").startswith("transformers asks")
     assert records.fix_for(records.VALUE_BRANCH, "") == records.FIXES[records.VALUE_BRANCH]
+
+
+def test_a_one_file_mechanism_module_names_nothing():
+    """torch_xla 2.9 wraps xm.mark_step in typing_extensions' @deprecated: its wrapper line is not
+    a library line a user can act on (it named the late graphs of aws-neuron-samples' eval)."""
+    name = log.library_namer(("/lib/",), mechanism=("torch", "typing_extensions"))
+    frames = [Frame("wrapper", "/lib/typing_extensions.py", 3140), Frame("eval", "/u/eval.py", 77)]
+    assert name("/lib/typing_extensions.py") == "" and log.library_frame(frames, LIBS, name) == ""
+    assert name("/lib/transformers.py") == "transformers.py"

@@ -166,7 +166,8 @@ def library_namer(roots: tuple[str, ...], mechanism: tuple[str, ...]) -> Callabl
         for root in roots:
             if path.startswith(root):
                 relative = path[len(root):].lstrip(os.sep)
-                return "" if relative.split(os.sep, 1)[0] in mechanism else relative
+                top = relative.split(os.sep, 1)[0]  # a package's folder, or a one-file module
+                return "" if top.removesuffix(".py") in mechanism else relative
         return ""
 
     return name
