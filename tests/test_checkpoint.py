@@ -109,15 +109,15 @@ def test_a_failed_save_removes_its_temporary_files_and_names_the_last_good_one(t
     assert names(tmp_path) == ["step-00000002.pt", "step-00000002.pt.sha256"]
 
     monkeypatch.setattr(ckpt.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
-    with pytest.raises(RunError, match=rf"^cannot write checkpoint .*step-00000004.pt: I/O error; the last good "
-                                       rf"checkpoint is {good}$"):
+    with pytest.raises(RunError, match=rf"^cannot write .*step-00000004.pt: I/O error: step-00000004.pt was not "
+                                       rf"saved; the last good checkpoint is {good}$"):
         ckpt.save(tmp_path, 4, state(4), keep_last=3)
     assert names(tmp_path) == ["step-00000002.pt", "step-00000002.pt.sha256"]
 
 
 def test_a_first_save_that_fails_says_no_checkpoint_was_saved(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
-    with pytest.raises(RunError, match=r"I/O error; no checkpoint was saved before$"):
+    with pytest.raises(RunError, match=r"I/O error: step-00000000.pt was not saved; no checkpoint was saved before$"):
         ckpt.save(tmp_path, 0, state(0), keep_last=3)
     assert names(tmp_path) == []
 
