@@ -65,3 +65,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("neuron") is not None:  # not `in item.keywords`: a folder named neuron matches that
             item.add_marker(skip)
+
+
+@pytest.fixture
+def in_process_cli(monkeypatch):
+    """For CLI calls made in the test's own process: no launcher variables (torchrun's, a Neuron
+    extraction's) from the environment, and the run-directory locks released afterwards."""
+    from neuron_train.training import rundir
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "PJRT_DEVICE", "NEURON_EXTRACT_GRAPHS_ONLY"):
+        monkeypatch.delenv(var, raising=False)
+    yield
+    rundir.release_unused()

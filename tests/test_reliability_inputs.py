@@ -30,11 +30,8 @@ train:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "PJRT_DEVICE", "NEURON_EXTRACT_GRAPHS_ONLY"):
-        monkeypatch.delenv(var, raising=False)
-    yield
-    rundir.release_unused()
+def _clean_env(in_process_cli):
+    """No launcher variables in the in-process CLI runs (conftest's in_process_cli)."""
 
 
 def run(capsys, *argv) -> tuple[int, str]:

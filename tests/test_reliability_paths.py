@@ -15,7 +15,6 @@ from conftest import FAST, NANO, ROOT
 from test_reliability_cache import make_cache
 
 from neuron_train import cli
-from neuron_train.training import rundir
 
 RESULT = ROOT / "tests" / "fixtures" / "report" / "cpu_train_vit_digits.json"
 NOOP = ["--", sys.executable, "-c", "pass"]  # a command that is never started when a path is refused
@@ -74,11 +73,8 @@ def _bad_paths(tmp: Path) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "PJRT_DEVICE", "NEURON_EXTRACT_GRAPHS_ONLY"):
-        monkeypatch.delenv(var, raising=False)
-    yield
-    rundir.release_unused()
+def _clean_env(in_process_cli):
+    """No launcher variables in the in-process CLI runs (conftest's in_process_cli)."""
 
 
 @pytest.mark.parametrize("case", CASES)
