@@ -19,6 +19,22 @@ from pathlib import Path
 
 from neuron_train.graphs.log import internal_file_predicate, library_namer
 
+
+def xla_counter(name: str) -> int:
+    """A torch_xla counter (`UncachedCompile`, a fallback op's), 0 before it first counts."""
+    import torch_xla
+
+    return torch_xla._XLAC._xla_counter_value(name) or 0
+
+
+def xla_metric(name: str) -> tuple[int, float]:
+    """A torch_xla metric (`CompileTime`, `ExecuteTime`): how many samples, and their total in seconds."""
+    import torch_xla
+
+    data = torch_xla._XLAC._xla_metric_data(name)
+    return (int(data[0]), float(data[1]) / 1e9) if data else (0, 0.0)
+
+
 ENV_DIR = "NEURON_TRAIN_GRAPHS_DIR"          # set by check-graphs: every process writes here
 ENV_WARMUP = "NEURON_TRAIN_GRAPHS_WARMUP"    # check-graphs --warmup-steps
 ENV_XLA_FLAGS = "NEURON_TRAIN_GRAPHS_XLA_FLAGS"  # XLA_FLAGS as the user set them, before our dump

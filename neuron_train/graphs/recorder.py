@@ -31,6 +31,8 @@ from neuron_train.graphs.process import (
     internal_predicate,
     library_of,
     prepare_process,
+    xla_counter,
+    xla_metric,
 )
 from neuron_train.graphs.records import (
     SCALAR_READ,
@@ -70,8 +72,8 @@ class Recorder:
         self._batches: list[Batch] = []
         self._refused: list[Refused] = []
         self._dynamo: list[DynamoNote] = []
-        self._compiles = self._counter("UncachedCompile")
-        self._compile_ns0 = self._compile_ns()
+        self._compiles = xla_counter("UncachedCompile")
+        self._compile_s0 = xla_metric("CompileTime")[1]
         self._compiles0 = self._compiles
         self._fallback_counts = self._fallback_counters()
         self.lines = False          # hooks.install: trace ops with their Python line
@@ -142,7 +144,7 @@ class Recorder:
         with self._lock:
             self.analyzer.observe(self._window(None, False))
             return replace(self.analyzer.summary(max_graphs), compile_count=self._compiles - self._compiles0,
-                           compile_time_s=(self._compile_ns() - self._compile_ns0) / 1e9)
+                           compile_time_s=xla_metric("CompileTime")[1] - self._compile_s0)
 
     def close(self) -> None:
         if self._log is not None:
@@ -152,7 +154,7 @@ class Recorder:
     # -- reading the sources --
     def _window(self, step: int | None, is_step: bool) -> Window:
         events = self._read_events()
-        compiles = self._counter("UncachedCompile")
+        compiles = xla_counter("UncachedCompile")
         new = compiles - self._compiles
         self._compiles = compiles
         logged = [i for i, (e, _) in enumerate(events) if e.kind == "compile"]
@@ -196,13 +198,6 @@ class Recorder:
         self._window_phase = phase
         return out
 
-    def _counter(self, name: str) -> int:
-        return self._xlac._xla_counter_value(name) or 0
-
-    def _compile_ns(self) -> int:
-        data = self._xlac._xla_metric_data("CompileTime")
-        return int(data[1]) if data else 0
-
     def _compile_times(self, new: int) -> list[float | None]:
         if new <= 0:
             return []
@@ -211,7 +206,7 @@ class Recorder:
         return [v / 1e9 for _, v in samples] + [None] * (new - len(samples))
 
     def _fallback_counters(self) -> dict[str, int]:
-        return {op: self._counter(op) for op in self._xlac._get_executed_fallback_ops()}
+        return {op: xla_counter(op) for op in self._xlac._get_executed_fallback_ops()}
 
     def _fallback_delta(self) -> tuple[dict[str, int], int]:
         now = self._fallback_counters()

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from neuron_train.graphs import syncs
+from neuron_train.graphs.process import internal_predicate, xla_counter, xla_metric
 from neuron_train.instrument.epochs import EPOCH_ENV, Epochs, say
 from neuron_train.instrument.steps import Sites, StepWindow
 
@@ -82,18 +83,13 @@ class Probe:
     steps are counted here from torch_xla's own counters, so both modes number them alike."""
 
     def __init__(self, recorder, mode: str, folder: Path):
-        import torch_xla
-
-        from neuron_train.graphs.process import internal_predicate
-
         self.rec, self.mode, self.folder = recorder, mode, folder
-        self.xlac = torch_xla._XLAC
         self.is_internal = recorder.analyzer.is_internal if recorder is not None else internal_predicate()
         self.record = ProbeRecord(os.getpid(), mode, int(os.environ.get(STEPS_ENV, "0") or 0))
         self.lock = threading.Lock()
         self.steps = 0
-        self.compiles0 = self.compiles = self._counter("UncachedCompile")
-        self.compile_s0 = self._metric_total_s("CompileTime")
+        self.compiles0 = self.compiles = xla_counter("UncachedCompile")
+        self.compile_s0 = xla_metric("CompileTime")[1]
         self.copy: tuple[int, list[int]] | None = None   # (elements, shape) of the largest copy
         self.seen_params: set[int] = set()
         self.written = False
@@ -101,16 +97,9 @@ class Probe:
         self.epochs: Epochs | None = None   # tour to the first epoch's end (epochs.py)
 
     # ----- inputs ------------------------------------------------------------------------------
-    def _counter(self, name: str) -> int:
-        return self.xlac._xla_counter_value(name) or 0
-
-    def _metric_total_s(self, name: str) -> float:
-        data = self.xlac._xla_metric_data(name)
-        return float(data[1]) / 1e9 if data else 0.0
-
     def graph_runs(self) -> int:
         """Compile-cache lookups: one per sync that ran a graph, whether it compiled or not."""
-        return self._counter("UncachedCompile") + self._counter("CachedCompile")
+        return xla_counter("UncachedCompile") + xla_counter("CachedCompile")
 
     def note_copy(self, tensor) -> None:
         """A tensor that arrived on the XLA device from the host."""
@@ -130,12 +119,12 @@ class Probe:
 
     def step_ended(self, site: str) -> None:
         """After a sync that ran a graph (main thread or not): close the window, maybe stop."""
-        compiles = self._counter("UncachedCompile")
+        compiles = xla_counter("UncachedCompile")
         with self.lock:
             copy, self.copy = self.copy, None
         self.steps += 1
         window = StepWindow(self.steps, time.perf_counter(), site, compiles - self.compiles,
-                            copy[1] if copy else None, self._metric_total_s("ExecuteTime"))
+                            copy[1] if copy else None, xla_metric("ExecuteTime")[1])
         self.compiles = compiles
         if len(self.record.windows) < MAX_WINDOWS:
             self.record.windows.append(window)
@@ -167,8 +156,8 @@ class Probe:
         if self.written:
             return
         self.written = True
-        self.record.compiles = self._counter("UncachedCompile") - self.compiles0
-        self.record.compile_time_s = self._metric_total_s("CompileTime") - self.compile_s0
+        self.record.compiles = xla_counter("UncachedCompile") - self.compiles0
+        self.record.compile_time_s = xla_metric("CompileTime")[1] - self.compile_s0
         if self.record.windows:
             import torch_xla.runtime as xr
 
@@ -287,8 +276,7 @@ class CompileWatch(threading.Thread):
         self.finished0 = self._finished()
 
     def _finished(self) -> int:
-        data = self.probe.xlac._xla_metric_data("CompileTime")
-        return int(data[0]) if data else 0
+        return xla_metric("CompileTime")[0]
 
     def run(self) -> None:
         from neuron_train.graphs.log import parse_debug_log
