@@ -39,12 +39,13 @@ or plain_sgd or drop_path"
 # (`-m "not slow"` is added for every module: the slow tests run training subprocesses).
 tests_for() {
     case "$1" in
-        graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_guards.py" ;;
+        graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_graphs_branches.py tests/test_guards.py" ;;
         precompile/coverage.py)    echo "tests/test_precompile.py tests/test_byos.py" ;;
         precompile/manifest.py)    echo "tests/test_manifest.py tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
         precompile/archive.py)     echo "tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
         common/fileio.py)          echo "tests/test_fileio.py tests/test_reliability_cache.py tests/test_reliability_report.py tests/test_cache.py tests/test_guards.py tests/test_reliability_checkpoint.py" ;;
         training/checkpoint.py)    echo "tests/test_checkpoint.py" ;;  # its reliability tests take minutes per mutant
+        training/checkpointer.py)  echo "tests/test_checkpointer.py" ;;  # the loop's side: when, what, resume
         training/checkpoint_format.py) echo "tests/test_checkpoint_format.py" ;;  # the structure and checksum checks, pure
         training/optim.py)         echo "tests/test_guards.py" ;;
         training/device.py)        echo "tests/test_guards.py" ;;
@@ -60,7 +61,7 @@ scope_of() {
     esac
 }
 ALL=(common/fileio.py precompile/manifest.py precompile/archive.py training/checkpoint_format.py
-     training/checkpoint.py precompile/coverage.py graphs/analyzer.py training/optim.py training/device.py)
+     training/checkpoint.py training/checkpointer.py precompile/coverage.py graphs/analyzer.py training/optim.py training/device.py)
 
 if ! command -v mutmut >/dev/null; then
     echo "mutation.sh: mutmut is not installed: pip install -e '.[mutation]'" >&2
