@@ -33,7 +33,7 @@ or torchrun_world_size_mismatch or cli_verify_exit_codes or damaged_manifest_is_
 or prune_refuses or prune_needs or pack_unpack_round_trip or refuses_to_overwrite_a_different \
 or pack_never_overwrites or rejects_a_tampered or s3_locations or cache_list_shows or usage_errors_are_one_line \
 or steps_is_the_same_flag or manifest_from_another_cache or never_touches_torch_xla or crashes_mid_tour \
-or plain_sgd or drop_path"
+or plain_sgd or drop_path or branch_and_slice_graphs_are_named"
 
 # The tests mutmut runs for each module: only fast files that call the module in-process
 # (`-m "not slow"` is added for every module: the slow tests run training subprocesses).
