@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -59,6 +60,32 @@ def test_a_loader_loop_precompiled_is_covered_and_another_batch_size_is_named_an
     stopped = next(ln for ln in proc.stdout.splitlines() if ln.startswith("--require-precompiled stopped"))
     assert f"from mp_loader_loop.py:{line} " in stopped and "before it finished" in stopped
     assert "own rate" not in proc.stdout  # stopped in its first step
+
+
+def test_a_stop_at_code_the_tour_never_reached_names_the_steps_that_reach_it_and_that_command_covers_it(tmp_path):
+    """A tour cut short (--steps 3) misses the evaluation at the epoch's end; --require-precompiled
+    stops the real run there and its line gives the precompile command with the --steps that reach
+    it; run as printed, the next real run is fully covered."""
+    work = scripts(tmp_path / "w")
+    cmd = [sys.executable, "mp_loader_loop.py", "--eval"]
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--steps", "3", "--", *cmd)
+    assert proc.returncode == 0 and FINISHED not in proc.stdout, proc.stdout + proc.stderr
+
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    stopped = next(ln for ln in proc.stdout.splitlines() if ln.startswith("--require-precompiled stopped"))
+    line = next(n for n, text in enumerate((BYOS / "mp_loader_loop.py").read_text().splitlines(), 1)
+                if "one held-out batch" in text) + 3  # the evaluation's sync
+    assert f"from mp_loader_loop.py:{line} " in stopped and "the precompile run never reached that line" in stopped
+    hint = re.search(r"Precompile it: neuron-train (precompile .*)$", stopped).group(1)
+    steps = int(re.search(r"--steps (\d+) --", hint).group(1))
+    assert steps == 31 and "it compiled after step 30: a tour of 31 steps" in stopped, stopped  # 30 a epoch
+
+    proc = nt(work, *shlex.split(hint))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd)
+    assert proc.returncode == 0 and FINISHED in proc.stdout, proc.stdout + proc.stderr
+    assert re.match(r"precompile coverage 100% \((\d+)/\1 graphs", coverage_line(proc.stdout))
 
 
 def test_a_set_up_graph_before_the_first_batch_does_not_cut_the_tour_short(tmp_path):

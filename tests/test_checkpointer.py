@@ -174,6 +174,25 @@ def test_a_resume_into_another_optimizer_is_one_line_naming_the_fix(tmp_path):
     model, opt = trained(0)
     checkpointer(tmp_path).save(model, opt, Position(step=2))
     other = torch.optim.AdamW([{"params": [model.weight]}, {"params": [model.bias]}], lr=1e-2)  # two groups
-    with pytest.raises(UsageError, match=r"its optimizer state does not fit this run's optimizer .*resume with "
-                                         r"the same --optimizer and model"):
+    with pytest.raises(UsageError, match=r"its optimizer state does not fit this run's optimizer \(loaded state "
+                                         r"dict has a different number of parameter groups\): resume with the same "
+                                         r"--optimizer and model"):
         checkpointer(tmp_path, config(resume="latest")).resume(model, other)
+
+
+def test_a_resume_into_another_model_is_one_line_naming_the_checkpoint(tmp_path):
+    model, opt = trained(0)
+    path = checkpointer(tmp_path).save(model, opt, Position(step=2))
+    wider = torch.nn.Linear(3, 5).to(torch_xla.device())
+    with pytest.raises(UsageError, match=rf"^{path} does not fit this model: .*\[2, 3\] in the file, \[5, 3\]"):
+        checkpointer(tmp_path, config(resume="latest")).resume(wider, torch.optim.AdamW(wider.parameters()))
+
+
+def test_a_zero1_resume_loads_this_ranks_shard(tmp_path):
+    model, opt = trained(0)
+    checkpointer(tmp_path, config(zero1=True)).save(model, opt, Position(step=4))
+    fresh, fresh_opt = trained(1)
+    pos, _ = checkpointer(tmp_path, config(zero1=True, resume="latest")).resume(fresh, fresh_opt)
+    assert pos.step == 4
+    for p, q in zip(opt.param_groups[0]["params"], fresh_opt.param_groups[0]["params"]):
+        assert torch.equal(opt.state[p]["exp_avg_sq"].cpu(), fresh_opt.state[q]["exp_avg_sq"].cpu())
