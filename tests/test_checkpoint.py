@@ -10,9 +10,11 @@ good checkpoint is found past damaged ones.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import random
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,7 +83,8 @@ def test_the_optimizer_layout_must_be_the_runs(tmp_path):
     plain = ckpt.save(tmp_path, 1, state(1), keep_last=3)
     loaded = ckpt.load(plain)
     assert ckpt.optimizer_state(plain, loaded, zero1=False, world_size=2, rank=1) is loaded["optimizer"]
-    with pytest.raises(UsageError, match=rf"^{plain} was saved without --zero1: resume it the same way"):
+    with pytest.raises(UsageError, match=rf"^{plain} was saved without --zero1: resume it the same way \(the "
+                                         r"optimizer state layout differs\)$"):
         ckpt.optimizer_state(plain, loaded, zero1=True, world_size=1, rank=0)
     with pytest.raises(UsageError, match=r"was saved with --zero1 on 2 ranks: resume it the same way"):
         ckpt.check_optimizer_layout(plain, 2, zero1=False, world_size=2)
@@ -218,8 +221,24 @@ def test_a_damaged_file_in_the_old_torch_format_says_so(tmp_path):
     path = tmp_path / "old.pt"
     with open(path, "wb") as fh:
         torch.save({"w": torch.zeros(2)}, fh, _use_new_zipfile_serialization=False)
-    path.write_bytes(path.read_bytes()[:40])
-    with pytest.raises(UsageError, match=r": a damaged file in the old torch.save format: "):
+    checksum_file(path).write_text("0" * 64 + "  old.pt\n")  # changed after it was written: the checksum says so
+    with pytest.raises(UsageError) as err:
+        ckpt.load(path)
+    assert str(err.value) == (f"cannot load checkpoint {path}: a damaged file in the old torch.save format: its "
+                              "SHA-256 differs from the one saved with it in old.pt.sha256: the file changed after it "
+                              "was written (damaged on disk or in a copy)")
+    checksum_file(path).unlink()
+    path.write_bytes(path.read_bytes()[:40])  # cut short, no checksum: torch's own error is the reason
+    with pytest.raises(UsageError, match=r"^cannot load checkpoint .*old.pt: a damaged file in the old torch.save "
+                                         r"format: EOFError$"):
+        ckpt.load(path)
+
+
+def test_a_checkpoint_that_cannot_be_read_is_one_line_with_the_systems_reason(tmp_path):
+    path = tmp_path / "step-00000001.pt"
+    path.mkdir()  # not a file, with a checksum beside it: hashing it fails
+    checksum_file(path).write_text("0" * 64 + "  step-00000001.pt\n")
+    with pytest.raises(UsageError, match=rf"^cannot load checkpoint {path}: cannot read it \(Is a directory\)$"):
         ckpt.load(path)
 
 
@@ -234,7 +253,7 @@ def test_a_state_dict_that_is_not_ours_is_refused_naming_pretrained(tmp_path):
     for i, content in enumerate(({"w": torch.zeros(2)}, {"format": 2}, [1, 2])):
         path = tmp_path / f"other{i}.pt"
         torch.save(content, path)
-        with pytest.raises(UsageError, match=r"is not a neuron_train checkpoint \(format 1\): to start from its "
+        with pytest.raises(UsageError, match=rf"^{path} is not a neuron_train checkpoint \(format 1\): to start from its "
                                              r"weights, pass it as --pretrained instead of --resume$"):
             ckpt.load(path)
 
@@ -248,6 +267,10 @@ def test_inspect_reads_what_the_checkpoint_says_about_its_run(tmp_path):
                                            config={**CONFIG, "train": {"batch_size": 4, "grad_accum": 2}}), 3)
     info = ckpt.inspect(sharded)
     assert (info.zero1_ranks, info.seed) == (2, None)
+    assert type(info.world_size) is int  # shown as "2 ranks", never "2.0"
+    odd = ckpt.save(tmp_path, 8, state(8, config={**CONFIG, "train": {"batch_size": 4, "grad_accum": 2,
+                                                                       "seed": "7"}}), 3)
+    assert ckpt.inspect(odd).seed is None  # a seed that is not a number is not shown as one
 
 
 def test_the_newest_good_checkpoint_is_found_past_damaged_ones_with_one_line_each(tmp_path):
@@ -260,7 +283,17 @@ def test_the_newest_good_checkpoint_is_found_past_damaged_ones_with_one_line_eac
     checksum_file(d / "step-00000004.pt").unlink()
     info, skipped = ckpt.newest_good(tmp_path)
     assert info.path == d / "step-00000002.pt" and info.step == 2
-    assert len(skipped) == 2 and "step-00000006.pt" in skipped[0] and "cannot be resumed" in skipped[1]
+    assert skipped == [
+        f"cannot load checkpoint {d / 'step-00000006.pt'}: truncated (100 bytes): the archive ends before its index "
+        "(an interrupted save or copy)",
+        f"{d / 'step-00000004.pt'} cannot be resumed: it has no 'model', 'optimizer', 'position', 'rng', "
+        "'global_batch', 'config' entries (a damaged file, or not saved by neuron_train)"]
+    with pytest.raises(UsageError, match=rf"^{d / 'step-00000004.pt'} cannot be resumed: it has no 'model'"):
+        ckpt.load_resumable(d / "step-00000004.pt")
+    torch.save([1], d / "step-00000004.pt")
+    assert ckpt.newest_good(tmp_path)[1][1] == (f"{d / 'step-00000004.pt'} is not a neuron_train checkpoint "
+                                               "(format 1): to start from its weights, pass it as --pretrained "
+                                               "instead of --resume")
 
 
 # ----- which model a file is from ---------------------------------------------------------------------------
@@ -278,6 +311,10 @@ def test_a_model_mismatch_is_one_line_naming_the_files_model():
         "resume with the same --model, --img-size and classes")
     assert ckpt.describe_mismatch(model.state_dict(), model.state_dict()) is None
     assert ckpt.origin({"w": 1}) == "a file without neuron_train metadata (model unknown)"
+    assert ckpt.origin([1, 2]) == "a file without neuron_train metadata (model unknown)"  # not even a dict
+    two = {"model": {"weight": torch.zeros(2, 3), "bias": torch.zeros(2), "extra1": torch.zeros(1),
+                     "extra2": torch.zeros(1)}}
+    assert ckpt.describe_mismatch(two["model"], model.state_dict()) == "2 unknown (extra1, extra2)"
     ckpt.load_model_state(model, {"model": {k: v + 1 for k, v in model.state_dict().items()}}, "f.pt")
 
 
@@ -297,7 +334,8 @@ def test_the_rng_states_saved_are_the_ones_a_resume_restores():
 
 def test_a_damaged_rng_state_is_one_line(tmp_path):
     bad = {"torch": torch.zeros(3, dtype=torch.uint8), "python": random.getstate(), "xla": 0}
-    with pytest.raises(UsageError, match=r"^the checkpoint's RNG state is damaged \(.*\): resume from another"):
+    with pytest.raises(UsageError, match=r"^the checkpoint's RNG state is damaged \(Expected a CPUGeneratorImplState "
+                                         r"of size \d+ but found the input RNG state size to be 3\): resume from another"):
         ckpt.set_rng_state(bad)
 
 
@@ -323,3 +361,86 @@ def test_a_zip_archive_that_torch_cannot_read_is_one_line_with_the_reason(tmp_pa
         ckpt.load(path)
     assert str(err.value).startswith(f"cannot load checkpoint {path}: a damaged torch.save archive: ")
     assert len(str(err.value)) > len(f"cannot load checkpoint {path}: a damaged torch.save archive: ") + 5
+
+
+# ----- what a save leaves for the user and for the cleanup ------------------------------------------------------
+
+
+def test_the_checksum_beside_a_checkpoint_is_a_sha256sum_line_of_its_bytes(tmp_path):
+    """`sha256sum -c step-N.pt.sha256` in the checkpoints folder verifies it (docs/reliability.md)."""
+    path = ckpt.save(tmp_path, 2, state(2), keep_last=3)
+    assert checksum_file(path).read_text() == f"{hashlib.sha256(path.read_bytes()).hexdigest()}  step-00000002.pt\n"
+
+
+def test_a_save_makes_the_folders_it_needs(tmp_path):
+    run_dir = tmp_path / "new" / "run"
+    assert ckpt.save(run_dir, 2, state(2), keep_last=3).is_file()
+
+
+def test_a_save_at_a_negative_step_is_refused():
+    with pytest.raises(RunError, match=r"^cannot save a checkpoint at step -1: steps are >= 0$"):
+        ckpt.save(Path("unused"), -1, state(0), keep_last=3)
+
+
+def test_the_temporary_files_of_a_save_are_the_ones_the_cleanup_removes(tmp_path, monkeypatch):
+    """What a save writes before its final names, left behind by a kill, is found at the next start."""
+    seen: set[str] = set()
+    real = ckpt.fmt.checksum_line
+
+    def looking(data_file, final_name):  # while the checksum is written, both temporary files exist
+        seen.update(p.name for p in ckpt.checkpoint_dir(tmp_path).iterdir())
+        return real(data_file, final_name)
+
+    monkeypatch.setattr(ckpt.fmt, "checksum_line", looking)
+    ckpt.save(tmp_path, 2, state(2), keep_last=3)
+    temps = sorted(seen - {"step-00000002.pt", "step-00000002.pt.sha256"})
+    assert len(temps) == 2 and all(t.startswith(".step-00000002.pt") for t in temps), temps
+    for name in temps:  # as a save killed at that moment leaves them
+        (ckpt.checkpoint_dir(tmp_path) / name).write_bytes(b"x")
+    assert sorted(p.name for p in ckpt.remove_stale_temps(tmp_path)) == temps
+    assert names(tmp_path) == ["step-00000002.pt", "step-00000002.pt.sha256"]
+
+
+def test_a_save_whose_file_cannot_even_be_created_is_one_line(tmp_path, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "open", no_space, raising=False)  # the module's open(): the temporary file
+    with pytest.raises(RunError, match=r"^no space left on .*step-00000002.pt was not saved; no checkpoint"):
+        ckpt.save(tmp_path, 2, state(2), keep_last=3)
+
+
+def test_old_checkpoints_and_shards_without_checksums_are_pruned_too(tmp_path):
+    """Checkpoints of an older version (no .sha256 beside them) are kept or removed like the others."""
+    for step in (2, 4):
+        for rank in (0, 1):
+            ckpt.save_shard(tmp_path, step, rank, {"state": {}, "param_groups": [], "rank": rank})
+        ckpt.save(tmp_path, step, state(step, optimizer=ckpt.sharded_marker(2)), keep_last=3)
+    for p in ckpt.checkpoint_dir(tmp_path).glob("step-00000002*.sha256"):
+        p.unlink()
+    ckpt.save(tmp_path, 6, state(6), keep_last=2)
+    assert [n for n in names(tmp_path) if "00000002" in n] == []
+
+
+# ----- a checkpoint without its checksum -----------------------------------------------------------------
+
+
+def test_a_checkpoint_without_its_checksum_loads_with_one_note_once_on_rank_0(tmp_path, capsys, monkeypatch):
+    path = ckpt.save(tmp_path, 2, state(2), keep_last=3)
+    ckpt.load(path)
+    assert capsys.readouterr() == ("", "")  # verified: nothing to say
+    checksum_file(path).unlink()
+    monkeypatch.delenv("RANK", raising=False)
+    ckpt.load(path)
+    ckpt.load_resumable(path)
+    assert capsys.readouterr() == ("", (
+        f"note: {path} has no step-00000002.pt.sha256 beside it (saved by an older neuron-train, or copied "
+        "without it): loaded without a checksum check; copy the .sha256 file with it to have it verified\n"))
+    other = ckpt.save(tmp_path, 4, state(4), keep_last=3)
+    checksum_file(other).unlink()
+    monkeypatch.setenv("RANK", "1")
+    ckpt.load(other)
+    assert capsys.readouterr() == ("", "")  # every rank reads it; rank 0 says it
+    monkeypatch.setenv("RANK", "0")
+    ckpt.load(other)
+    assert capsys.readouterr().err.startswith(f"note: {other} has no ")

@@ -136,12 +136,12 @@ def test_a_resume_restores_weights_optimizer_and_position(tmp_path):
     model, opt = trained(0)
     path = checkpointer(tmp_path).save(model, opt, Position(step=6, epoch=1, batch=3))
     fresh, fresh_opt = trained(1)  # other weights, other moments
-    assert not all(torch.equal(a, b) for a, b in zip(weights(fresh).values(), weights(model).values()))
+    assert not all(torch.equal(a, b) for a, b in zip(weights(fresh).values(), weights(model).values(), strict=True))
     pos, used = checkpointer(tmp_path, config(resume="latest")).resume(fresh, fresh_opt)
     assert (pos, used) == (Position(step=6, epoch=1, batch=3), path)
     for name, value in weights(model).items():
         assert torch.equal(weights(fresh)[name], value)
-    for p, q in zip(opt.param_groups[0]["params"], fresh_opt.param_groups[0]["params"]):
+    for p, q in zip(opt.param_groups[0]["params"], fresh_opt.param_groups[0]["params"], strict=True):
         assert torch.equal(opt.state[p]["exp_avg"].cpu(), fresh_opt.state[q]["exp_avg"].cpu())
 
 
@@ -194,5 +194,5 @@ def test_a_zero1_resume_loads_this_ranks_shard(tmp_path):
     fresh, fresh_opt = trained(1)
     pos, _ = checkpointer(tmp_path, config(zero1=True, resume="latest")).resume(fresh, fresh_opt)
     assert pos.step == 4
-    for p, q in zip(opt.param_groups[0]["params"], fresh_opt.param_groups[0]["params"]):
+    for p, q in zip(opt.param_groups[0]["params"], fresh_opt.param_groups[0]["params"], strict=True):
         assert torch.equal(opt.state[p]["exp_avg_sq"].cpu(), fresh_opt.state[q]["exp_avg_sq"].cpu())
