@@ -202,6 +202,8 @@ def test_another_number_of_inputs_names_the_inputs_on_each_side():
     assert nearest(here, {A: {"where": "/w/train.py:51", "input_shapes": [*here, "f32[4]", "f32[5]", "f32[6]"]},
                           B: {"where": "/w/train.py:51", "input_shapes": [*here, "f32[4]"]}}) == (
         B, "3 inputs here, 4 in the manifest (none here, f32[4] in the manifest)")
+    assert nearest(["f32[3]", "f32[4]", "f32[5]"], {A: {"where": "/w/train.py:51", "input_shapes": ["f32[1]"]}})[1] == (
+        "3 inputs here, 1 in the manifest (f32[3], f32[4], f32[5] here, f32[1] in the manifest)")
     assert nearest(["f32[3]"], {A: far})[1] == "1 inputs here, 2 in the manifest (f32[3] here, f32[10], f32[99] in the manifest)"
 
 
