@@ -40,7 +40,7 @@ or plain_sgd or drop_path or branch_and_slice_graphs_are_named"
 tests_for() {
     case "$1" in
         graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_graphs_branches.py tests/test_guards.py" ;;
-        precompile/coverage.py)    echo "tests/test_precompile.py tests/test_byos.py" ;;
+        precompile/coverage.py)    echo "tests/test_coverage.py tests/test_precompile.py tests/test_byos.py" ;;
         precompile/manifest.py)    echo "tests/test_manifest.py tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
         precompile/archive.py)     echo "tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
         common/fileio.py)          echo "tests/test_fileio.py tests/test_reliability_cache.py tests/test_reliability_report.py tests/test_cache.py tests/test_guards.py tests/test_reliability_checkpoint.py" ;;
