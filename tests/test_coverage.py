@@ -177,6 +177,9 @@ def test_the_fingerprint_ignores_the_order_of_settings_and_changes_with_any_valu
     ("python t.py - --bs 8", "python t.py --bs 8", ["command python t.py - here, python t.py in the manifest"]),
     ("python t.py --a 1 --b 2", "python t.py --b 2 --a 1", ["the same command with its options in another order"]),
     ("python t.py --a 1", "python t.py --a 1", []),
+    ("python t.py --lr -0.1 --bs 8", "python t.py --lr -0.2 --bs 8", ["--lr -0.1 here, -0.2 in the manifest"]),
+    ("python t.py --shift -3 --wd 1e-4", "python t.py --shift -3 --wd -1e-4", ["--wd 1e-4 here, -1e-4 in the manifest"]),
+    ("python t.py --input -", "python t.py --input data.txt", ["--input - here, data.txt in the manifest"]),
 ])
 def test_a_command_line_is_compared_option_by_option(here, there, named):
     assert coverage.command_differences(here, there) == named

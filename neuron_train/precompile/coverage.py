@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,9 @@ COMPILE_ENV_KEYS = ("device", "neuron_cc_flags", "versions")
 # (innermost user line, then the stack), the checker's kind, and its input shapes (from the HLO).
 GRAPH_DETAILS = ("where", "site", "kind", "input_shapes")
 MAX_NAMED = 3   # shape differences named per graph
+
+
+_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def graph_library_versions() -> dict[str, str]:
@@ -80,6 +84,11 @@ def differences(here: dict, there: dict, labels: Mapping[str, str] | None = None
     return diffs
 
 
+def _is_option(token: str) -> bool:
+    """`--lr`, `-x`; not `-` (stdin) nor a negative number (`--lr -0.1`: the value of --lr)."""
+    return token.startswith("-") and token != "-" and not _NUMBER.fullmatch(token)
+
+
 def _arguments(line: str) -> tuple[list[str], dict[str, str]]:
     """A command line as its positional words and its options (`--flag value`, `--flag=value`, `-x`)."""
     words, options = [], {}
@@ -87,9 +96,9 @@ def _arguments(line: str) -> tuple[list[str], dict[str, str]]:
     i = 0
     while i < len(tokens):
         token = tokens[i]
-        if token.startswith("-") and token != "-":
+        if _is_option(token):
             name, _, value = token.partition("=")
-            takes = not value and i + 1 < len(tokens) and not tokens[i + 1].startswith("-")
+            takes = not value and i + 1 < len(tokens) and not _is_option(tokens[i + 1])
             options[name] = value or (tokens[i + 1] if takes else "")
             i += 1 + takes
         else:
