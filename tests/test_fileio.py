@@ -187,3 +187,116 @@ def test_a_text_input_that_is_not_utf8_is_one_line_naming_the_byte_and_the_fix(t
     except UnicodeDecodeError as exc:
         err = fileio.not_utf8(tmp_path / "cfg.yaml", exc)
     assert str(err) == f"{tmp_path / 'cfg.yaml'}: not UTF-8 text (byte 0xff at offset 3): save it as UTF-8"
+
+
+# ----- a path no command can use: one line naming the option ------------------------------------------------
+
+
+def test_an_unusable_path_is_one_line_naming_the_option_and_the_fix():
+    loop = OSError(errno.ELOOP, "Too many levels of symbolic links", "/data/loop")
+    assert str(fileio.unusable_path(loop, "--output")) == (
+        "--output: path '/data/loop' goes through a loop of symbolic links: fix the link or give another path")
+    assert str(fileio.unusable_path(loop)) == (
+        "path '/data/loop' goes through a loop of symbolic links: fix the link or give another path")
+    assert str(fileio.unusable_path(OSError(errno.ENAMETOOLONG, "File name too long", b"/x/" + b"a" * 300))) == (
+        "path '/x/" + "a" * 56 + "... (303 characters) is too long (at most "
+        "4095 bytes, and 255 for each name in it): give a shorter path")
+    # Path.resolve() before Python 3.13 says a loop with a RuntimeError of its own
+    assert str(fileio.unusable_path(RuntimeError("Symlink loop from '/data/a'"), "--cache")) == (
+        "--cache: path '/data/a' goes through a loop of symbolic links: fix the link or give another path")
+
+
+@pytest.mark.parametrize("exc", [
+    OSError(errno.ELOOP, "Too many levels of symbolic links"),          # no file named: nothing to say about it
+    OSError(errno.ENOENT, "No such file or directory", "/data/x"),      # the command's own business
+    RuntimeError("maximum recursion depth exceeded"),
+    NotImplementedError("Symlink loop from '/data/a'"),                 # only pathlib's own RuntimeError
+    ValueError("Symlink loop from '/data/a'"),
+])
+def test_other_errors_are_not_an_unusable_path(exc):
+    assert fileio.unusable_path(exc, "--output") is None
+
+
+def test_an_unusable_path_is_refused_before_any_work_and_a_new_one_is_fine(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # short paths: the line shows them whole
+    Path("a").symlink_to("b")
+    Path("b").symlink_to("a")
+    with pytest.raises(UsageError, match=r"^--out: path 'a/x' goes through a loop of symbolic links: fix the link"):
+        fileio.refuse_unusable("a/x", "--out")
+    Path("file").write_text("x")
+    with pytest.raises(UsageError, match=r"^--out: path 'file/x' goes through a file as if it were a folder: check"):
+        fileio.refuse_unusable("file/x", "--out")
+    fileio.refuse_unusable("file/x", "--out", but=errno.ENOTDIR)  # the caller says it itself
+    fileio.refuse_unusable("new/x", "--out")  # does not exist yet: fine
+    with pytest.raises(UsageError, match=r"^--output: path 'a/r.json' goes through a loop of symbolic links"):
+        new_output("a/r.json", "--output")
+
+    def not_permitted(path, *args, **kwargs):  # e.g. a FUSE mount or a sandbox refusing the look itself
+        raise PermissionError(errno.EPERM, "Operation not permitted", os.fspath(path))
+
+    monkeypatch.setattr(fileio.os, "stat", not_permitted)
+    with pytest.raises(UsageError, match=r"^--out: path 'x' cannot be used: operation not permitted: choose another"):
+        fileio.refuse_unusable("x", "--out")
+
+
+# ----- writing whole or not at all ----------------------------------------------------------------------------
+
+
+def test_an_atomic_write_leaves_only_a_temporary_file_the_runs_cleanup_removes(tmp_path, monkeypatch):
+    """While the file is written it is a hidden `.NAME.XXXX.tmp` beside it: what a killed write leaves
+    behind, which the next run's clean-up (training/checkpoint.remove_stale_temps) deletes."""
+    from neuron_train.training.checkpoint import remove_stale_temps
+
+    seen = []
+    real = fileio.os.replace
+    monkeypatch.setattr(fileio.os, "replace", lambda src, dst: (seen.append(Path(src).name), real(src, dst)))
+    fileio.write_text_atomic(tmp_path / "metrics.jsonl", "{}\n")
+    (leftover,) = seen
+    (tmp_path / leftover).write_text("partial")  # as a write killed before its rename leaves it
+    assert [p.name for p in remove_stale_temps(tmp_path)] == [leftover]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_folder_is_published_whole_into_new_folders_and_replaces_the_old_one(tmp_path):
+    out = tmp_path / "new" / "deeper" / "report"
+    fileio.publish_folder(out, {"a.html": b"1", "b.csv": b"2"})
+    fileio.publish_folder(out, {"a.html": b"3"})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.html": b"3"}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["report"]  # no work folder left
+
+
+def test_a_failed_swap_puts_the_old_folder_back_and_says_so(tmp_path, monkeypatch):
+    out = tmp_path / "report"
+    fileio.publish_folder(out, {"a.html": b"old"})
+    real = fileio.os.rename
+
+    def failing(src, dst):  # the new folder cannot take the name (a full disk, a folder gone read-only)
+        if Path(src).name.startswith(".report.building-"):
+            raise OSError(errno.EIO, "Input/output error", str(src))
+        return real(src, dst)
+
+    monkeypatch.setattr(fileio.os, "rename", failing)
+    with pytest.raises(RunError, match=rf"^cannot write {out}: Input/output error \(the previous folder, if any, is "
+                                       r"kept as it was\)$"):
+        fileio.publish_folder(out, {"a.html": b"new"})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.html": b"old"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_a_killed_publish_is_finished_the_old_folder_back_or_the_new_one_kept(tmp_path):
+    host, dead = socket.gethostname(), _dead_pid()
+    out = tmp_path / "report"
+    old, building = tmp_path / f".report.old-{host}-{dead}", tmp_path / f".report.building-{host}-{dead}"
+    old.mkdir()
+    (old / "a.html").write_text("old")
+    building.mkdir()
+    fileio.recover_folder(out)  # killed after moving the old folder aside, before the new one took the name
+    assert (out / "a.html").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    old.mkdir()
+    fileio.recover_folder(out)  # killed after the swap, before the old folder was deleted
+    assert (out / "a.html").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    out.rename(tmp_path / "moved")
+    (tmp_path / "moved").rename(old)
+    out.symlink_to(tmp_path / "elsewhere")  # the name is taken, even by a dangling link: the link stays
+    fileio.recover_folder(out)
+    assert out.is_symlink() and not old.exists()
