@@ -254,10 +254,8 @@ def test_the_report_counts_executions_host_reads_and_the_graph_budget():
     analyzer = Analyzer(1, LIBS)
     item = records.HostRead("item", "/u/t.py:12", "train")
     for step in range(1, 5):
-        events = [sync_event("execute", "R", 12, cause=ACCESS), sync_event("execute", "A", 10)]
-        if step == 1:
-            events = [sync_event("compile", "R", 12, cause=ACCESS), *events[:1], sync_event("compile", "A", 10),
-                      *events[1:]]
+        events = [*ran("R", 12, cause=ACCESS), *ran("A")] if step == 1 else [
+            sync_event("execute", "R", 12, cause=ACCESS), sync_event("execute", "A", 10)]
         analyzer.observe(window(step, *events, reads=[item], scalar_reads=1))
     analyzer.observe(window(5, sync_event("compile", "C", 10)))  # compiled, never run
     summary = analyzer.summary(max_graphs=3)
