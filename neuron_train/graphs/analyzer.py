@@ -206,7 +206,7 @@ class Analyzer:
             read = ctx.reads.get(graph.where, {})
             graph.cause = read_cause(read.get("kind")) if event.host_access else NEW_CALL_SITE
             graph.library = read.get("library") or graph.library
-        if graph.kind != "warmup":
+        if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:
             self.hlo[event.graph_hash] = hlo
