@@ -39,7 +39,7 @@ or plain_sgd or drop_path or branch_and_slice_graphs_are_named"
 # (`-m "not slow"` is added for every module: the slow tests run training subprocesses).
 tests_for() {
     case "$1" in
-        graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_graphs_branches.py tests/test_guards.py tests/test_analyzer_reports.py" ;;
+        graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_graphs_branches.py tests/test_guards.py tests/test_analyzer_reports.py tests/test_analyzer_rules.py" ;;
         precompile/coverage.py)    echo "tests/test_coverage.py tests/test_precompile.py tests/test_byos.py" ;;
         precompile/manifest.py)    echo "tests/test_manifest.py tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
         precompile/archive.py)     echo "tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
