@@ -128,6 +128,23 @@ def test_a_library_read_that_splits_the_step_is_reported_at_the_read_with_the_li
     assert analyzer.graphs["A"].library == "transformers/trainer.py:2000"
 
 
+def test_a_late_graph_run_by_a_sync_keeps_its_own_library_line_next_to_a_read_on_the_same_user_line():
+    """`trainer.train()` is the user's line of everything the Trainer does: the first evaluation's
+    graph is named at the evaluation loop's sync, not at a `.item()` the Trainer's logging made in the
+    same window (that read is a host sync of its own)."""
+    analyzer = analyzer_of()
+    analyzer.observe(window(1, *through("A", 30, SYNC, TRAINER)))
+    analyzer.observe(window(2, *through("A", 30, SYNC, TRAINER, compiled=False)))
+    evaluate = Frame("evaluation_loop", f"{SITE_PACKAGES}/transformers/trainer.py", 4300)
+    logged = records.HostRead("item", "/u/t.py:30", "train", library="transformers/trainer.py:2500")
+    assert analyzer.observe(window(3, *through("E", 30, SYNC, evaluate), reads=[logged], phase="eval")) == []
+    e = analyzer.graphs["E"]
+    assert (e.kind, e.cause, e.where, e.library, e.fix) == (
+        "late", records.NEW_CALL_SITE, "/u/t.py:30", "transformers/trainer.py:4300", FIXES[records.NEW_CALL_SITE])
+    assert [(h["where"], h["library"]) for h in analyzer.summary().host_syncs] == [
+        ("/u/t.py:30", "transformers/trainer.py:2500")]
+
+
 def test_a_recompilation_run_by_a_library_names_the_users_line_and_the_library_line():
     analyzer = analyzer_of()
     analyzer.observe(window(1, *through("A", 10, SYNC, TRAINER)))

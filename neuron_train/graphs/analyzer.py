@@ -203,7 +203,9 @@ class Analyzer:
                 self.hlo.get(site.last), hlo, graph.where, ctx, graph.library)
             self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
         elif graph.kind == "late":
-            read = ctx.reads.get(graph.where, {})
+            # Only a graph a read ran is the read's: a sync's graph keeps its own library line, though
+            # the user's line (`trainer.train()`) may have read a value through another library line.
+            read = ctx.reads.get(graph.where, {}) if event.host_access else {}
             graph.cause = read_cause(read.get("kind")) if event.host_access else NEW_CALL_SITE
             graph.library = read.get("library") or graph.library
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
