@@ -4,6 +4,7 @@
 #
 #   scripts/mutation.sh                      # every module below
 #   scripts/mutation.sh training/optim.py    # one (or a few) of them
+#   MUTATION_TESTS=tests/test_fileio.py scripts/mutation.sh common/fileio.py  # against these tests only
 #
 # Each module is mutated alone, in a scratch copy of the checkout (mutmut writes a mutants/ folder
 # and its config is per project), against the fast in-process tests that guard it: mutmut maps
@@ -18,6 +19,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$ROOT/runs/mutation"
 NICE="${MUTATION_NICE:-15}"
 CHILDREN="${MUTATION_CHILDREN:-2}"
+TESTS="${MUTATION_TESTS:-}"  # test files instead of the module's selection (a quick lower bound: fewer tests)
 
 # Tests that start the command, a training run or the CLI in a subprocess: deselected (slow, and
 # invisible to mutmut's per-function test mapping).
@@ -88,7 +90,7 @@ for module in "${modules[@]}"; do
 [tool.mutmut]
 source_paths = ["neuron_train"]
 only_mutate = ["neuron_train/$module"]
-pytest_add_cli_args_test_selection = [$(printf '"%s", ' $(tests_for "$module"))"-m", "not slow", "-k", "not ($SUBPROCESS_TESTS)"]
+pytest_add_cli_args_test_selection = [$(printf '"%s", ' ${TESTS:-$(tests_for "$module")})"-m", "not slow", "-k", "not ($SUBPROCESS_TESTS)"]
 pytest_add_cli_args = ["-p", "no:cacheprovider"]
 process_isolation = "forkserver"
 EOF
