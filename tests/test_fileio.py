@@ -9,6 +9,7 @@ its folder, a full disk names the free space of the device the file was to go on
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import socket
@@ -202,8 +203,8 @@ def test_an_unusable_path_is_one_line_naming_the_option_and_the_fix():
         "path '/x/" + "a" * 56 + "... (303 characters) is too long (at most "
         "4095 bytes, and 255 for each name in it): give a shorter path")
     # Path.resolve() before Python 3.13 says a loop with a RuntimeError of its own
-    assert str(fileio.unusable_path(RuntimeError("Symlink loop from '/data/a'"), "--cache")) == (
-        "--cache: path '/data/a' goes through a loop of symbolic links: fix the link or give another path")
+    assert str(fileio.unusable_path(RuntimeError("Symlink loop from '/data/X'"), "--cache")) == (
+        "--cache: path '/data/X' goes through a loop of symbolic links: fix the link or give another path")
 
 
 @pytest.mark.parametrize("exc", [
@@ -300,3 +301,22 @@ def test_a_killed_publish_is_finished_the_old_folder_back_or_the_new_one_kept(tm
     out.symlink_to(tmp_path / "elsewhere")  # the name is taken, even by a dangling link: the link stays
     fileio.recover_folder(out)
     assert out.is_symlink() and not old.exists()
+
+
+def test_a_files_digest_is_its_sha256_over_every_block(tmp_path):
+    data = os.urandom(3 * (1 << 20) + 5)  # more than one read block, and a short last one
+    (tmp_path / "f").write_bytes(data)
+    assert fileio.sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    (tmp_path / "empty").write_bytes(b"")
+    assert fileio.sha256_file(tmp_path / "empty") == hashlib.sha256(b"").hexdigest()
+
+
+def test_removing_a_link_to_a_folder_removes_the_link_only_and_a_missing_path_is_nothing(tmp_path):
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "keep").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    fileio.remove_path(tmp_path / "link")
+    assert not (tmp_path / "link").is_symlink() and (tmp_path / "target" / "keep").read_text() == "x"
+    fileio.remove_path(tmp_path / "gone")  # already removed (by a concurrent clean-up): fine
+    fileio.remove_path(tmp_path / "target")
+    assert list(tmp_path.iterdir()) == []
