@@ -250,9 +250,11 @@ def test_an_atomic_write_leaves_only_a_temporary_file_the_runs_cleanup_removes(t
 
     seen = []
     real = fileio.os.replace
-    monkeypatch.setattr(fileio.os, "replace", lambda src, dst: (seen.append(Path(src).name), real(src, dst)))
+    monkeypatch.setattr(fileio.os, "replace", lambda src, dst: (seen.append(Path(src)), real(src, dst)))
     fileio.write_text_atomic(tmp_path / "metrics.jsonl", "{}\n")
-    (leftover,) = seen
+    (temp,) = seen
+    assert temp.parent == tmp_path  # beside the file: the rename is atomic on one file system
+    leftover = temp.name
     (tmp_path / leftover).write_text("partial")  # as a write killed before its rename leaves it
     assert [p.name for p in remove_stale_temps(tmp_path)] == [leftover]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
@@ -277,11 +279,15 @@ def test_a_failed_swap_puts_the_old_folder_back_and_says_so(tmp_path, monkeypatc
         return real(src, dst)
 
     monkeypatch.setattr(fileio.os, "rename", failing)
+    renames = []
+    monkeypatch.setattr(fileio.os, "rename", lambda src, dst: (renames.append((Path(src), Path(dst))), failing(src, dst)))
     with pytest.raises(RunError, match=rf"^cannot write {out}: Input/output error \(the previous folder, if any, is "
                                        r"kept as it was\)$"):
         fileio.publish_folder(out, {"a.html": b"new"})
     assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.html": b"old"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    # the old folder was moved aside under the name recover_folder looks for after a killed process
+    assert renames[0] == (out, fileio.work_path(out, "old")) and renames[-1] == (fileio.work_path(out, "old"), out)
 
 
 def test_a_killed_publish_is_finished_the_old_folder_back_or_the_new_one_kept(tmp_path):
