@@ -95,7 +95,7 @@ def test_unpack_never_replaces_a_different_file_the_cache_has(cache, tmp_path):
     archive.unpack(str(dest), other)
     (other / "xla" / XLA_A).write_bytes(b"someone else's")
     before = files_of(other)
-    with pytest.raises(UsageError, match=r"refusing to unpack: 1 file\(s\) already in .* differ from the archive"):
+    with pytest.raises(UsageError, match=r"refusing to unpack: 1 file\(s\) already in .* differ from the archive \(e.g. xla/\d+\); unpack into an empty directory or prune those entries first$"):
         archive.unpack(str(dest), other)
     assert files_of(other) == before
 
@@ -171,3 +171,94 @@ def test_pack_changes_nothing_in_a_folder_that_is_not_a_cache_unless_adopted(tmp
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "xla"]
     assert not (tmp_path / "warm.tar.gz").exists()
     assert archive.pack(folder, str(tmp_path / "warm.tar.gz"), adopt=True).files == 1
+
+
+def test_unpack_into_a_folder_that_is_not_a_cache_changes_nothing_unless_adopted(cache, tmp_path):
+    dest = tmp_path / "warm.tar.gz"
+    archive.pack(cache, str(dest))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("someone's")
+    with pytest.raises(UsageError, match=r"is not a compile cache .*`cache unpack` changes nothing in it; check "
+                                         r"--cache-dir, or pass --adopt"):
+        archive.unpack(str(dest), folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    assert archive.unpack(str(dest), folder, adopt=True).new_files == len(finished(cache))
+    assert files_of(folder) == finished(cache) | {"notes.txt": b"someone's"}
+
+
+def test_unpack_into_a_cache_dir_that_cannot_be_created_says_so_in_one_line(cache, tmp_path):
+    dest = tmp_path / "warm.tar.gz"
+    archive.pack(cache, str(dest))
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UsageError) as err:
+        archive.unpack(str(dest), tmp_path / "a-file" / "sub")
+    assert str(err.value) == (f"--cache-dir {tmp_path / 'a-file' / 'sub'}: cannot create it (Not a directory): "
+                              "choose another --cache-dir")
+
+
+def test_unpack_names_the_fix_and_changes_nothing_when_the_disk_fills_or_a_move_fails(cache, tmp_path, monkeypatch):
+    """A full disk (or any other OSError) while moving files in: one line, the cache as it was."""
+    import errno
+    import os
+    dest = tmp_path / "warm.tar.gz"
+    archive.pack(cache, str(dest))
+    other = tmp_path / "other"
+    other.mkdir()
+    for code, message in [(errno.ENOSPC, f"no space left on the device of {other}: nothing was unpacked (the "
+                           "partial files were removed); free some space and unpack again"),
+                          (errno.EIO, f"cannot unpack into {other}: Input/output error")]:
+        def full(src, dst, code=code):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(archive.os, "replace", full)
+        with pytest.raises(RunError) as err:
+            archive.unpack(str(dest), other, adopt=True)
+        assert str(err.value) == message
+        assert files_of(other) == {} and not (other / store.MANIFEST).exists()
+        assert [p.name for p in other.iterdir() if p.name.startswith(".staging")] == []
+
+
+def test_a_damaged_member_is_named_with_what_is_wrong(cache, tmp_path):
+    good, bad = tmp_path / "good.tar.gz", tmp_path / "bad.tar.gz"
+    archive.pack(cache, str(good))
+    rewrite(good, bad, lambda m, d: [(m, bytes([d[0] ^ 1]) + d[1:] if m.name == f"xla/{XLA_A}" else d)])
+    with pytest.raises(RunError) as err:
+        archive.unpack(str(bad), tmp_path / "other")
+    assert str(err.value).startswith(f"{bad} is damaged: xla/{XLA_A}: ")
+    assert "sha256" in str(err.value).lower() or "checksum" in str(err.value).lower()
+
+
+def test_a_pack_that_fails_midway_names_the_file_and_leaves_no_partial_archive(cache, tmp_path, monkeypatch):
+    def full(cache, packed, part):
+        part.write_bytes(b"half")
+        raise OSError(28, "No space left on device", str(part))
+    monkeypatch.setattr(archive, "_write_archive", full)
+    dest = tmp_path / "warm.tar.gz"
+    with pytest.raises(RunError) as err:
+        archive.pack(cache, str(dest))
+    part = archive.work_path(dest, "part")
+    assert str(err.value) == (f"cannot pack into {dest}: No space left on device ({part}); the partial "
+                              "archive was removed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_a_file_that_appears_while_packing_is_not_replaced(cache, tmp_path, monkeypatch):
+    """The race after the early check: `dest` created by someone else while the archive was written."""
+    import errno
+    packed = archive._packed_manifest(cache)[0]
+    dest = tmp_path / "warm.tar.gz"
+    dest.write_text("theirs")
+    with pytest.raises(UsageError) as err:
+        archive._publish_archive(cache, packed, dest)
+    assert str(err.value) == f"{dest} already exists: choose another file name (nothing is overwritten)"
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(archive.os, "link", no_links)  # a file system without hard links
+    with pytest.raises(UsageError) as err:
+        archive._publish_archive(cache, packed, dest)
+    assert str(err.value) == f"{dest} already exists: choose another file name"
+    assert dest.read_text() == "theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["cache", "warm.tar.gz"]
+    fresh = tmp_path / "fresh.tar.gz"
+    archive._publish_archive(cache, packed, fresh)
+    assert archive.unpack(str(fresh), tmp_path / "other").new_files == len(finished(cache))
