@@ -262,3 +262,78 @@ def test_a_file_that_appears_while_packing_is_not_replaced(cache, tmp_path, monk
     fresh = tmp_path / "fresh.tar.gz"
     archive._publish_archive(cache, packed, fresh)
     assert archive.unpack(str(fresh), tmp_path / "other").new_files == len(finished(cache))
+
+
+class StandInS3:
+    """An in-memory stand-in for the boto3 S3 client: it tests only OUR contract with S3 (what
+    we upload under which key, that an existing object is never overwritten, how botocore's errors
+    become one line), never S3 itself. head_object raises ClientError the way botocore does."""
+
+    def __init__(self, objects=None, head_error=None):
+        self.objects, self.head_error, self.uploads = dict(objects or {}), head_error, []
+
+    def head_object(self, Bucket, Key):
+        from botocore.exceptions import ClientError
+        if self.head_error:
+            raise ClientError({"Error": {"Code": self.head_error, "Message": "Forbidden"}}, "HeadObject")
+        if (Bucket, Key) not in self.objects:
+            raise ClientError({"Error": {"Code": "404", "Message": "Not Found"}}, "HeadObject")
+        return {}
+
+    def upload_file(self, filename, bucket, key):
+        self.uploads.append((bucket, key))
+        self.objects[(bucket, key)] = Path(filename).read_bytes()
+
+    def download_file(self, bucket, key, filename):
+        Path(filename).write_bytes(self.objects[(bucket, key)])
+
+
+def test_pack_to_s3_uploads_the_archive_under_its_key_and_never_overwrites(cache, tmp_path, monkeypatch):
+    """Contract with S3 through a stand-in client (see StandInS3): not a test of S3."""
+    s3 = StandInS3()
+    urls = []
+    monkeypatch.setattr(archive, "_s3_client", lambda url: urls.append(url) or s3)
+    url = "s3://bucket/caches/warm.tar.gz"
+    assert archive.pack(cache, url).files == len(finished(cache))
+    assert s3.uploads == [("bucket", "caches/warm.tar.gz")] and urls == [url]
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".staging")] == []
+    result = archive.unpack(url, tmp_path / "other")
+    assert result.new_files == len(finished(cache)) and files_of(tmp_path / "other") == finished(cache)
+    assert urls == [url, url]
+    before = dict(s3.objects)
+    with pytest.raises(UsageError) as err:
+        archive.pack(cache, url)
+    assert str(err.value) == f"{url} already exists: choose another key (nothing is overwritten)"
+    assert s3.objects == before and len(s3.uploads) == 1
+
+
+def test_an_s3_error_other_than_not_found_is_one_line(cache, monkeypatch):
+    """Contract with S3 through a stand-in client (see StandInS3): a 403 on HEAD is said, not packed over."""
+    s3 = StandInS3(head_error="403")
+    monkeypatch.setattr(archive, "_s3_client", lambda url: s3)
+    with pytest.raises(RunError) as err:
+        archive.pack(cache, "s3://bucket/warm.tar.gz")
+    assert str(err.value).startswith("s3://bucket/warm.tar.gz: An error occurred (403) when calling the "
+                                     "HeadObject operation")
+    assert s3.uploads == []
+    for code in ("NoSuchKey", "NotFound"):
+        assert archive._s3_exists(StandInS3(head_error=code), "bucket", "k") is False
+
+
+def test_s3_without_credentials_is_one_line_naming_the_fix(monkeypatch, tmp_path):
+    """botocore's own credential lookup with every source emptied (no network: IMDS disabled)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(UsageError) as err:
+        archive._s3_client("s3://b/k")
+    assert str(err.value) == ("s3://b/k: no AWS credentials found (instance role, AWS_PROFILE or `aws "
+                              "configure`); or pack to a local file and copy it yourself")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert archive._s3_client("s3://b/k").meta.service_model.service_name == "s3"
