@@ -132,6 +132,11 @@ def _manifest_lists(extra: str):
     return change
 
 
+def _as_dir(member):
+    member.type = tarfile.DIRTYPE
+    return member
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda m, d: [(m, d[:-1] if m.name.startswith("xla/") else d)], r"is damaged: member xla/\S+ is \d+ bytes, its manifest says"),
     (lambda m, d: [(m, d)] + ([(tarfile.TarInfo("xla/unlisted"), b"abc")] if m.name == store.MANIFEST else []),
@@ -141,6 +146,9 @@ def _manifest_lists(extra: str):
     (lambda m, d: [(m, b"[]" if m.name == store.MANIFEST else d)], "not a neuron-train graph manifest.*refusing to unpack"),
     (_manifest_lists("xla/absent"), "is incomplete: xla/absent is listed but absent"),
     (lambda m, d: [(m, bytes([d[0] ^ 1]) + d[1:] if m.name.startswith("xla/") else d)], "damaged"),
+    (lambda m, d: [(_as_dir(m), b"") if m.name == store.MANIFEST else (m, d)], "its manifest.json is not a regular file"),
+    (lambda m, d: [(m, b"[" * 100000 + b"]" * 100000 if m.name == store.MANIFEST else d)],
+     "its manifest.json is nested too deeply .*; refusing to unpack"),
 ])
 def test_an_archive_that_does_not_match_its_manifest_is_refused_before_anything_reaches_the_cache(
         cache, tmp_path, change, message):
@@ -337,3 +345,21 @@ def test_s3_without_credentials_is_one_line_naming_the_fix(monkeypatch, tmp_path
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     assert archive._s3_client("s3://b/k").meta.service_model.service_name == "s3"
+
+
+def test_an_os_error_while_extracting_is_ours_or_the_archives(cache, tmp_path, monkeypatch):
+    """EACCES (our side) is said by unpack as `cannot unpack into`; any other errno is the archive's."""
+    import errno
+    import os
+    good = tmp_path / "good.tar.gz"
+    archive.pack(cache, str(good))
+    other = tmp_path / "other"
+    for code, message in [(errno.EACCES, f"cannot unpack into {other}: Permission denied"),
+                          (errno.EIO, f"{good} is damaged: [Errno 5] Input/output error")]:
+        def fail(self, *args, code=code, **kwargs):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(tarfile.TarFile, "extract", fail)
+        with pytest.raises(RunError) as err:
+            archive.unpack(str(good), other)
+        assert str(err.value) == message
+        assert files_of(other) == {} and not (other / store.MANIFEST).exists()
