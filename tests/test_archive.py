@@ -363,3 +363,23 @@ def test_an_os_error_while_extracting_is_ours_or_the_archives(cache, tmp_path, m
             archive.unpack(str(good), other)
         assert str(err.value) == message
         assert files_of(other) == {} and not (other / store.MANIFEST).exists()
+
+
+def test_pack_removes_a_dead_packs_partial_archive_and_keeps_a_live_ones(cache, tmp_path):
+    """A pack killed mid-write (kill -9) left `.NAME.part-HOST-PID`: the next pack removes it,
+    never the partial file of a pack still running (pid 1 is alive)."""
+    import subprocess
+    dest = tmp_path / "warm.tar.gz"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = archive.work_path(dest, "part").with_name(archive.work_path(dest, "part").name.rsplit("-", 1)[0]
+                                                     + f"-{gone.pid}")
+    live = dead.with_name(dead.name.rsplit("-", 1)[0] + "-1")
+    dead.write_bytes(b"half")
+    live.write_bytes(b"writing")
+    archive.pack(cache, str(dest))
+    assert not dead.exists() and live.read_bytes() == b"writing"
+    with pytest.raises(UsageError) as err:
+        archive.pack(cache, str(dest))
+    assert str(err.value) == (f"cache pack FILE: {dest} already exists: remove it or choose another file "
+                              "(nothing is overwritten)")
