@@ -95,7 +95,7 @@ def test_unpack_never_replaces_a_different_file_the_cache_has(cache, tmp_path):
     archive.unpack(str(dest), other)
     (other / "xla" / XLA_A).write_bytes(b"someone else's")
     before = files_of(other)
-    with pytest.raises(UsageError, match=r"refusing to unpack: 1 file\(s\) already in .* differ from the archive"):
+    with pytest.raises(UsageError, match=r"refusing to unpack: 1 file\(s\) already in .* differ from the archive \(e.g. xla/\d+\); unpack into an empty directory or prune those entries first$"):
         archive.unpack(str(dest), other)
     assert files_of(other) == before
 
@@ -132,6 +132,11 @@ def _manifest_lists(extra: str):
     return change
 
 
+def _as_dir(member):
+    member.type = tarfile.DIRTYPE
+    return member
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda m, d: [(m, d[:-1] if m.name.startswith("xla/") else d)], r"is damaged: member xla/\S+ is \d+ bytes, its manifest says"),
     (lambda m, d: [(m, d)] + ([(tarfile.TarInfo("xla/unlisted"), b"abc")] if m.name == store.MANIFEST else []),
@@ -141,6 +146,9 @@ def _manifest_lists(extra: str):
     (lambda m, d: [(m, b"[]" if m.name == store.MANIFEST else d)], "not a neuron-train graph manifest.*refusing to unpack"),
     (_manifest_lists("xla/absent"), "is incomplete: xla/absent is listed but absent"),
     (lambda m, d: [(m, bytes([d[0] ^ 1]) + d[1:] if m.name.startswith("xla/") else d)], "damaged"),
+    (lambda m, d: [(_as_dir(m), b"") if m.name == store.MANIFEST else (m, d)], "its manifest.json is not a regular file"),
+    (lambda m, d: [(m, b"[" * 100000 + b"]" * 100000 if m.name == store.MANIFEST else d)],
+     "its manifest.json is nested too deeply .*; refusing to unpack"),
 ])
 def test_an_archive_that_does_not_match_its_manifest_is_refused_before_anything_reaches_the_cache(
         cache, tmp_path, change, message):
@@ -171,3 +179,207 @@ def test_pack_changes_nothing_in_a_folder_that_is_not_a_cache_unless_adopted(tmp
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "xla"]
     assert not (tmp_path / "warm.tar.gz").exists()
     assert archive.pack(folder, str(tmp_path / "warm.tar.gz"), adopt=True).files == 1
+
+
+def test_unpack_into_a_folder_that_is_not_a_cache_changes_nothing_unless_adopted(cache, tmp_path):
+    dest = tmp_path / "warm.tar.gz"
+    archive.pack(cache, str(dest))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("someone's")
+    with pytest.raises(UsageError, match=r"is not a compile cache .*`cache unpack` changes nothing in it; check "
+                                         r"--cache-dir, or pass --adopt"):
+        archive.unpack(str(dest), folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    assert archive.unpack(str(dest), folder, adopt=True).new_files == len(finished(cache))
+    assert files_of(folder) == finished(cache) | {"notes.txt": b"someone's"}
+
+
+def test_unpack_into_a_cache_dir_that_cannot_be_created_says_so_in_one_line(cache, tmp_path):
+    dest = tmp_path / "warm.tar.gz"
+    archive.pack(cache, str(dest))
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UsageError) as err:
+        archive.unpack(str(dest), tmp_path / "a-file" / "sub")
+    assert str(err.value) == (f"--cache-dir {tmp_path / 'a-file' / 'sub'}: cannot create it (Not a directory): "
+                              "choose another --cache-dir")
+
+
+def test_unpack_names_the_fix_and_changes_nothing_when_the_disk_fills_or_a_move_fails(cache, tmp_path, monkeypatch):
+    """A full disk (or any other OSError) while moving files in: one line, the cache as it was."""
+    import errno
+    import os
+    dest = tmp_path / "warm.tar.gz"
+    archive.pack(cache, str(dest))
+    other = tmp_path / "other"
+    other.mkdir()
+    for code, message in [(errno.ENOSPC, f"no space left on the device of {other}: nothing was unpacked (the "
+                           "partial files were removed); free some space and unpack again"),
+                          (errno.EIO, f"cannot unpack into {other}: Input/output error")]:
+        def full(src, dst, code=code):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(archive.os, "replace", full)
+        with pytest.raises(RunError) as err:
+            archive.unpack(str(dest), other, adopt=True)
+        assert str(err.value) == message
+        assert files_of(other) == {} and not (other / store.MANIFEST).exists()
+        assert [p.name for p in other.iterdir() if p.name.startswith(".staging")] == []
+
+
+def test_a_damaged_member_is_named_with_what_is_wrong(cache, tmp_path):
+    good, bad = tmp_path / "good.tar.gz", tmp_path / "bad.tar.gz"
+    archive.pack(cache, str(good))
+    rewrite(good, bad, lambda m, d: [(m, bytes([d[0] ^ 1]) + d[1:] if m.name == f"xla/{XLA_A}" else d)])
+    with pytest.raises(RunError) as err:
+        archive.unpack(str(bad), tmp_path / "other")
+    assert str(err.value).startswith(f"{bad} is damaged: xla/{XLA_A}: ")
+    assert "sha256" in str(err.value).lower() or "checksum" in str(err.value).lower()
+
+
+def test_a_pack_that_fails_midway_names_the_file_and_leaves_no_partial_archive(cache, tmp_path, monkeypatch):
+    def full(cache, packed, part):
+        part.write_bytes(b"half")
+        raise OSError(28, "No space left on device", str(part))
+    monkeypatch.setattr(archive, "_write_archive", full)
+    dest = tmp_path / "warm.tar.gz"
+    with pytest.raises(RunError) as err:
+        archive.pack(cache, str(dest))
+    part = archive.work_path(dest, "part")
+    assert str(err.value) == (f"cannot pack into {dest}: No space left on device ({part}); the partial "
+                              "archive was removed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_a_file_that_appears_while_packing_is_not_replaced(cache, tmp_path, monkeypatch):
+    """The race after the early check: `dest` created by someone else while the archive was written."""
+    import errno
+    packed = archive._packed_manifest(cache)[0]
+    dest = tmp_path / "warm.tar.gz"
+    dest.write_text("theirs")
+    with pytest.raises(UsageError) as err:
+        archive._publish_archive(cache, packed, dest)
+    assert str(err.value) == f"{dest} already exists: choose another file name (nothing is overwritten)"
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(archive.os, "link", no_links)  # a file system without hard links
+    with pytest.raises(UsageError) as err:
+        archive._publish_archive(cache, packed, dest)
+    assert str(err.value) == f"{dest} already exists: choose another file name"
+    assert dest.read_text() == "theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["cache", "warm.tar.gz"]
+    fresh = tmp_path / "fresh.tar.gz"
+    archive._publish_archive(cache, packed, fresh)
+    assert archive.unpack(str(fresh), tmp_path / "other").new_files == len(finished(cache))
+
+
+class StandInS3:
+    """An in-memory stand-in for the boto3 S3 client: it tests only OUR contract with S3 (what
+    we upload under which key, that an existing object is never overwritten, how botocore's errors
+    become one line), never S3 itself. head_object raises ClientError the way botocore does."""
+
+    def __init__(self, objects=None, head_error=None):
+        self.objects, self.head_error, self.uploads = dict(objects or {}), head_error, []
+
+    def head_object(self, Bucket, Key):
+        from botocore.exceptions import ClientError
+        if self.head_error:
+            raise ClientError({"Error": {"Code": self.head_error, "Message": "Forbidden"}}, "HeadObject")
+        if (Bucket, Key) not in self.objects:
+            raise ClientError({"Error": {"Code": "404", "Message": "Not Found"}}, "HeadObject")
+        return {}
+
+    def upload_file(self, filename, bucket, key):
+        self.uploads.append((bucket, key))
+        self.objects[(bucket, key)] = Path(filename).read_bytes()
+
+    def download_file(self, bucket, key, filename):
+        Path(filename).write_bytes(self.objects[(bucket, key)])
+
+
+def test_pack_to_s3_uploads_the_archive_under_its_key_and_never_overwrites(cache, tmp_path, monkeypatch):
+    """Contract with S3 through a stand-in client (see StandInS3): not a test of S3."""
+    s3 = StandInS3()
+    urls = []
+    monkeypatch.setattr(archive, "_s3_client", lambda url: urls.append(url) or s3)
+    url = "s3://bucket/caches/warm.tar.gz"
+    assert archive.pack(cache, url).files == len(finished(cache))
+    assert s3.uploads == [("bucket", "caches/warm.tar.gz")] and urls == [url]
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".staging")] == []
+    result = archive.unpack(url, tmp_path / "other")
+    assert result.new_files == len(finished(cache)) and files_of(tmp_path / "other") == finished(cache)
+    assert urls == [url, url]
+    before = dict(s3.objects)
+    with pytest.raises(UsageError) as err:
+        archive.pack(cache, url)
+    assert str(err.value) == f"{url} already exists: choose another key (nothing is overwritten)"
+    assert s3.objects == before and len(s3.uploads) == 1
+
+
+def test_an_s3_error_other_than_not_found_is_one_line(cache, monkeypatch):
+    """Contract with S3 through a stand-in client (see StandInS3): a 403 on HEAD is said, not packed over."""
+    s3 = StandInS3(head_error="403")
+    monkeypatch.setattr(archive, "_s3_client", lambda url: s3)
+    with pytest.raises(RunError) as err:
+        archive.pack(cache, "s3://bucket/warm.tar.gz")
+    assert str(err.value).startswith("s3://bucket/warm.tar.gz: An error occurred (403) when calling the "
+                                     "HeadObject operation")
+    assert s3.uploads == []
+    for code in ("NoSuchKey", "NotFound"):
+        assert archive._s3_exists(StandInS3(head_error=code), "bucket", "k") is False
+
+
+def test_s3_without_credentials_is_one_line_naming_the_fix(monkeypatch, tmp_path):
+    """botocore's own credential lookup with every source emptied (no network: IMDS disabled)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(UsageError) as err:
+        archive._s3_client("s3://b/k")
+    assert str(err.value) == ("s3://b/k: no AWS credentials found (instance role, AWS_PROFILE or `aws "
+                              "configure`); or pack to a local file and copy it yourself")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert archive._s3_client("s3://b/k").meta.service_model.service_name == "s3"
+
+
+def test_an_os_error_while_extracting_is_ours_or_the_archives(cache, tmp_path, monkeypatch):
+    """EACCES (our side) is said by unpack as `cannot unpack into`; any other errno is the archive's."""
+    import errno
+    import os
+    good = tmp_path / "good.tar.gz"
+    archive.pack(cache, str(good))
+    other = tmp_path / "other"
+    for code, message in [(errno.EACCES, f"cannot unpack into {other}: Permission denied"),
+                          (errno.EIO, f"{good} is damaged: [Errno 5] Input/output error")]:
+        def fail(self, *args, code=code, **kwargs):
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(tarfile.TarFile, "extract", fail)
+        with pytest.raises(RunError) as err:
+            archive.unpack(str(good), other)
+        assert str(err.value) == message
+        assert files_of(other) == {} and not (other / store.MANIFEST).exists()
+
+
+def test_pack_removes_a_dead_packs_partial_archive_and_keeps_a_live_ones(cache, tmp_path):
+    """A pack killed mid-write (kill -9) left `.NAME.part-HOST-PID`: the next pack removes it,
+    never the partial file of a pack still running (pid 1 is alive)."""
+    import subprocess
+    dest = tmp_path / "warm.tar.gz"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = archive.work_path(dest, "part").with_name(archive.work_path(dest, "part").name.rsplit("-", 1)[0]
+                                                     + f"-{gone.pid}")
+    live = dead.with_name(dead.name.rsplit("-", 1)[0] + "-1")
+    dead.write_bytes(b"half")
+    live.write_bytes(b"writing")
+    archive.pack(cache, str(dest))
+    assert not dead.exists() and live.read_bytes() == b"writing"
+    with pytest.raises(UsageError) as err:
+        archive.pack(cache, str(dest))
+    assert str(err.value) == (f"cache pack FILE: {dest} already exists: remove it or choose another file "
+                              "(nothing is overwritten)")
