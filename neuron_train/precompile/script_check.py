@@ -43,7 +43,7 @@ class CoverageCheck:
         refuse_s3(cache_dir, "--compile-cache", "unpack it first: `neuron-train cache unpack s3://... "
                   "--compile-cache DIR`")
         self.cache, self.command, self.require = Path(cache_dir).absolute(), command, require
-        self.hint = shlex.join(["neuron-train", "precompile", "--compile-cache", str(self.cache), "--", *command])
+        self.hint = self._precompile_command()
         if not store.has_manifest(self.cache):
             raise UsageError(f"{self.cache} holds no {store.MANIFEST}: it is not a precompiled cache; "
                              f"fill it first: {self.hint}")
@@ -63,6 +63,11 @@ class CoverageCheck:
             raise RunError(f"{self.cache}/{store.MANIFEST} vouches for {len(missing)} cache file(s) that are "
                            f"not in {self.cache} (e.g. {missing[0].entry}): a manifest copied from another "
                            f"cache, or an emptied cache; precompile into it again: {self.hint}")
+
+    def _precompile_command(self, steps: int | None = None) -> str:
+        """The precompile command for this run's command line (a tour of `steps` when given)."""
+        tour = [] if steps is None else ["--steps", str(steps)]
+        return shlex.join(["neuron-train", "precompile", "--compile-cache", str(self.cache), *tour, "--", *self.command])
 
     def env(self, folder: Path) -> dict[str, str]:
         flags, _ = cache_flags(os.environ, self.cache)
@@ -99,8 +104,7 @@ class CoverageCheck:
                 else "right after its compile")
         hint = self.hint
         if graph and graph.step and difference.startswith("no precompiled graph comes from"):  # the tour stopped before
-            hint = shlex.join(["neuron-train", "precompile", "--compile-cache", str(self.cache),
-                               "--steps", str(graph.step + 1), "--", *self.command])
+            hint = self._precompile_command(steps=graph.step + 1)
             difference += f" (it compiled after step {graph.step}: a tour of {graph.step + 1} steps reaches it)"
         return (f"--require-precompiled stopped {shlex.join(self.command)} at graph {stop['graph'][:12]} from "
                 f"{short(stop['where'] or '?')} {when}" + (f": {difference}" if difference else "")
