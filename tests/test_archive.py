@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -365,7 +366,7 @@ def test_an_os_error_while_extracting_is_ours_or_the_archives(cache, tmp_path, m
         assert files_of(other) == {} and not (other / store.MANIFEST).exists()
 
 
-def test_pack_removes_a_dead_packs_partial_archive_and_keeps_a_live_ones(cache, tmp_path):
+def test_a_dead_packs_partial_archive_is_removed_by_the_next_pack_and_a_live_ones_kept(cache, tmp_path):
     """A pack killed mid-write (kill -9) left `.NAME.part-HOST-PID`: the next pack removes it,
     never the partial file of a pack still running (pid 1 is alive)."""
     import subprocess
@@ -383,3 +384,18 @@ def test_pack_removes_a_dead_packs_partial_archive_and_keeps_a_live_ones(cache, 
         archive.pack(cache, str(dest))
     assert str(err.value) == (f"cache pack FILE: {dest} already exists: remove it or choose another file "
                               "(nothing is overwritten)")
+
+
+def test_an_unpack_into_a_folder_it_may_not_write_is_refused_before_anything_is_read(cache, tmp_path, monkeypatch):
+    """A read-only mount (or, for another user, no permission): os.access says so, one line names the fix."""
+    good = tmp_path / "good.tar.gz"
+    archive.pack(cache, str(good))
+    target = tmp_path / "ro"
+    target.mkdir()
+    asked = []
+    monkeypatch.setattr(archive.os, "access", lambda path, mode: asked.append(mode) or False)
+    with pytest.raises(UsageError) as err:
+        archive.unpack(str(good), target)
+    assert str(err.value) == (f"--cache-dir {target} is not writable (read-only or no permission): choose another "
+                              "--cache-dir")
+    assert asked == [os.W_OK | os.X_OK] and list(target.iterdir()) == []
