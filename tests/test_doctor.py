@@ -363,6 +363,7 @@ def doctor(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(any(Path("/dev").glob("neuron[0-9]*")), reason="this machine has Neuron devices")
 def test_doctor_on_this_cpu_machine(tmp_path):
     out = tmp_path / "report.json"

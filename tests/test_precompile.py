@@ -167,6 +167,7 @@ def command_line(stdout: str) -> list[str]:
     return shlex.split(lines[lines.index("command") + 1])
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_neuron_parallel_compile_command(tmp_path):
     cache = tmp_path / "cc"
     proc = precompile("--dry-run", "--target", "neuron", "--num-parallel", "8", "--nproc-per-node", "2",
@@ -200,6 +201,7 @@ def test_dry_run_through_the_script_with_retry_failed(tmp_path):
     assert subprocess.run(["shellcheck", str(ROOT / "scripts" / "precompile.sh")]).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,env,message", [
     (["--cache-dir", "/tmp/a", "--", "--compile-cache", "/tmp/b"], {}, "differ"),
     (["--", "--batch-size", "0"], {}, "--batch-size must be >= 1"),

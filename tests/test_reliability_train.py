@@ -397,6 +397,7 @@ def test_a_non_utf8_config_file_is_one_line(tmp_path):
 
 
 # ----- refusals before torch_xla starts ---------------------------------------------------------
+@pytest.mark.slow
 def test_errors_found_before_start_up_come_before_torch_xla_and_leave_no_directory(tmp_path):
     empty = tmp_path / "empty-data"
     (empty / "train").mkdir(parents=True)

@@ -137,6 +137,7 @@ def test_sigterm_checkpoints_then_stops_and_resume_finishes(tmp_path):
     assert summary_of(out)["steps"] == step + 2
 
 
+@pytest.mark.slow
 def test_existing_run_is_never_overwritten_and_resume_needs_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -148,6 +149,7 @@ def test_existing_run_is_never_overwritten_and_resume_needs_a_checkpoint(tmp_pat
     assert proc.returncode == 2 and "no checkpoint" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_extraction_mode_writes_nothing_and_stops_after_precompile_steps(tmp_path):
     out = tmp_path / "extract"
     proc = run_train(out, *NANO, "--epochs", "5", "--precompile-steps", "3",
@@ -157,6 +159,7 @@ def test_extraction_mode_writes_nothing_and_stops_after_precompile_steps(tmp_pat
     assert int(re.search(r"^steps\s+(\d+) ", proc.stdout, re.M).group(1)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, env", [
     ("bf16-autocast", {}),
     ("bf16", {}),
@@ -174,11 +177,13 @@ def test_precision_modes_train(tmp_path, precision, env):
     assert dtypes == ({torch.bfloat16} if precision == "bf16" else {torch.float32})
 
 
+@pytest.mark.slow
 def test_legacy_bf16_env_conflicting_with_flag_is_refused(tmp_path):
     proc = run_train(tmp_path / "x", *NANO, "--precision", "bf16", env=cpu_env(XLA_USE_BF16="1"))
     assert proc.returncode == 2 and "XLA_USE_BF16=1 is set" in proc.stderr
 
 
+@pytest.mark.slow
 def test_image_folder_dataset_takes_classes_from_the_folders(tmp_path):
     from PIL import Image
 
@@ -197,6 +202,7 @@ def test_image_folder_dataset_takes_classes_from_the_folders(tmp_path):
     assert final_weights(out)["head.weight"].shape[0] == 3
 
 
+@pytest.mark.slow
 def test_resume_with_another_global_batch_is_refused(tmp_path):
     out = tmp_path / "run"
     assert run_train(out, *NANO, "--max-steps", "2").returncode == 0
