@@ -81,15 +81,20 @@ def test_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
     assert_same_weights(final_weights(tmp_path / "two"), final_weights(tmp_path / "one"), atol=2e-4)
 
 
-def _wait_for(path_glob, out, proc, timeout=600):
+def _wait_until(done, what, proc, timeout=600):
+    """Poll `done()` until it holds; fail if the run ends first or after `timeout` seconds."""
     end = time.time() + timeout
     while time.time() < end:
-        if list(out.glob(path_glob)):
+        if done():
             return
         if proc.poll() is not None:
-            raise AssertionError(f"run ended before {path_glob}: {proc.stderr.read()[-2000:]}")
+            raise AssertionError(f"run ended before {what}: {proc.stderr.read()[-2000:]}")
         time.sleep(0.2)
-    raise AssertionError(f"no {path_glob} after {timeout} s")
+    raise AssertionError(f"no {what} after {timeout} s")
+
+
+def _wait_for(path_glob, out, proc, timeout=600):
+    _wait_until(lambda: bool(list(out.glob(path_glob))), path_glob, proc, timeout)
 
 
 @pytest.mark.slow
@@ -104,7 +109,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     proc = subprocess.Popen(cmd, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for("checkpoints/step-00000008.pt", out, proc)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "summary.json").exists()
 
@@ -123,8 +128,7 @@ def test_sigterm_checkpoints_then_stops_and_resume_finishes(tmp_path):
            "--num-workers", "0", "--log-every", "1", *NANO, *args]
     proc = subprocess.Popen(cmd, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for("metrics.jsonl", out, proc)
-    while len((out / "metrics.jsonl").read_text().splitlines()) < 3:
-        time.sleep(0.2)
+    _wait_until(lambda: len((out / "metrics.jsonl").read_text().splitlines()) >= 3, "3 logged steps", proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "continue with --resume" in err, err[-2000:]
