@@ -54,11 +54,19 @@ def neuron_present() -> bool:
     return any(Path("/dev").glob("neuron[0-9]*"))
 
 
+# pytest-timeout for the slow tier: its tests run whole training or check runs, each bounded by its own
+# subprocess timeout (up to 1200 s, test_precompile's); pyproject's `timeout` (300 s) is the fast tier's.
+SLOW_TIMEOUT_S = 1200
+
+
 def pytest_collection_modifyitems(config, items):
-    # Files with the most slow tests first: with `-n 2 --dist loadfile` (the README's test command)
+    # Files with the most slow tests first: with `-n 2 --dist loadfile` (the slow tier's command)
     # workers take whole files in this order, and a long file taken last would run alone at the end.
     slow = Counter(item.path for item in items if "slow" in item.keywords)
     items.sort(key=lambda item: -slow[item.path])  # stable: the order inside a file is kept
+    for item in items:
+        if "slow" in item.keywords and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
     if neuron_present():
         return
     skip = pytest.mark.skip(reason="needs a Neuron device (trn1/inf2/inf1)")

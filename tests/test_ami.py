@@ -22,7 +22,7 @@ import pytest
 import tomllib
 import yaml
 
-from neuron_train.commands.doctor import load_pins
+from neuron_train.ops.checks import load_pins
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVISION = ROOT / "ami" / "provision.sh"

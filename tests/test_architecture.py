@@ -3,7 +3,9 @@
 - no import circle between neuron_train modules (module-level imports, and function-level ones);
 - no circle between its subpackages either (training -> precompile and precompile -> training is one);
 - libraries never import commands: only `neuron_train.cli` names a module of `neuron_train.commands`
-  (a command may import any library, not another command);
+  (a command may import any library, not another command), and it uses only their `configure_parser`
+  and `main`; no test or script imports anything else from a command module either (what they need
+  lives in a library), but for the known debt in COMMAND_DEBT;
 - `neuron_train.common` imports no other neuron_train subpackage;
 - the training loop uses the checker through `neuron_train.graphs` only, and the compile cache
   library from its cache hook (training/cache_hook.py) only;
@@ -18,10 +20,20 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "neuron_train"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "neuron_train"
 COMMANDS = "neuron_train.commands"
 TRAINING_MAY_USE = {"neuron_train.graphs"}
 CACHE_HOOK = "neuron_train.training.cache_hook"  # the loop's one link to the compile cache
+COMMAND_API = {"configure_parser", "main"}  # all that neuron_train.cli calls in a command module
+# Known debt (issue 33): library code that tests still import from these command modules, to move into
+# cost/ with the split of bench, report and plan (another change; plan has none left). An entry
+# names exactly what is imported (MODULE: the module object itself), so nothing new can join it.
+COMMAND_DEBT = {
+    "neuron_train.commands.bench": {"MeasureFailed", "Measurement", "Plan", "detect_instance_type",
+                                    "resolve_instance_type", "sweep", "validate_result", "_write_result", "MODULE"},
+    "neuron_train.commands.report": {"OUTPUT_FILES", "MODULE"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -119,8 +131,86 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
+def command_uses(source: str) -> dict[str, set[str]]:
+    """What `source` takes from each command module: the names it imports from one, the attributes it
+    reads of one imported whole, MODULE where it uses such a module otherwise (monkeypatch, passing it)."""
+    uses: dict[str, set[str]] = {}
+    bound: dict[str, str] = {}  # local name -> command module
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and is_command(node.module):
+            uses.setdefault(node.module, set()).update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == COMMANDS:
+            bound |= {a.asname or a.name: f"{COMMANDS}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname: a.name for a in node.names if a.asname and is_command(a.name)}
+    reads = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+            uses.setdefault(bound[node.value.id], set()).add(node.attr)
+        elif isinstance(node, ast.Name) and node.id in bound and isinstance(node.ctx, ast.Load) \
+                and id(node) not in reads:
+            uses.setdefault(bound[node.id], set()).add("MODULE")
+    return uses
+
+
+def command_api_violations(sources: dict[str, str], debt: dict[str, set[str]]) -> list[str]:
+    """A command module used for more than its configure_parser/main (outside the known debt)."""
+    found = []
+    for where, source in sorted(sources.items()):
+        for module, names in sorted(command_uses(source).items()):
+            extra = names - COMMAND_API - debt.get(module, set())
+            if extra:
+                found.append(f"{where} takes {', '.join(sorted(extra))} from the command module {module}: "
+                             "move it into its library and import it from there")
+    return found
+
+
+def cli_command_attributes(source: str) -> set[str]:
+    """The attributes neuron_train.cli reads of the command module it imports by name."""
+    tree = ast.parse(source)
+    modules = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and ast.unparse(n.value.func) == "importlib.import_module" for t in n.targets
+               if isinstance(t, ast.Name)}
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id in modules}
+
+
+def outside_sources() -> dict[str, str]:
+    """Every Python file that is not a command module nor the cli: the package, tests, scripts."""
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in files
+            if not is_command(module_name(p)) or p.parent != PACKAGE / "commands"}
+
+
 def test_the_package_follows_its_dependency_rules():
     assert violations(load_graph()) == []
+
+
+def test_command_modules_are_used_only_through_configure_parser_and_main():
+    assert command_api_violations(outside_sources(), COMMAND_DEBT) == []
+    assert cli_command_attributes((PACKAGE / "cli.py").read_text()) == COMMAND_API
+
+
+@pytest.mark.parametrize("source", [
+    "from neuron_train.commands.doctor import format_report",
+    "from neuron_train.commands import cache as c\nc.list_entries()",
+    "import neuron_train.commands.train as t\nt.format_summary(s)",
+    "from neuron_train.commands import precompile\nmonkeypatch.setattr(precompile, 'x', 1)",
+    "from neuron_train.commands.bench import detect_ec2",  # a debt module, a name not in its debt
+])
+def test_a_command_module_used_for_its_library_code_is_caught(source):
+    assert command_api_violations({"tests/test_planted.py": source}, COMMAND_DEBT), source
+
+
+def test_a_command_module_used_for_its_parser_and_main_only_passes():
+    source = "from neuron_train.commands import train\ntrain.configure_parser(p)\ntrain.main(a)"
+    assert command_api_violations({"tests/test_planted.py": source}, COMMAND_DEBT) == []
+
+
+def test_the_cli_calling_more_of_a_command_module_is_caught():
+    source = "module = importlib.import_module(name)\nmodule.configure_parser(p)\nmodule.main(a)\nmodule.helper()"
+    assert cli_command_attributes(source) == COMMAND_API | {"helper"}
 
 
 @pytest.mark.parametrize("planted, expected", [

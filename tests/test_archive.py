@@ -372,7 +372,7 @@ def test_a_dead_packs_partial_archive_is_removed_by_the_next_pack_and_a_live_one
     import subprocess
     dest = tmp_path / "warm.tar.gz"
     gone = subprocess.Popen(["true"])
-    gone.wait()
+    gone.wait(timeout=60)
     dead = archive.work_path(dest, "part").with_name(archive.work_path(dest, "part").name.rsplit("-", 1)[0]
                                                      + f"-{gone.pid}")
     live = dead.with_name(dead.name.rsplit("-", 1)[0] + "-1")

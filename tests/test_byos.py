@@ -155,6 +155,7 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, code, words", [
     (["precompile", "--cache-dir", "cc", "--", "no-such-program", "x.py"], 2, "command not found: no-such-program"),
     (["precompile", "--nproc-per-node", "2", "--", "python", "x.py"], 2, "a COMMAND starts its own processes"),
@@ -173,6 +174,7 @@ def test_usage_errors_are_one_line(tmp_path, argv, code, words):
     assert not (tmp_path / "cc").exists() and not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.slow
 def test_steps_is_the_same_flag_for_our_loop_and_for_a_script(tmp_path):
     loop = nt(tmp_path, "precompile", "--dry-run", "--steps", "3", "--cache-dir", "cc", "--", "--model", "vit-nano")
     assert loop.returncode == 0 and "--precompile-steps 3" in loop.stdout, loop.stderr
@@ -181,6 +183,7 @@ def test_steps_is_the_same_flag_for_our_loop_and_for_a_script(tmp_path):
     assert not (tmp_path / "cc").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_a_manifest_from_another_cache_is_refused_before_the_command_runs(tmp_path):
     cache = tmp_path / "copied"
     record = FileRecord(sha256="0" * 64, size=10, recorded="2026-01-01T00:00:00Z", recorded_by="abc")
@@ -199,6 +202,7 @@ def test_a_manifest_from_another_cache_is_refused_before_the_command_runs(tmp_pa
     assert not (tmp_path / "ran").exists() and (cache / store.MANIFEST).read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_command_that_never_touches_torch_xla_records_nothing(tmp_path):
     proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--", sys.executable, "-c", "print('hello')")
     assert proc.returncode == 1 and "never imported torch_xla" in one_line_error(proc)
@@ -220,6 +224,7 @@ for step in range(100):
 """
 
 
+@pytest.mark.slow
 def test_a_script_that_crashes_mid_tour_leaves_the_cache_untouched(tmp_path):
     (tmp_path / "crash.py").write_text(CRASHING)
     proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--steps", "50", "--", sys.executable, "crash.py")

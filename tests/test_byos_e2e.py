@@ -17,6 +17,8 @@ import pytest
 from conftest import ROOT
 from test_byos import nt
 
+pytestmark = pytest.mark.slow  # every test runs precompile/check-graphs/bench on a script: processes
+
 BYOS = ROOT / "tests" / "fixtures" / "byos"
 FINISHED = "finished 60 steps"  # the scripts' last line: 2 epochs of 30 steps
 

@@ -146,6 +146,7 @@ def test_truncated_and_modified_entries_are_caught(cache):
     assert "checksum" in corrupt["xla/67939951107342009493273238831484768838"]
 
 
+@pytest.mark.slow
 def test_cli_verify_exit_codes_and_quarantine(cache):
     clean_failed = cli("prune", "--cache-dir", str(cache), "--failed")
     assert clean_failed.returncode == 0, clean_failed.stderr
@@ -164,6 +165,7 @@ def test_cli_verify_exit_codes_and_quarantine(cache):
     assert cli("verify", "--cache-dir", str(cache)).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_damaged_manifest_is_a_clear_error(tmp_path):
     c = tmp_path / "c"
     c.mkdir()
@@ -210,6 +212,7 @@ def test_parse_age_and_bad_input():
         maintenance.parse_size("lots")
 
 
+@pytest.mark.slow
 def test_prune_deletes_oldest_and_marks_the_configuration(cache):
     old = cache / "xla" / "67939951107342009493273238831484768838"
     os.utime(old, (time.time() - 40 * 86400,) * 2)
@@ -222,6 +225,7 @@ def test_prune_deletes_oldest_and_marks_the_configuration(cache):
     assert [f for f in maintenance.verify(cache) if f.problem in ("missing", "corrupt")] == []
 
 
+@pytest.mark.slow
 def test_prune_refuses_while_the_cache_is_in_use(cache):
     old = cache / "xla" / "67939951107342009493273238831484768838"
     os.utime(old, (time.time() - 40 * 86400,) * 2)
@@ -238,6 +242,7 @@ def test_prune_refuses_while_the_cache_is_in_use(cache):
     assert not old.exists()
 
 
+@pytest.mark.slow
 def test_prune_needs_a_criterion(cache):
     proc = cli("prune", "--cache-dir", str(cache))
     assert proc.returncode == 2 and "--older-than" in proc.stderr
@@ -246,6 +251,7 @@ def test_prune_needs_a_criterion(cache):
 # ----------------------------------------------------------------------------- pack / unpack
 
 
+@pytest.mark.slow
 def test_pack_unpack_round_trip(cache, tmp_path):
     archive = tmp_path / "warm.tar.gz"
     packed = cli("pack", "--cache-dir", str(cache), str(archive))
@@ -269,6 +275,7 @@ def test_pack_unpack_round_trip(cache, tmp_path):
     assert again.returncode == 0 and "unpacked 0 new files" in again.stdout
 
 
+@pytest.mark.slow
 def test_unpack_refuses_to_overwrite_a_different_entry(cache, tmp_path):
     archive = tmp_path / "warm.tar.gz"
     assert cli("pack", "--cache-dir", str(cache), str(archive)).returncode == 0
@@ -282,6 +289,7 @@ def test_unpack_refuses_to_overwrite_a_different_entry(cache, tmp_path):
     assert not (other / store.MANIFEST).exists() and not list(other.glob(VERSION_DIR))
 
 
+@pytest.mark.slow
 def test_pack_never_overwrites_and_refuses_a_damaged_cache(cache, tmp_path):
     archive = tmp_path / "warm.tar.gz"
     archive.write_text("precious")
@@ -292,6 +300,7 @@ def test_pack_never_overwrites_and_refuses_a_damaged_cache(cache, tmp_path):
     assert proc.returncode == 1 and "damaged" in proc.stderr and not (tmp_path / "new.tar.gz").exists()
 
 
+@pytest.mark.slow
 def test_unpack_rejects_a_tampered_archive(cache, tmp_path):
     good = tmp_path / "good.tar.gz"
     assert cli("pack", "--cache-dir", str(cache), str(good)).returncode == 0
@@ -308,6 +317,7 @@ def test_unpack_rejects_a_tampered_archive(cache, tmp_path):
     assert not list((tmp_path / "dst").glob(VERSION_DIR))
 
 
+@pytest.mark.slow
 def test_s3_locations_are_checked_before_anything_runs(cache, tmp_path):
     with pytest.raises(UsageError, match="s3://BUCKET/KEY"):
         archive.split_s3("s3://bucket-only")
@@ -324,6 +334,7 @@ def test_s3_locations_are_checked_before_anything_runs(cache, tmp_path):
 # ----------------------------------------------------------------------------- list
 
 
+@pytest.mark.slow
 def test_cache_list_shows_size_entries_age_and_configurations(cache):
     proc = cli("list", "--cache-dir", str(cache))
     assert proc.returncode == 0, proc.stderr

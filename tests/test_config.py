@@ -76,6 +76,7 @@ def test_bad_values_rejected_at_the_edge(argv, message):
         parse(*argv)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["--lr", "-1"], "--lr must be > 0"),
     (["--img-size", "4"], "--img-size must be 8..4096"),
@@ -92,6 +93,7 @@ def test_cli_prints_one_line_and_exits_2(argv, message, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_help_documents_every_contract_flag():
     proc = subprocess.run([sys.executable, str(ROOT / "neuron_train" / "run.py"), "--help"],
                           env=cpu_env(), capture_output=True, text=True, timeout=120)

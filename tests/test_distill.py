@@ -140,6 +140,7 @@ def _one_line_usage_error(proc, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_missing_or_mismatched_teacher_checkpoint_exits_2_with_one_line(tmp_path):
     missing = run_train(tmp_path / "a", "--teacher-model", "vit-digits", "--teacher-checkpoint",
                         str(tmp_path / "nope.pt"))
@@ -155,6 +156,7 @@ def test_missing_or_mismatched_teacher_checkpoint_exits_2_with_one_line(tmp_path
     _one_line_usage_error(unreadable, "cannot read weights")
 
 
+@pytest.mark.slow
 def test_distilled_run_end_to_end_reports_both_models_and_stays_on_its_graphs(tmp_path):
     _, path = _teacher_file(tmp_path, "vit-micro")
     out = tmp_path / "run"

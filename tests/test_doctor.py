@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from neuron_train.commands import doctor as d
 from neuron_train.common import neuron_env as ne
 from neuron_train.common.errors import UsageError
 from neuron_train.ops import checks as doctor_checks
 from neuron_train.ops import facts as doctor_facts
+from neuron_train.ops import report as doctor_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "doctor"
 PINS = doctor_checks.load_pins()
@@ -315,7 +315,7 @@ def test_run_checks_on_a_healthy_trn1_32xlarge_passes():
     checks = doctor_checks.run_checks(healthy_facts(), PINS, multi_node=True, require_neuron=True)
     assert {c.name: c.status for c in checks if c.status != doctor_checks.OK} == {}
     assert doctor_checks.exit_code(checks) == 0
-    assert "Ready" in d.format_report(checks, PINS)
+    assert "Ready" in doctor_report.format_report(checks, PINS)
 
 
 def test_run_checks_prefers_the_loaded_driver_over_the_package():
@@ -332,14 +332,14 @@ def test_run_checks_on_cpu_machine_downgrades_sdk_failures_to_warnings():
     by_name = {c.name: c.status for c in checks}
     assert by_name["devices"] == doctor_checks.SKIP and by_name["neuron-sdk"] == doctor_checks.WARN
     assert doctor_checks.exit_code(checks) == 0
-    assert "CPU-only machine" in d.format_report(checks, PINS)
+    assert "CPU-only machine" in doctor_report.format_report(checks, PINS)
     required = doctor_checks.run_checks(facts, PINS, require_neuron=True)
     assert doctor_checks.exit_code(required) == 1
 
 
 def test_format_report_lists_every_check_with_status_and_advice():
     checks = doctor_checks.run_checks(healthy_facts(nofile=(1024, 1024)), PINS)
-    text = d.format_report(checks, PINS)
+    text = doctor_report.format_report(checks, PINS)
     for c in checks:
         assert re.search(rf"^\s*{c.status}\s+{re.escape(c.name)}\s", text, re.M), c.name
     assert "-> 32 workers with collectives" in text and text.splitlines()[0].startswith("neuron-train doctor")
@@ -347,12 +347,12 @@ def test_format_report_lists_every_check_with_status_and_advice():
 
 def test_write_json_report_is_atomic_and_never_overwrites(tmp_path):
     target = tmp_path / "doctor.json"
-    report = d.report_dict(doctor_checks.run_checks(healthy_facts(), PINS), PINS)
-    d.write_json_report(str(target), report)
+    report = doctor_report.report_dict(doctor_checks.run_checks(healthy_facts(), PINS), PINS)
+    doctor_report.write_json_report(str(target), report)
     assert json.loads(target.read_text())["checks"][0]["name"] == "devices"
     assert [p.name for p in tmp_path.iterdir()] == ["doctor.json"]
     with pytest.raises(UsageError, match="already exists"):
-        d.write_json_report(str(target), report)
+        doctor_report.write_json_report(str(target), report)
 
 
 # ----------------------------------------------------------------------------- on this machine
@@ -363,6 +363,7 @@ def doctor(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(any(Path("/dev").glob("neuron[0-9]*")), reason="this machine has Neuron devices")
 def test_doctor_on_this_cpu_machine(tmp_path):
     out = tmp_path / "report.json"

@@ -147,7 +147,7 @@ def test_json_results_holding_paths_are_written_as_text(tmp_path):
 
 def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
-    proc.wait()
+    proc.wait(timeout=60)
     return proc.pid
 
 
@@ -168,7 +168,7 @@ def test_only_the_leftovers_of_dead_processes_are_stale_and_no_process_is_signal
             live.wait(timeout=0.5)  # checking that it lives did not stop it
     finally:
         live.kill()
-        live.wait()
+        live.wait(timeout=60)
 
 
 def test_a_process_of_another_user_counts_as_alive(tmp_path, monkeypatch):

@@ -65,6 +65,7 @@ def test_torch_xla_check_records_what_torch_neuronx_requires(tmp_path):
     assert check["detail"] == "torch-neuronx requires: libneuronxla, torch, torch-xla; torch-xla installed: 2.9.0"
 
 
+@pytest.mark.slow
 def test_hlo_dump_check_runs_for_real_on_the_cpu_device(tmp_path):
     proc = first_run(tmp_path, "--only", "hlo-dump")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -60,6 +60,7 @@ def clean_run(tmp_path_factory) -> tuple[int, dict, str]:
 
 
 # ----- the command on planted scripts ---------------------------------------------------------
+@pytest.mark.slow  # clean_run: check-graphs on a script, in a subprocess
 def test_clean_script_is_stable(clean_run):
     code, report, output = clean_run
     assert code == 0, output
@@ -80,6 +81,7 @@ RECOMPILES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,cause,label,detail", RECOMPILES, ids=[r[0] for r in RECOMPILES])
 def test_recompilation_is_reported_with_cause_and_line(tmp_path, script, cause, label, detail):
     code, report, output = check_script(tmp_path, script)
@@ -98,6 +100,7 @@ HOST_SYNCS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,cause,label,what", HOST_SYNCS, ids=[h[0] for h in HOST_SYNCS])
 def test_host_read_before_the_sync_is_reported_with_line(tmp_path, script, cause, label, what):
     """The extra graph compiles during warm-up; after it, it runs again every step."""
@@ -110,6 +113,7 @@ def test_host_read_before_the_sync_is_reported_with_line(tmp_path, script, cause
     assert any(p.startswith(cause) for p in report["problems"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["import", "importlib", "lazy"])
 def test_a_process_that_looks_for_torch_xla_first_is_checked(tmp_path, how):
     """find_spec("torch_xla") first (transformers, accelerate), then import it in one of three ways."""
@@ -119,6 +123,7 @@ def test_a_process_that_looks_for_torch_xla_first_is_checked(tmp_path, how):
     assert (ragged["cause"], ragged["where"]) == (records.NEW_INPUT_SHAPE, line_of("find_spec_first.py", "LOADER"))
 
 
+@pytest.mark.slow
 def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     """The first evaluation is a late graph; its ragged last batch is a recompilation."""
     _, report, _ = check_script(tmp_path, "eval_batch_size.py")
@@ -131,6 +136,7 @@ def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     assert reads and reads[0]["cause"] == records.HOST_READ and not reads[0]["every_step"]
 
 
+@pytest.mark.slow
 def test_warmup_and_max_graphs(tmp_path):
     """lr_special_scalar compiles 2 graphs by step 4: inside a warm-up of 8 it is stable..."""
     code, report, output = check_script(tmp_path, "lr_special_scalar.py",
@@ -157,6 +163,7 @@ def test_torchrun_processes_are_merged(tmp_path):
     assert recompile["where"] == line_of("ragged_batch.py", "LOADER")
 
 
+@pytest.mark.slow
 def test_failing_command_is_not_stable(tmp_path):
     code, report, output = check_graphs(tmp_path, sys.executable, "-c",
                                         "import torch_xla; raise SystemExit(3)")
@@ -164,6 +171,7 @@ def test_failing_command_is_not_stable(tmp_path):
     assert "the command exited with code 3" in report["problems"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     ([], "no command given"),
     (["--", "no-such-command-xyz"], "command not found: no-such-command-xyz"),
@@ -177,6 +185,7 @@ def test_usage_errors(args, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_json_report_never_replaces_a_file(tmp_path):
     existing = tmp_path / "report.json"
     existing.write_text("keep me")
@@ -186,6 +195,7 @@ def test_json_report_never_replaces_a_file(tmp_path):
     assert existing.read_text() == "keep me"
 
 
+@pytest.mark.slow  # clean_run: check-graphs on a script, in a subprocess
 def test_report_format(clean_run):
     """The fields docs/graphs.md documents."""
     _, report, _ = clean_run
@@ -206,6 +216,7 @@ def run_watch(mode: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_graph_watch_summary_and_hash_stability(clean_run):
     proc = run_watch("summary")
     assert proc.returncode == 0, proc.stderr
@@ -219,6 +230,7 @@ def test_graph_watch_summary_and_hash_stability(clean_run):
     assert train["hash"] == clean_run[1]["graphs"][0]["hash"]
 
 
+@pytest.mark.slow
 def test_graph_watch_fails_at_the_first_recompilation():
     proc = run_watch("fail")
     assert proc.returncode == 1
@@ -226,6 +238,7 @@ def test_graph_watch_fails_at_the_first_recompilation():
             f"{line_of('watch_api.py', 'TRAIN_LOADER')}") in proc.stderr
 
 
+@pytest.mark.slow
 def test_assert_graph_stable_in_a_users_test():
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                            str(FIXTURES / "user_step_check.py")], env=cpu_env(), capture_output=True,

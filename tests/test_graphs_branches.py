@@ -18,6 +18,7 @@ CASES = [  # script, cause, label, recompilations, words of the fix
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,cause,label,count,fix", CASES, ids=[c[0] for c in CASES])
 def test_branch_and_slice_graphs_are_named_at_their_line(tmp_path, script, cause, label, count, fix):
     code, report, output = check_script(tmp_path, script)

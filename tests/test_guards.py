@@ -150,6 +150,7 @@ def _second_rank(port: int, out) -> None:
     out.put(_average_rank(1, 2, port))
 
 
+@pytest.mark.slow  # a forked torch process is rank 1
 def test_two_gloo_ranks_average_their_gradients_not_sum_them():
     """Ranks holding g and 2g both end with 1.5g: the mean (a sum would give 3g). This process is
     rank 0, a forked one rank 1."""

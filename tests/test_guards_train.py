@@ -18,6 +18,8 @@ from test_train import assert_same_weights, final_weights
 
 from neuron_train.training import checkpoint as ckpt
 
+pytestmark = pytest.mark.slow  # every test starts training processes (run.py, torchrun, a killed save)
+
 SAVE_TWICE = """
 import sys, torch
 from pathlib import Path
@@ -59,7 +61,6 @@ SGD = ["--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--grad-c
        "--schedule", "constant", "--warmup-steps", "0", "--lr", "0.5", "--max-steps", "4", "--eval-every", "100"]
 
 
-@pytest.mark.slow
 def test_two_ranks_of_b_train_exactly_like_one_rank_of_2b_with_plain_sgd(tmp_path):
     """M26. Plain SGD (no momentum, decay or clipping) moves weights by LR x gradient: a summed
     instead of averaged gradient over 2 ranks doubles every update."""
@@ -71,7 +72,6 @@ def test_two_ranks_of_b_train_exactly_like_one_rank_of_2b_with_plain_sgd(tmp_pat
     assert_same_weights(final_weights(tmp_path / "two"), final_weights(tmp_path / "one"), atol=1e-6)
 
 
-@pytest.mark.slow
 def test_resume_restores_the_random_state_drop_path_draws_from(tmp_path):
     """M27. With drop-path (stochastic depth) each step's weights depend on the random masks: a run
     resumed from step 4 ends with the uninterrupted run's weights only if the RNG came back too.

@@ -41,6 +41,7 @@ def no_imds() -> dict:
 
 # --- scripts/inf1_bench.py ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_inf1_script_outside_the_inf1_venv_refuses_in_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "inf1.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--output", str(out)], capture_output=True, text=True,
@@ -98,6 +99,7 @@ def inf1_result(tmp_path_factory):
     return out, neuron
 
 
+@pytest.mark.slow  # its fixture runs resnet50 on the CPU in this process: about a minute
 def test_inf1_result_is_our_schema_and_asks_torch_neuron_for_every_core(inf1_result):
     out, neuron = inf1_result
     data = validate_result(json.loads(out.read_text()), str(out))  # the check `report` applies
@@ -108,6 +110,7 @@ def test_inf1_result_is_our_schema_and_asks_torch_neuron_for_every_core(inf1_res
     assert data["model"]["parameters"] == 25_557_032  # torchvision resnet50, 1000 classes
 
 
+@pytest.mark.slow
 def test_report_shows_the_inf1_row_beside_inf2_and_labelled(inf1_result, tmp_path):
     out, _ = inf1_result
     proc = subprocess.run([sys.executable, "-m", "neuron_train", "report", str(out),
@@ -130,6 +133,7 @@ def test_report_shows_the_inf1_row_beside_inf2_and_labelled(inf1_result, tmp_pat
 
 # --- bench --mode infer on inf1 in our environment -------------------------------------------------
 
+@pytest.mark.slow
 def test_bench_infer_on_inf1_refuses_in_one_line_naming_the_inf1_path(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "neuron_train", "bench", "--mode", "infer", "--instance-type",
                            "inf1.xlarge", "--output", str(tmp_path / "r.json")], capture_output=True, text=True,

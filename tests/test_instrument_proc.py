@@ -143,6 +143,7 @@ def test_a_process_that_never_wrote_its_record_is_named(tmp_path, mode, words):
     assert any("imported torch_xla but ended without writing its record" in p for p in problems), problems
 
 
+@pytest.mark.slow
 def test_the_start_up_hook_loads_the_checker_only_when_torch_xla_is_imported(tmp_path, monkeypatch):
     """Lazy arming (the start-up cost of every process a command starts): a process that never imports
     torch_xla loads no module of the checker or the probe; importing torch_xla arms it all."""

@@ -25,6 +25,8 @@ from neuron_train.training.config import DataConfig
 from neuron_train.training.data import build_datasets
 from neuron_train.training.models import create_model
 
+pytestmark = pytest.mark.slow  # the module's fixtures run training runs (run.py) in subprocesses
+
 LR, CLIP = 0.5, 0.05
 ONE_STEP_BY_HAND = ["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "0", "--lr", str(LR),
                     "--warmup-steps", "0", "--schedule", "constant", "--grad-clip", str(CLIP),
@@ -178,7 +180,6 @@ def cnn_run(images, tmp_path_factory):
     return saved, tmp / "cnn.safetensors", out, proc
 
 
-@pytest.mark.slow
 def test_safetensors_weights_load_and_the_mismatched_head_is_named(cnn_run):
     import timm
 
@@ -197,7 +198,6 @@ def test_safetensors_weights_load_and_the_mismatched_head_is_named(cnn_run):
         assert (final[k] - saved[k]).abs().max().item() <= 2**-8 * saved[k].abs().max().item() + 1e-5, k
 
 
-@pytest.mark.slow
 def test_xla_downcast_bf16_keeps_the_weights_in_bf16_on_the_device(cnn_run):
     """XLA_DOWNCAST_BF16 stores f32 tensors as bf16 on the device: every weight that comes back is a
     bf16 value, though the file's f32 weights mostly were not."""

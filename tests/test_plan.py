@@ -144,6 +144,7 @@ def test_hlo_flops_read_operand_shapes_from_their_definitions_in_xla_dumps():
     assert f.dots == 1 and f.flops == 2 * 8 * 4 * 16
 
 
+@pytest.mark.slow
 def test_hlo_flops_of_a_real_graph_agree_with_torchs_flop_counter():
     """The forward of a conv + linear model traced on the XLA device: the HLO count is torch's."""
     code = (
@@ -163,6 +164,7 @@ def test_hlo_flops_of_a_real_graph_agree_with_torchs_flop_counter():
 
 # --- calibration and its validation ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_validation_reports_finite_errors_and_the_ranking_right_in_every_pair():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "validate_plan.py"), "--json"], env=cpu_env(),
                           capture_output=True, text=True, timeout=300)
@@ -203,6 +205,7 @@ def test_recalibration_matches_the_bench_and_says_how_far_off_the_first_estimate
 
 # --- bad input -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["--"], "no command given"),
     ([], "nothing to plan"),
@@ -230,6 +233,7 @@ def _bench_file(path: Path, **over) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_calibration_files_of_another_schema_model_or_a_cpu_are_refused(tmp_path):
     other_schema = tmp_path / "other.json"
     other_schema.write_text(json.dumps({"schema": "something-else", "schema_version": 1}))
@@ -243,6 +247,7 @@ def test_calibration_files_of_another_schema_model_or_a_cpu_are_refused(tmp_path
         assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
 
 
+@pytest.mark.slow
 def test_an_existing_output_is_not_overwritten(tmp_path):
     out = tmp_path / "plan.json"
     out.write_text("mine")
@@ -250,6 +255,7 @@ def test_an_existing_output_is_not_overwritten(tmp_path):
     assert proc.returncode == 2 and "already exists" in proc.stderr and out.read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_model_that_fits_nowhere_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "plan.json"
     proc = nt("--from-shapes", "--model", "vit_large_patch16_224", "--img-size", "224", "--batch-size", "512",
@@ -260,6 +266,7 @@ def test_a_model_that_fits_nowhere_is_one_line_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_command_that_never_runs_a_graph_is_one_line(tmp_path):
     out = tmp_path / "plan.json"
     proc = nt("--output", str(out), "--", sys.executable, "-c", "print('hello')", cwd=tmp_path)
@@ -269,6 +276,7 @@ def test_a_command_that_never_runs_a_graph_is_one_line(tmp_path):
 
 # --- end to end: our loop, report, --calibrate -----------------------------------------------------
 
+@pytest.mark.slow
 def test_plan_on_our_loop_then_report_and_calibrate(tmp_path):
     plan = tmp_path / "plan.json"
     proc = nt("--model", "vit-digits", "--batch-size", "32", "--instances", "trn1.2xlarge,inf2.xlarge,trn1.32xlarge",

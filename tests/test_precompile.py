@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, graph, run_train, summary_of
 
-from neuron_train.commands import precompile as pc
 from neuron_train.common import neuron_env
 from neuron_train.common.errors import UsageError
+from neuron_train.instrument.script import parse_compile_summary
 from neuron_train.precompile import cache_env, coverage, store
 from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
 from neuron_train.training import cache_hook
@@ -140,8 +140,8 @@ def test_tour_steps_reach_every_step_dependent_variant():
 
 def test_parse_the_real_compilation_summary():
     log = (FIXTURES / "neuron_parallel_compile_summary.log").read_text()
-    assert pc.parse_compile_summary(log) == {"graphs": 2, "compiled": 2, "failed": 0, "failed_graphs": []}
-    assert pc.parse_compile_summary("no summary here") == {}
+    assert parse_compile_summary(log) == {"graphs": 2, "compiled": 2, "failed": 0, "failed_graphs": []}
+    assert parse_compile_summary("no summary here") == {}
 
 
 def test_network_file_systems_are_flagged(tmp_path):
@@ -167,6 +167,7 @@ def command_line(stdout: str) -> list[str]:
     return shlex.split(lines[lines.index("command") + 1])
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_neuron_parallel_compile_command(tmp_path):
     cache = tmp_path / "cc"
     proc = precompile("--dry-run", "--target", "neuron", "--num-parallel", "8", "--nproc-per-node", "2",
@@ -200,6 +201,7 @@ def test_dry_run_through_the_script_with_retry_failed(tmp_path):
     assert subprocess.run(["shellcheck", str(ROOT / "scripts" / "precompile.sh")]).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,env,message", [
     (["--cache-dir", "/tmp/a", "--", "--compile-cache", "/tmp/b"], {}, "differ"),
     (["--", "--batch-size", "0"], {}, "--batch-size must be >= 1"),

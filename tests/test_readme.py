@@ -24,3 +24,17 @@ def test_readme_opens_with_exactly_two_setup_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert setup_commands()[1] in ci
+
+
+def test_the_readme_test_command_runs_the_fast_tier_and_prints_the_slowest_tests():
+    install_and_test = setup_commands()[1]
+    assert install_and_test.endswith('python -m pytest -q -n 2 -m "not slow" --durations=25')
+
+
+def test_ci_runs_the_fast_tier_then_the_slow_tier_then_ruff_then_mypy():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    steps = [setup_commands()[1],
+             "python -m pytest -q -n 2 -m slow --durations=25 || [ $? -eq 5 ]",  # 5: no test collected
+             "ruff check neuron_train tests scripts",
+             "mypy"]
+    assert [line for line in ci if line in steps] == steps

@@ -290,7 +290,7 @@ def test_pack_removes_a_dead_packs_partial_archive_and_keeps_a_live_ones(tmp_pat
     cache = make_cache(tmp_path / "cache", {"xla/1": b"graph"})
     dest = tmp_path / "warm.tar.gz"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead.wait(timeout=60)
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         ours = work_path(dest, "part")
@@ -303,7 +303,7 @@ def test_pack_removes_a_dead_packs_partial_archive_and_keeps_a_live_ones(tmp_pat
         assert not stale.exists() and running.read_bytes() == b"being written"
     finally:
         live.kill()
-        live.wait()
+        live.wait(timeout=60)
 
 
 # ----------------------------------------------------------------------------- argparse: one line

@@ -138,7 +138,7 @@ def test_the_staging_folder_of_an_unpack_killed_with_kill_9_is_removed_by_the_ne
     while time.time() < deadline and not list(cache.glob(".staging*/files/xla/*")):
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)  # mid-extraction
-    proc.wait()
+    proc.wait(timeout=60)
     left = list(cache.glob(".staging*"))
     assert left, "the unpack finished before it could be killed: use a larger archive"
     done = subprocess.run(cmd, env=cpu_env(), cwd=ROOT, capture_output=True, text=True)

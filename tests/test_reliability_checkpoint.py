@@ -178,7 +178,7 @@ def test_a_save_killed_with_sigkill_leaves_only_whole_verified_checkpoints(tmp_p
     while time.time() < deadline and not mid_write(run, full):
         pass  # no sleep: the write takes milliseconds
     os.kill(proc.pid, signal.SIGKILL)  # in the middle of writing a checkpoint
-    proc.wait()
+    proc.wait(timeout=60)
     found = ckpt.list_checkpoints(run)
     assert found
     for path in found:  # every checkpoint under its final name is whole and matches its checksum

@@ -84,6 +84,7 @@ def test_a_full_disk_while_metrics_are_appended_is_one_line_and_resume_finishes(
         assert json.loads((run / "summary.json").read_text())["steps"] == 100
 
 
+@pytest.mark.slow  # two training runs each (in-process): 7-40 s
 @pytest.mark.parametrize("name", ["graphs.json", "summary.json"])
 def test_a_full_disk_while_the_run_files_are_written_is_one_line_and_leaves_none_half_written(
         tmp_path, capsys, monkeypatch, name):

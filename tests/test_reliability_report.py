@@ -235,7 +235,7 @@ def test_a_run_killed_mid_swap_leaves_the_old_report_and_blocks_nothing(tmp_path
 def test_a_dead_runs_half_built_folder_is_removed(tmp_path, capsys):
     out = tmp_path / "rep"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead.wait(timeout=60)
     ours = work_path(out, "building")
     stale = ours.with_name(ours.name.rsplit("-", 1)[0] + f"-{dead.pid}")
     stale.mkdir()

@@ -397,6 +397,7 @@ def test_a_non_utf8_config_file_is_one_line(tmp_path):
 
 
 # ----- refusals before torch_xla starts ---------------------------------------------------------
+@pytest.mark.slow
 def test_errors_found_before_start_up_come_before_torch_xla_and_leave_no_directory(tmp_path):
     empty = tmp_path / "empty-data"
     (empty / "train").mkdir(parents=True)
@@ -497,3 +498,31 @@ def test_torchrun_world_size_mismatch_ends_with_our_line(finished_run, tmp_path)
     assert "global batch of 32" in ours[0] and "--nproc_per_node=1" in ours[0]
     report = proc.stderr[proc.stderr.index("Root Cause"):]
     assert f"traceback : {ours[0]}" in report  # torchrun's own report carries the line
+
+
+@pytest.mark.slow
+def test_a_quiet_torchrun_rank_waits_to_be_stopped_instead_of_exiting_before_rank_0_prints(tmp_path):
+    """Rank 1 of a run refused before start-up hands its line to torchrun's error file, says nothing, and
+    stays until torchrun stops it (torchrun stops every rank at the first exit: a rank 1 exiting first
+    could have rank 0 stopped before it printed). The error file is the event this test waits on."""
+    import signal
+
+    error_file = tmp_path / "error.json"
+    env = cpu_env(LOCAL_RANK="1", RANK="1", WORLD_SIZE="2", TORCHELASTIC_RUN_ID="test",
+                  TORCHELASTIC_ERROR_FILE=str(error_file))
+    proc = subprocess.Popen([sys.executable, str(RUN_PY), "--output-dir", str(tmp_path / "run"), *FAST,
+                             "--lr", "-1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not error_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert error_file.exists(), proc.communicate(timeout=60)
+        assert "--lr must be > 0" in json.loads(error_file.read_text())["message"]["message"]
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=3)  # still there: not gone before rank 0 could print
+        proc.send_signal(signal.SIGTERM)  # what torchrun does once rank 0 has exited
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGTERM and out == err == "", err[-2000:]
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)

@@ -55,6 +55,7 @@ def metrics(out: Path, kind: str = "train") -> list[dict]:
 # ----------------------------------------------------------------------------- non-finite loss
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_fix(tmp_path):
     out = tmp_path / "nan"
     proc = run_train(out, *NANO, *DIVERGING, "--max-steps", "30", "--eval-every", "100")
@@ -68,6 +69,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_and_the_fix(tmp_path):
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_extraction_mode_does_not_stop_on_a_non_finite_loss(tmp_path):
     """Under neuron_parallel_compile the outputs are garbage by design: the run must reach every graph."""
     out = tmp_path / "extract"
@@ -85,6 +87,7 @@ def test_extraction_mode_does_not_stop_on_a_non_finite_loss(tmp_path):
 LR_ONE = "from neuron_train.training import optim\n\noptim.xla_safe = lambda lr: lr  # the guard removed"
 
 
+@pytest.mark.slow
 def test_check_graphs_fails_the_run_on_a_recompilation_inside_the_loop(tmp_path):
     """With the LR guard removed, a cosine schedule peaking at --lr 1 hands SGD exactly 1.0 at step 5
     (`param.add_(buf, alpha=-lr)`), a value XLA bakes into the graph as a constant: a new graph after

@@ -22,6 +22,8 @@ from test_graphs import check_graphs, check_script, line_of
 
 from neuron_train.graphs import records
 
+pytestmark = pytest.mark.slow  # every test runs check-graphs/precompile/bench on a script: processes
+
 SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
 HF = SCRIPTS / "hf_trainer.py"
 ACCELERATE = SCRIPTS / "accelerate_loop.py"
@@ -110,7 +112,6 @@ def test_an_accelerate_loop_is_precompiled_covered_and_benched(tmp_path):
 
 
 # ----- Hugging Face Trainer ------------------------------------------------------------------------
-@pytest.mark.slow
 def test_a_trainer_run_names_transformers_lines_and_the_users_line(tmp_path):
     """Unmodified Trainer on 30 samples: a ragged last batch (the Trainer's loader) and transformers'
     per-forward `padding_mask.all()`; both fixes applied from the user's code: stable."""
@@ -133,7 +134,6 @@ def test_a_trainer_run_names_transformers_lines_and_the_users_line(tmp_path):
     assert code == 0, output
 
 
-@pytest.mark.slow
 def test_the_trainers_eval_loop_growing_its_outputs_is_named_with_its_fix(tmp_path):
     """Evaluation with compute_metrics (4 eval batches): transformers concatenates each batch's losses,
     logits and labels onto the last ones on the device, a new length and a new graph per batch; with
@@ -155,7 +155,6 @@ def test_the_trainers_eval_loop_growing_its_outputs_is_named_with_its_fix(tmp_pa
     assert code == 0 and not report["recompiles"], output
 
 
-@pytest.mark.slow
 def test_a_trainer_run_is_precompiled_covered_and_benched(tmp_path):
     command = [sys.executable, str(HF), "--no-mask", "--output-dir", str(tmp_path / "out")]
     proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--", *command)

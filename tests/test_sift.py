@@ -185,6 +185,7 @@ def test_sifted_xla_run_compiles_one_extra_graph_at_the_switch_and_none_after(tm
     assert s["samples_scored_per_rank"] == 10 * 16 and s["sift_kept_per_batch"] == 8
 
 
+@pytest.mark.slow
 def test_relative_sifting_end_to_end(tmp_path):
     out = tmp_path / "relative"
     proc = run_train(out, "--sift", "relative", "--sift-beta", "1", "--sift-history", "64",
@@ -199,6 +200,7 @@ def test_relative_sifting_end_to_end(tmp_path):
     assert len(losses) == 8 and all(math.isfinite(loss) for loss in losses)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,needle", [
     (["--sift", "topk", "--sift-keep", "1.5"], "--sift-keep must be in (0, 1]"),
     (["--sift", "relative", "--sift-beta", "100", "--max-steps", "2"], "keeps 0 of a batch of 32"),

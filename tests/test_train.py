@@ -81,15 +81,20 @@ def test_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
     assert_same_weights(final_weights(tmp_path / "two"), final_weights(tmp_path / "one"), atol=2e-4)
 
 
-def _wait_for(path_glob, out, proc, timeout=600):
+def _wait_until(done, what, proc, timeout=600):
+    """Poll `done()` until it holds; fail if the run ends first or after `timeout` seconds."""
     end = time.time() + timeout
     while time.time() < end:
-        if list(out.glob(path_glob)):
+        if done():
             return
         if proc.poll() is not None:
-            raise AssertionError(f"run ended before {path_glob}: {proc.stderr.read()[-2000:]}")
+            raise AssertionError(f"run ended before {what}: {proc.stderr.read()[-2000:]}")
         time.sleep(0.2)
-    raise AssertionError(f"no {path_glob} after {timeout} s")
+    raise AssertionError(f"no {what} after {timeout} s")
+
+
+def _wait_for(path_glob, out, proc, timeout=600):
+    _wait_until(lambda: bool(list(out.glob(path_glob))), path_glob, proc, timeout)
 
 
 @pytest.mark.slow
@@ -104,7 +109,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     proc = subprocess.Popen(cmd, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for("checkpoints/step-00000008.pt", out, proc)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "summary.json").exists()
 
@@ -123,8 +128,7 @@ def test_sigterm_checkpoints_then_stops_and_resume_finishes(tmp_path):
            "--num-workers", "0", "--log-every", "1", *NANO, *args]
     proc = subprocess.Popen(cmd, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for("metrics.jsonl", out, proc)
-    while len((out / "metrics.jsonl").read_text().splitlines()) < 3:
-        time.sleep(0.2)
+    _wait_until(lambda: len((out / "metrics.jsonl").read_text().splitlines()) >= 3, "3 logged steps", proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1 and "continue with --resume" in err, err[-2000:]
@@ -137,6 +141,7 @@ def test_sigterm_checkpoints_then_stops_and_resume_finishes(tmp_path):
     assert summary_of(out)["steps"] == step + 2
 
 
+@pytest.mark.slow
 def test_existing_run_is_never_overwritten_and_resume_needs_a_checkpoint(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -148,6 +153,7 @@ def test_existing_run_is_never_overwritten_and_resume_needs_a_checkpoint(tmp_pat
     assert proc.returncode == 2 and "no checkpoint" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_extraction_mode_writes_nothing_and_stops_after_precompile_steps(tmp_path):
     out = tmp_path / "extract"
     proc = run_train(out, *NANO, "--epochs", "5", "--precompile-steps", "3",
@@ -157,6 +163,7 @@ def test_extraction_mode_writes_nothing_and_stops_after_precompile_steps(tmp_pat
     assert int(re.search(r"^steps\s+(\d+) ", proc.stdout, re.M).group(1)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, env", [
     ("bf16-autocast", {}),
     ("bf16", {}),
@@ -174,11 +181,13 @@ def test_precision_modes_train(tmp_path, precision, env):
     assert dtypes == ({torch.bfloat16} if precision == "bf16" else {torch.float32})
 
 
+@pytest.mark.slow
 def test_legacy_bf16_env_conflicting_with_flag_is_refused(tmp_path):
     proc = run_train(tmp_path / "x", *NANO, "--precision", "bf16", env=cpu_env(XLA_USE_BF16="1"))
     assert proc.returncode == 2 and "XLA_USE_BF16=1 is set" in proc.stderr
 
 
+@pytest.mark.slow
 def test_image_folder_dataset_takes_classes_from_the_folders(tmp_path):
     from PIL import Image
 
@@ -197,6 +206,7 @@ def test_image_folder_dataset_takes_classes_from_the_folders(tmp_path):
     assert final_weights(out)["head.weight"].shape[0] == 3
 
 
+@pytest.mark.slow
 def test_resume_with_another_global_batch_is_refused(tmp_path):
     out = tmp_path / "run"
     assert run_train(out, *NANO, "--max-steps", "2").returncode == 0

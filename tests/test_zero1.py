@@ -180,6 +180,7 @@ def one_rank(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow  # one_rank: two training runs (run.py) in subprocesses
 def test_zero1_on_one_rank_trains_like_adamw(one_rank):
     diff = largest_difference(weights_at(one_rank["zero1"], 6), weights_at(one_rank["plain"], 6))
     assert diff < 1e-5, diff
@@ -200,6 +201,7 @@ def test_zero1_on_one_rank_trains_like_adamw(one_rank):
         "step-00000006.pt.sha256"]
 
 
+@pytest.mark.slow
 def test_a_zero1_checkpoint_is_not_resumed_without_zero1(one_rank, tmp_path):
     proc = run_train(tmp_path / "run", *COMMON, "--resume",
                      str(one_rank["zero1"] / "checkpoints" / "step-00000003.pt"))

@@ -5,8 +5,8 @@ input (UsageError), 1 refused or failed run (RunError). Everything that can be c
 torch_xla is checked before it starts (training/rundir.py). Under torchrun, the error line is also
 handed to torchrun (TORCHELASTIC_ERROR_FILE), whose failure report then shows it instead of
 "To enable traceback see ..."; errors found before start-up are printed by local rank 0 only
-(every rank finds the same one; the others exit a moment later, as torchrun stops all ranks at the
-first exit).
+(every rank finds the same one; the others wait until torchrun stops them, which it does to every
+rank at the first exit: rank 0's, after its line).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 
 from neuron_train.common.errors import RunError, UsageError
@@ -23,7 +24,9 @@ from neuron_train.training import rundir
 from neuron_train.training.config_io import add_config_arguments, config_from_args
 from neuron_train.training.summary import RunSummary
 
-_QUIET_RANK_GRACE_S = 3.0
+# How long a quiet rank waits for torchrun to stop it: only reached if local rank 0 went on (an
+# error only this rank found); then this rank exits and torchrun stops the rest.
+_QUIET_RANK_DEADLINE_S = 60.0
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +82,15 @@ def _tell_torchrun(exc: Exception) -> None:
         pass  # torchrun then says less; our own line is still printed
 
 
+def _wait_to_be_stopped() -> None:
+    """Sync point with torchrun for a quiet rank: torchrun stops every rank at the first exit, so a
+    quiet rank that exited first could have rank 0 stopped before it printed the line. It waits for
+    the event that ends it instead, torchrun's SIGTERM once rank 0 has printed and exited (bounded by
+    _QUIET_RANK_DEADLINE_S). Without torchrun (TORCHELASTIC_RUN_ID unset) no one stops the others."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        threading.Event().wait(_QUIET_RANK_DEADLINE_S)
+
+
 def _train(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
@@ -88,7 +100,7 @@ def _train(args: argparse.Namespace) -> int:
             raise
         if os.environ.get("LOCAL_RANK", "0") != "0":  # the same line as local rank 0's: said once
             _tell_torchrun(exc)
-            time.sleep(_QUIET_RANK_GRACE_S)  # torchrun stops every rank at the first exit: let 0 print
+            _wait_to_be_stopped()
             sys.exit(1 if isinstance(exc, RunError) else 2)
         raise
     if finished:

@@ -81,7 +81,7 @@ def _panel(ax, group: Group, value: Callable[[Row], float | None], label: Callab
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     ax.set_title(group.title, fontsize=9.5, loc="left", fontweight="bold")
-    if baseline_x is not None:
+    if baseline_x is not None and group.baseline is not None:
         ax.axvline(baseline_x, color="#c53030", linestyle="--", linewidth=1.2)
         ax.set_title(f"dashed line = baseline {group.baseline.instance_type} (1.0x)", fontsize=8,
                      loc="right", color="#c53030")
@@ -92,6 +92,7 @@ def _figure(groups: list[Group], title: str, footer: str, ncols: int = 1):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
 
     heights = [len(g.rows) * _row_height(g) + _PANEL_PAD for g in groups]
     width = 11 if ncols == 1 else 14
@@ -103,8 +104,10 @@ def _figure(groups: list[Group], title: str, footer: str, ncols: int = 1):
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     # Constrained layout places the panels inside this rectangle; title, legend and the
     # provenance footer live in the margins around it.
-    fig.get_layout_engine().set(rect=(0, bottom_in / total, 1, 1 - (top_in + bottom_in) / total),
-                                h_pad=0.08, hspace=0.05, wspace=0.08)
+    engine = fig.get_layout_engine()
+    assert isinstance(engine, ConstrainedLayoutEngine)  # layout="constrained" above
+    engine.set(rect=(0, bottom_in / total, 1, 1 - (top_in + bottom_in) / total),
+               h_pad=0.08, hspace=0.05, wspace=0.08)
     fig.text(0.5, 1 - 0.12 / total, title, fontsize=13, fontweight="bold", ha="center", va="top")
     if legend:
         fig.legend(handles=legend, loc="upper center", ncol=len(legend), fontsize=8, frameon=False,
@@ -149,11 +152,14 @@ def throughput_chart(groups: list[Group], footer: str) -> bytes:
     return _png(fig)
 
 
+def _relative_label(unit: str) -> Callable[[Row], str]:
+    return lambda r: f"{r.relative:.2f}x  ({r.samples_per_dollar:,.0f} {unit} per $)"
+
+
 def price_performance_chart(groups: list[Group], footer: str) -> bytes:
     fig, axes = _figure(groups, "Price-performance relative to the baseline (higher is better)", footer)
     for ax, g in zip(axes[:, 0], groups, strict=True):
-        _panel(ax, g, lambda r: r.relative,
-               lambda r, unit=g.unit: f"{r.relative:.2f}x  ({r.samples_per_dollar:,.0f} {unit} per $)",
+        _panel(ax, g, lambda r: r.relative, _relative_label(g.unit),
                _unsupported_or("no price for {row.instance_type}: add it with --prices FILE"),
                f"{g.unit} per dollar, relative to the baseline (x)",
                baseline_x=1.0 if g.baseline else None)

@@ -58,6 +58,11 @@ def _int(text: str | None) -> int | None:
     return int(value) if value is not None else None
 
 
+def _throughput(text: str | None) -> float:
+    """The samples/s cell; 0.0 when it holds no number (such a row is refused by _row_problem)."""
+    return _num(text) or 0.0
+
+
 def _img_size(text: str | None) -> int | None:
     """'224x224' -> 224; anything else (e.g. '16x224x224' video frames) -> None."""
     m = re.fullmatch(r"\s*(\d+)x(\d+)\s*", text or "")
@@ -82,7 +87,7 @@ def _infer_row(row: dict, source: str, throughput_col: str) -> ReferenceRow:
     precision = f"{model_type} (autocast {autocast})" if autocast and autocast != "None" else model_type
     return ReferenceRow(itype, note, "infer", row["Model"].strip(), _img_size(row.get("Image Size")),
                         precision.strip(), _int(row.get("Batch Size")), None, 1,
-                        _num(row[throughput_col]), "inferences", _num(row.get("Latency P50 (ms)")),
+                        _throughput(row[throughput_col]), "inferences", _num(row.get("Latency P50 (ms)")),
                         (row.get("Framework") or "").strip(), (row.get("Neuron Version") or "").strip(),
                         source)
 
@@ -92,7 +97,7 @@ def _train_row(row: dict, source: str) -> ReferenceRow:
     nodes = _int(row.get("Nodes")) or 1
     return ReferenceRow(itype, note, "train", row["Model"].strip(), None,
                         (row.get("Training Data-Type") or "").strip(), _int(row.get("Microbatch")),
-                        _topology_cores(row.get("Topology"), nodes), nodes, _num(row[_TRAIN_THROUGHPUT]),
+                        _topology_cores(row.get("Topology"), nodes), nodes, _throughput(row[_TRAIN_THROUGHPUT]),
                         "sequences", None, "torch-neuronx " + (row.get(
                             "Pytorch Neuron(torch-neuronx) Version") or "?").strip(),
                         (row.get("Neuron Version") or "").strip(), source)

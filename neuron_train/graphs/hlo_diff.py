@@ -229,6 +229,7 @@ def _structure(old: HloSummary, new: HloSummary, is_internal) -> Explanation | N
         what = (f"first difference {named.label.replace(named.shape, a.shape)} -> {b.shape}"
                 if a.opcode == b.opcode else f"first difference {a.label} -> {b.label}")
     else:
-        what = f"{len(new.instrs) - len(old.instrs):+d} ops from {(a or b).label}"
+        first = next(x for x in (a, b) if x is not None)  # the longer graph's op at the first index past the shorter one
+        what = f"{len(new.instrs) - len(old.instrs):+d} ops from {first.label}"
     detail = f"{len(old.instrs)} -> {len(new.instrs)} ops; {what}"
     return Explanation(GRAPH_STRUCTURE, detail, where)

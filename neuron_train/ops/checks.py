@@ -196,7 +196,9 @@ def check_sdk(installed: dict[str, str | None], pins: dict) -> Check:
 
 def real_neuron_wheel(version: str | None) -> bool:
     """False for the 1.0 / 1.0.post1 placeholders that the public index holds under Neuron's names."""
-    return bool(version) and version_key(version)[0] >= 2
+    if not version:
+        return False
+    return version_key(version)[0] >= 2
 
 
 def _driver_vs_runtime(driver: str | None, sdk: str, releases: dict[str, dict[str, str]]) -> str:
@@ -226,7 +228,7 @@ def check_framework(pip: dict[str, str | None], python: str, pins: dict) -> Chec
     if python not in pins["python"]:
         return Check("torch-xla", WARN, found, "torch-neuronx 2.9 wheels exist for Python "
                      + ", ".join(pins["python"]) + " only")
-    drift = [n for n in FRAMEWORK if have[n] and normalize_version(have[n]) != want[n]]
+    drift = [n for n in FRAMEWORK if (v := have[n]) and normalize_version(v) != want[n]]
     if drift:
         return Check("torch-xla", WARN, found, "pinned: " + ", ".join(f"{n} {want[n]}" for n in drift))
     return Check("torch-xla", OK, found)

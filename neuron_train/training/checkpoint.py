@@ -362,7 +362,7 @@ def newest_good(run_dir: Path) -> tuple[CheckpointInfo | None, list[str]]:
     return None, skipped
 
 
-def origin(state: dict) -> str:
+def origin(state: object) -> str:
     """Which model a loaded file is from, for messages."""
     cfg = state.get("config") if isinstance(state, dict) else None
     if not isinstance(cfg, dict):

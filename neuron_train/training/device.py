@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import default_pjrt_device, neuron_device_present
+
+T = TypeVar("T")
 
 _LEGACY_BF16_ENV = {"xla-use-bf16": "XLA_USE_BF16", "xla-downcast-bf16": "XLA_DOWNCAST_BF16"}
 
@@ -87,7 +90,7 @@ class Backend:
     rank: int
     local_rank: int
     gloo_bridge: bool         # CPU multi-process: gradients all-reduced through gloo on the host
-    host_group: object | None  # gloo group for host-side objects (run dir, eval totals)
+    host_group: dist.ProcessGroup | None  # gloo group for host-side objects (run dir, eval totals)
 
     @property
     def is_main(self) -> bool:
@@ -134,7 +137,8 @@ class Backend:
         dist.all_gather_object(out, obj, group=self.host_group)
         return out
 
-    def broadcast_object(self, obj: object) -> object:
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's `obj` on every rank (each rank passes one of the same type)."""
         if self.world_size == 1:
             return obj
         box = [obj]
@@ -191,8 +195,10 @@ def init_backend() -> Backend:
     rank = env_int("RANK", 0)
     local_rank = env_int("LOCAL_RANK", 0)
     kind = xr.device_type()
+    if kind is None:  # prepare_environment sets PJRT_DEVICE
+        raise RuntimeError("PJRT_DEVICE is not set: call prepare_environment() before init_backend()")
     gloo_bridge = False
-    host_group = None
+    host_group: dist.ProcessGroup | None = None
     if world > 1:
         if kind == "CPU":
             # torchrun + init_process_group('xla') on CPU silently gives each process world size 1:

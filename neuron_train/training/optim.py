@@ -96,20 +96,18 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend=None, *,
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.optimizer == "sgd":
-        cls, defaults = torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum}
-    else:
-        cls, defaults = torch.optim.AdamW, {"lr": cfg.lr}
+    sgd = cfg.optimizer == "sgd"
     if cfg.zero1:
         if backend is None:
             raise ValueError("a ZeRO-1 optimizer needs the backend: its shards follow the ranks")
         from neuron_train.training.zero1 import build_zero1
 
+        cls = torch.optim.SGD if sgd else torch.optim.AdamW
+        defaults = {"lr": cfg.lr, "momentum": cfg.momentum} if sgd else {"lr": cfg.lr}
         return build_zero1(groups, cls, defaults, max_norm=cfg.grad_clip, backend=backend)
     # torch picks the per-tensor loop for XLA tensors by itself; foreach traces one op per group.
-    defaults["foreach"] = cfg.optimizer_impl == "foreach"
-    if captured:
-        defaults["lr"] = torch.tensor(cfg.lr, device=decay[0].device)
-        if cls is torch.optim.AdamW:
-            defaults["capturable"] = True
-    return cls(groups, **defaults)
+    foreach = cfg.optimizer_impl == "foreach"
+    lr: float | torch.Tensor = torch.tensor(cfg.lr, device=decay[0].device) if captured else cfg.lr
+    if sgd:
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, foreach=foreach)
+    return torch.optim.AdamW(groups, lr=lr, foreach=foreach, capturable=captured)

@@ -139,7 +139,7 @@ class StepProfiler:
         totals = self._totals()
         xla = {k: totals[k] - self._xla[k] for k in totals}
         self._xla = totals
-        self._trace_control(step)
+        self._trace_control(step, self._first_step)
         self._overhead(t)
         self.records.append({
             "step": step, "wall_ms": (self._last - self._step_start) * 1e3,
@@ -151,13 +151,13 @@ class StepProfiler:
         self._step_start = self._last
         self._reset()
 
-    def _trace_control(self, step: int) -> None:
+    def _trace_control(self, step: int, first_step: int) -> None:
         """Trace `trace_steps` steps from the first steady step (compiles stay out of the trace)."""
         if not self.trace_steps or self.trace_path is not None:
             return
         import torch_xla.debug.profiler as xp
 
-        if self._trace_from is None and step + 1 >= self._first_step + max(self.warmup_steps, 1):
+        if self._trace_from is None and step + 1 >= first_step + max(self.warmup_steps, 1):
             self.trace_dir.mkdir(parents=True, exist_ok=True)
             xp.start_trace(str(self.trace_dir))  # a local session: no profiler server (port) needed
             self._trace_from, self._traced = step + 1, True
@@ -241,7 +241,7 @@ def classify(f: Figures, whole_run: bool = True) -> tuple[str, str]:
                                  f"{f.wall:.1f} ms step")
     device = max(f.execute, f.device_wait + f.grad_sync)
     candidates = {"input-bound": f.input_wait, "host-bound": f.host, "device-bound": device}
-    name = max(candidates, key=candidates.get)
+    name = max(candidates, key=candidates.__getitem__)
     figures = (f"input wait {f.input_wait:.1f} ms, host tracing and graph cuts {f.host:.1f} ms, "
                f"device execution {f.execute:.1f} ms, waiting for the device and gradient sync "
                f"{f.device_wait + f.grad_sync:.1f} ms, per {f.wall:.1f} ms step")

@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sized
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def preflight(cfg: RunConfig) -> str | None:
     total = _target_steps(cfg, world, images=rank == 0)
     if extracting_graphs():  # neuron_parallel_compile's extraction writes nothing: no directory
         return None
-    plan = _plan_resume(cfg, run_dir, world, total) if cfg.checkpoint.resume is not None else None
+    resume = cfg.checkpoint.resume
+    plan = _plan_resume(cfg, resume, run_dir, world, total) if resume is not None else None
     if plan and plan.finished:
         return plan.finished
     if run_dir is not None and rank == 0:
@@ -89,8 +91,9 @@ def check_location(run_dir: Path) -> None:
 def _target_steps(cfg: RunConfig, world: int, *, images: bool) -> int:
     """The run's total optimizer steps; the data is checked on the way (images on rank 0 only)."""
     data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, cfg.train.seed)
-    if images and cfg.data.dataset == "folder" and cfg.data.check_images:
-        check_images(data, Path(cfg.data.data_dir))
+    if images and cfg.data.dataset == "folder" and cfg.data.check_images and cfg.data.data_dir:
+        check_images(data, Path(cfg.data.data_dir))  # (a folder dataset always has its --data-dir)
+    assert isinstance(data.train, Sized)  # every dataset build_datasets makes has a length
     t, n = cfg.train, len(data.train)
     per_epoch = train_batches_per_epoch(n, world, t.batch_size) // t.grad_accum
     if per_epoch == 0:
@@ -130,9 +133,11 @@ class _Resume:
     finished: str | None = None
 
 
-def _plan_resume(cfg: RunConfig, run_dir: Path | None, world: int, total: int) -> _Resume:
-    """Choose and check the checkpoint to resume from (reads only); is the run already finished?"""
-    resume = cfg.checkpoint.resume
+def _plan_resume(cfg: RunConfig, resume: str, run_dir: Path | None, world: int, total: int) -> _Resume:
+    """Choose and check the checkpoint to resume from (`resume`: "latest" or a file; reads only); is
+    the run already finished?"""
+    info: ckpt.CheckpointInfo | None
+    notes: list[str]
     if resume != "latest":
         if not Path(resume).is_file():
             raise UsageError(f"--resume: no such checkpoint file: {resume}")

@@ -17,7 +17,9 @@ full weights. The training loop therefore skips its own gradient all-reduce and 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -34,13 +36,20 @@ def build_zero1(param_groups: list[dict], optimizer_class: type[torch.optim.Opti
                          device=backend.device, max_norm=max_norm, group=backend.host_group, **defaults)
     from torch_xla.distributed.zero_redundancy_optimizer import ZeroRedundancyOptimizer
 
-    return ZeroRedundancyOptimizer(param_groups, optimizer_class, optimizer_dtype=torch.float32,
+    # torch_xla annotates `params` as Iterator[Tensor], but hands them to torch.optim.Optimizer, which
+    # takes param groups (as the Neuron samples pass them): the annotation is narrower than the code.
+    params = cast("Iterator[torch.Tensor]", param_groups)
+    return ZeroRedundancyOptimizer(params, optimizer_class, optimizer_dtype=torch.float32,
                                    grad_clipping=max_norm > 0, max_norm=max_norm or None,
                                    pin_layout=False, save_master_weights=True, **defaults)
 
 
 def grad_norm(optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """The global gradient norm of the last step (before clipping); zeros when clipping is off."""
+    from torch_xla.distributed.zero_redundancy_optimizer import ZeroRedundancyOptimizer
+
+    if not isinstance(optimizer, (GlooZero1, ZeroRedundancyOptimizer)):
+        raise TypeError(f"not a ZeRO-1 optimizer: {type(optimizer).__name__}")
     norm = optimizer.grad_norm
     return torch.zeros(()) if norm is None else norm
 
