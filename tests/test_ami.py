@@ -115,24 +115,23 @@ def test_template_secure_defaults(template):
     assert disk["encrypted"] == "${var.encrypt_boot}" and disk["volume_type"] == "gp3"
 
 
-def test_template_bases_are_the_neuron_dlami_or_ubuntu_22_04(template):
+def test_template_bases_come_from_their_publishers_ssm_parameters_or_a_pinned_id(template):
+    """Issue 32, finding 7: no guessed image-name pattern; Neuron's Base DLAMI parameter, Canonical's
+    Ubuntu parameter, or an AMI id the user pins."""
+    var = variables(template)
+    assert var["base"]["default"] == "ubuntu"  # no Neuron package for apt to downgrade
+    assert var["dlami_ssm_parameter"]["default"] == "/aws/service/neuron/dlami/base/ubuntu-22.04/latest/image_id"
+    assert var["ubuntu_ssm_parameter"]["default"].startswith("/aws/service/canonical/ubuntu/server/22.04/")
+    assert var["base_ami_id"]["default"] == ""
+    (data,) = template["data"]
+    store = data["amazon-parameterstore"]["base"]
+    assert store["name"] == "${var.base == \"dlami\" ? var.dlami_ssm_parameter : var.ubuntu_ssm_parameter}"
     (local,) = template["locals"]
-    bases = local["bases"]
-    assert set(bases) == {"dlami", "ubuntu"}
-    # plain Ubuntu by default (no Neuron package for apt to downgrade); the DLAMI pinned to the
-    # 2.29.1 era by its dated name, never "the newest"
-    assert variables(template)["base"]["default"] == "ubuntu"
-    assert bases["dlami"]["name"] == "${var.dlami_name}"
-    dlami_name = variables(template)["dlami_name"]["default"]
-    assert dlami_name == "Deep Learning Base Neuron AMI (Ubuntu 22.04) 2026050?"
-    assert bases["dlami"]["owners"] == ["amazon"]
-    assert "ubuntu-jammy-22.04-amd64-server" in bases["ubuntu"]["name"]
-    assert bases["ubuntu"]["owners"] == ["099720109477"]  # Canonical
-    (ami_filter,) = ebs_source(template)["source_ami_filter"]
-    assert ami_filter["filters"]["name"] == "${local.bases[var.base].name}"
-    assert ami_filter["most_recent"] is True
-    (rule,) = variables(template)["base"]["validation"]
-    assert "contains" in rule["condition"]
+    assert local["source_ami"] == \
+        "${var.base_ami_id != \"\" ? var.base_ami_id : data.amazon-parameterstore.base.value}"
+    src = ebs_source(template)
+    assert src["source_ami"] == "${local.source_ami}" and "source_ami_filter" not in src
+    assert "dlami_name" not in var and "2026050" not in TEMPLATE.read_text()  # the guessed pattern is gone
 
 
 def test_template_runs_the_provision_script_with_the_project(template):
