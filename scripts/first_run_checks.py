@@ -135,6 +135,9 @@ def write_json(out: Path, device: str) -> None:
 
 def main(argv: list[str]) -> int:
     commands = {"requires": 0, "step-path": 3, "bench": 3, "cores": 0, "write-json": 2}
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if not argv or commands.get(argv[0]) != len(argv) - 1:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
