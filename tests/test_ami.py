@@ -242,6 +242,7 @@ def fake_dist(site: Path, name: str, version: str, *requires: str) -> None:
                                    + "".join(f"Requires-Dist: {r}\n" for r in requires))
 
 
+@pytest.mark.slow  # bash and Python processes
 @pytest.mark.parametrize("xla_version, requirement, message", [
     ("2.9.0", "torch-xla ==2.9.0", None),
     ("2.9.1", "torch-xla >=2.9,<2.10", None),
@@ -268,6 +269,7 @@ def test_check_torch_xla_reads_the_required_version_and_stops_in_one_line(tmp_pa
         assert len(shown.stderr.strip().splitlines()) == 1, shown.stderr  # one line, no traceback
 
 
+@pytest.mark.slow  # bash and Python processes
 def test_the_project_is_installed_without_its_torch_pins(tmp_path):
     """install_project through a STAND-IN for the venv's python: it records each pip call and runs the
     requirements read for real, against the project's pyproject dependencies as installed metadata."""
