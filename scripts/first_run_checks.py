@@ -6,7 +6,8 @@ in the detail; a fact only a Neuron device can establish is INFO on other device
     first_run_checks.py requires                      which torch-xla torch-neuronx requires, and the installed one
     first_run_checks.py step-path OUT PATH DEVICE     a precompiled step path reused its cache?
     first_run_checks.py bench OUT MODE DEVICE         a bench result ran on every NeuronCore?
-    first_run_checks.py cores                         NeuronCores of this instance type (1 when not known)
+    first_run_checks.py neuron-cores RAW [TYPE]       neuron-ls's NeuronCores against the catalog's for the instance
+    first_run_checks.py cores [TYPE]                  NeuronCores of this instance type (1 when not known)
     first_run_checks.py write-json OUT DEVICE         OUT/first-run.json from OUT/checks.tsv and OUT/raw/
 
 Python 3.10 (the Neuron DLAMIs' version); it imports neuron_train only for `cores`.
@@ -108,11 +109,36 @@ def bench(out: Path, mode: str, device: str) -> tuple[str, str]:
     return "PASS", figure
 
 
-def cores() -> int:
+def catalog_cores(flag: str | None) -> tuple[str, int | None]:
+    """(instance type, its NeuronCores in the catalog bench uses, None when not in it)."""
     from neuron_train.commands.bench import resolve_instance_type
     from neuron_train.cost.measure import neuron_cores
 
-    return neuron_cores(resolve_instance_type(None)[0]) or 1
+    instance = resolve_instance_type(flag or None)[0]
+    return instance, neuron_cores(instance)
+
+
+def cores(flag: str | None) -> int:
+    return catalog_cores(flag)[1] or 1
+
+
+def neuron_ls_cores(raw: Path, flag: str | None) -> tuple[str, str]:
+    """The NeuronCores `neuron-ls --json-output` lists against the catalog's count for this instance
+    type: bench starts one worker per catalog core, so the two must agree."""
+    from neuron_train.ops.facts import parse_neuron_ls
+
+    try:
+        devices = parse_neuron_ls(raw.read_text())
+        found = sum(int(d["nc_count"]) for d in devices)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return "FAIL", f"cannot read neuron-ls --json-output ({raw}): {exc}"
+    instance, listed = catalog_cores(flag)
+    said = f"neuron-ls: {found} NeuronCore(s) on {len(devices)} device(s); the catalog's {instance}: {listed}"
+    if listed is None:
+        return "INFO", f"{said} (not in the catalog: pass --instance-type off EC2)"
+    if listed != found:
+        return "FAIL", f"{said}: bench would start {listed} worker(s); correct neuron_train/data/instances.yaml"
+    return "PASS", said
 
 
 def write_json(out: Path, device: str) -> None:
@@ -134,23 +160,25 @@ def write_json(out: Path, device: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"requires": 0, "step-path": 3, "bench": 3, "cores": 0, "write-json": 2}
+    commands = {"requires": (0,), "step-path": (3,), "bench": (3,), "neuron-cores": (1, 2), "cores": (0, 1),
+                "write-json": (2,)}
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
-    if not argv or commands.get(argv[0]) != len(argv) - 1:
+    if not argv or len(argv) - 1 not in commands.get(argv[0], ()):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     name, args = argv[0], argv[1:]
     if name == "cores":
-        print(cores())
+        print(cores(args[0] if args else None))
         return 0
     if name == "write-json":
         write_json(Path(args[0]), args[1])
         return 0
     status, detail = (requires() if name == "requires" else
                       step_path(Path(args[0]), args[1], args[2]) if name == "step-path" else
-                      bench(Path(args[0]), args[1], args[2]))
+                      neuron_ls_cores(Path(args[0]), args[1] if len(args) > 1 else None) if name == "neuron-cores"
+                      else bench(Path(args[0]), args[1], args[2]))
     print(f"{status}\t{detail}")
     return 0
 

@@ -4,9 +4,10 @@
 # answer with the tools' raw output to OUT/first-run.json, which the project reads back into
 # tests/fixtures/first_run/ as recorded real output (docs/first-run.md).
 #
-#   scripts/neuron_first_run.sh [--out DIR] [--only CHECK,CHECK] [--timeout SECONDS]   # checkout, venv active
+#   scripts/neuron_first_run.sh [--out DIR] [--only CHECK,CHECK] [--timeout SECONDS] [--instance-type TYPE]
+#   (from a checkout, the venv active; --instance-type only where the EC2 metadata service is unreachable)
 #
-# Checks, in this order: npc-num-parallel, torch-xla-requires, lazy, cache-module-files, hlo-dump,
+# Checks, in this order: npc-num-parallel, torch-xla-requires, neuron-cores, lazy, cache-module-files, hlo-dump,
 # bench-train, bench-infer (the bench checks use every NeuronCore of the instance), dynamo-full
 # (last: torch.compile on torch-neuronx 2.9 may hang, and a hang must not cost the other answers).
 # Each check runs under its own time limit, --timeout SECONDS (default 2400): a check past it is
@@ -23,11 +24,12 @@ root="$(dirname "$here")"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 PY=${NT_FIRST_RUN_PYTHON:-python3}          # the venv's python (the one with torch-neuronx)
 EVIDENCE=$here/first_run_checks.py
-CHECKS=(npc-num-parallel torch-xla-requires lazy cache-module-files hlo-dump bench-train bench-infer dynamo-full)
+CHECKS=(npc-num-parallel torch-xla-requires neuron-cores lazy cache-module-files hlo-dump bench-train bench-infer dynamo-full)
 read -r -a TRAIN <<<"${NT_FIRST_RUN_TRAIN:---model vit-digits --max-steps 20 --warmup-measure-steps 3}"
 TRAIN+=(--no-progress --no-tensorboard)
 out="first-run-$(hostname)-$(date -u +%Y%m%dT%H%M%SZ)"
 only=""
+itype=""
 limit=2400
 deadline=0
 
@@ -37,6 +39,7 @@ while (($#)); do
         --out) out=${2:?--out needs a folder}; shift 2 ;;
         --only) only=${2:?--only needs check names}; shift 2 ;;
         --timeout) limit=${2:?--timeout needs seconds}; shift 2 ;;
+        --instance-type) itype=${2:?--instance-type needs a type}; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "neuron_first_run: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -109,6 +112,18 @@ check_npc_num_parallel() {
     fi
 }
 
+# The NeuronCores neuron-ls lists, against the catalog's count that bench starts workers for
+check_neuron_cores() {
+    local raw=$out/raw/neuron-cores.txt code=0
+    if [[ $device != NEURON ]] && ! command -v neuron-ls >/dev/null; then
+        record neuron-cores INFO "no neuron-ls on $device: the NeuronCores the instance has only a Neuron device can tell"
+        return
+    fi
+    limited "$raw" neuron-ls --json-output || code=$?
+    ((code == 0)) || { failed_step neuron-cores "neuron-ls --json-output" "$code" "$raw"; return; }
+    evidence neuron-cores neuron-cores "$raw" "$itype"
+}
+
 # A run from a cold cache, precompile, then train --require-precompiled from the precompiled cache:
 # all complete? compile time with and without the cache, and (Neuron) the cache-hit lines.
 check_step_path() {
@@ -171,12 +186,13 @@ print((x @ x).sum().item(), torch_xla.runtime.device_type())' || code=$?
 check_bench() {
     local mode=$1 extra=() cores code=0
     if [[ $mode == train ]]; then
-        limited "$out/raw/bench-train-cores.txt" "$PY" "$EVIDENCE" cores || code=$?
+        limited "$out/raw/bench-train-cores.txt" "$PY" "$EVIDENCE" cores "$itype" || code=$?
         cores=$(tail -n 1 "$out/raw/bench-train-cores.txt")
         [[ $code == 0 && $cores =~ ^[0-9]+$ ]] ||
             { failed_step bench-train "counting the NeuronCores" "$((code == 0 ? 1 : code))" "$out/raw/bench-train-cores.txt"; return; }
         extra=(--nproc "$cores")
     fi
+    [[ -n $itype ]] && extra+=(--instance-type "$itype")
     limited "$out/raw/bench-$mode.txt" "$PY" -m neuron_train bench --mode "$mode" "${TRAIN[@]}" --repeats 1 \
         "${extra[@]}" --output "$out/bench-$mode.json" || code=$?
     ((code == 0)) || { failed_step "bench-$mode" "bench --mode $mode" "$code" "$out/raw/bench-$mode.txt"; return; }
@@ -189,6 +205,7 @@ for name in "${CHECKS[@]}"; do
     case $name in
         npc-num-parallel) check_npc_num_parallel ;;
         torch-xla-requires) evidence torch-xla-requires requires ;;
+        neuron-cores) check_neuron_cores ;;
         lazy|dynamo-full) check_step_path "$name" ;;
         cache-module-files) check_cache_module_files ;;
         hlo-dump) check_hlo_dump ;;

@@ -3,7 +3,8 @@
 The whole script runs end to end here (every check, in its order, each under its time limit). What
 only Neuron has is replaced by labelled STAND-INs that test our reading of the tools, not the tools:
 `neuron_parallel_compile` (a script on PATH printing the help text assumed for it) and torch-neuronx's
-installed metadata (a dist-info folder on PYTHONPATH declaring the torch-xla it requires). The HLO
+installed metadata (a dist-info folder on PYTHONPATH declaring the torch-xla it requires) and
+`neuron-ls` (replaying a trn1.2xlarge's recorded `--json-output`, tests/fixtures/doctor/). The HLO
 dump, the training, precompile and bench checks run for real on the CPU XLA device; what they can
 only answer on a Neuron device they record as INFO, saying so, never as PASS.
 """
@@ -26,8 +27,9 @@ from conftest import ROOT, cpu_env
 SCRIPT = ROOT / "scripts" / "neuron_first_run.sh"
 EVIDENCE = ROOT / "scripts" / "first_run_checks.py"
 NPC_HELP = "usage: neuron_parallel_compile [-h] [--num_parallel NUM_PARALLEL] [--command {compile,analyze}]\n"
-ORDER = ["npc-num-parallel", "torch-xla-requires", "lazy", "cache-module-files", "hlo-dump", "bench-train",
+ORDER = ["npc-num-parallel", "torch-xla-requires", "neuron-cores", "lazy", "cache-module-files", "hlo-dump", "bench-train",
          "bench-infer", "dynamo-full"]
+NEURON_LS = ROOT / "tests" / "fixtures" / "doctor"  # recorded `neuron-ls --json-output` of real instances
 SMALL = "--model vit-nano --max-steps 4 --warmup-measure-steps 1 --num-workers 0"
 
 
@@ -119,6 +121,13 @@ def test_a_neuron_bench_passes_only_on_every_core(tmp_path):
     assert check(tmp_path, "infer", "NEURON") == ("PASS", "900.0 samples/s on NEURON x 2 of 2 (threads_per_core 2)")
 
 
+@pytest.mark.parametrize("recorded, status", [("neuron_ls_trn1_2xlarge.json", "PASS"),
+                                              ("neuron_ls_trn1_32xlarge.json", "FAIL")])
+def test_neuron_ls_cores_must_match_the_catalogs_that_bench_starts_workers_for(recorded, status):
+    got, detail = load_evidence().neuron_ls_cores(NEURON_LS / recorded, "trn1.2xlarge")
+    assert got == status and detail.startswith("neuron-ls: ") and "the catalog's trn1.2xlarge: 2" in detail
+
+
 def test_the_scripts_python_is_valid_on_the_dlamis_python_3_10():
     """The DLAMIs ship Python 3.10: no backslash inside an f-string expression (3.12 only), and so on."""
     ast.parse(EVIDENCE.read_text(), feature_version=(3, 10))
@@ -173,8 +182,9 @@ def test_every_check_runs_end_to_end_on_cpu_without_a_traceback_or_a_pass_withou
     """The whole script as the first Neuron hour runs it, here: a moved import, a flag the commands
     lost, a Python snippet this Python rejects or a check that cannot answer fails this test."""
     standin(tmp_path / "bin", "neuron_parallel_compile", f"cat <<'EOF'\n{NPC_HELP}EOF\n")
+    standin(tmp_path / "bin", "neuron-ls", f'[[ $1 == --json-output ]] && cat "{NEURON_LS / "neuron_ls_trn1_2xlarge.json"}"\n')
     site = fake_torch_neuronx(tmp_path / "site", "torch-xla ==2.9.0")
-    proc = first_run(tmp_path, "--timeout", "900", env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+    proc = first_run(tmp_path, "--timeout", "900", "--instance-type", "trn1.2xlarge", env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
                                                         "PYTHONPATH": f"{ROOT}:{site}"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = read_back(tmp_path)
@@ -182,12 +192,13 @@ def test_every_check_runs_end_to_end_on_cpu_without_a_traceback_or_a_pass_withou
     checks = {c["name"]: c for c in doc["checks"]}
     assert [c["name"] for c in doc["checks"]] == ORDER  # dynamo-full last
     assert {n: c["status"] for n, c in checks.items() if c["status"] != "INFO"} == {
-        "npc-num-parallel": "PASS", "torch-xla-requires": "PASS", "hlo-dump": "PASS"}
+        "npc-num-parallel": "PASS", "torch-xla-requires": "PASS", "neuron-cores": "PASS", "hlo-dump": "PASS"}
+    assert checks["neuron-cores"]["detail"] == "neuron-ls: 2 NeuronCore(s) on 1 device(s); the catalog's trn1.2xlarge: 2"
     for name in ("lazy", "dynamo-full", "bench-train", "bench-infer", "cache-module-files"):
         assert checks[name]["detail"].endswith("only a Neuron device can tell"), checks[name]
     assert re.match(r"compile [\d.]+ s in \d+ graph\(s\) from a cold cache, [\d.]+ s in \d+ from the precompiled",
                     checks["lazy"]["detail"])
-    assert re.match(r"[\d.]+ samples/s on CPU x 1;", checks["bench-train"]["detail"])
+    assert re.match(r"[\d.]+ samples/s on CPU x 2;", checks["bench-train"]["detail"])  # --nproc: trn1.2xlarge's cores
     assert checks["hlo-dump"]["detail"].endswith("on CPU")
     everything = proc.stdout + proc.stderr + "".join(t for c in doc["checks"] for t in c["raw"].values())
     assert "Traceback" not in everything and "SyntaxError" not in everything
