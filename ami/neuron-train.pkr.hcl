@@ -25,17 +25,33 @@ variable "neuron_sdk" {
 variable "base" {
   type        = string
   default     = "ubuntu"
-  description = "ubuntu: Canonical Ubuntu 22.04, nothing of Neuron pre-installed (provision.sh installs the pinned release); dlami: the Deep Learning Base Neuron AMI (Ubuntu 22.04) named by dlami_name."
+  description = "ubuntu: Canonical Ubuntu 22.04, nothing of Neuron pre-installed (provision.sh installs the pinned release); dlami: the Deep Learning Base Neuron AMI (Ubuntu 22.04). Either is found by its publisher's SSM parameter (below) unless base_ami_id pins an image."
   validation {
     condition     = contains(["dlami", "ubuntu"], var.base)
     error_message = "The base must be \"dlami\" or \"ubuntu\"."
   }
 }
 
-variable "dlami_name" {
+variable "dlami_ssm_parameter" {
   type        = string
-  default     = "Deep Learning Base Neuron AMI (Ubuntu 22.04) 2026050?"
-  description = "With base = dlami: the image name (EC2 wildcards * and ?). The default matches images built 2026-05-01..09, after SDK 2.29.1 (2026-05-01) and before 2.30.0 (2026-05-21); if none matches in your region, set the exact name (aws ec2 describe-images --owners amazon --filters Name=name,Values='Deep Learning Base Neuron AMI (Ubuntu 22.04) 202605*'). A newer one brings a newer driver and runtime that provision.sh would have to downgrade."
+  default     = "/aws/service/neuron/dlami/base/ubuntu-22.04/latest/image_id"
+  description = "With base = dlami: the SSM parameter Neuron publishes for the newest Base DLAMI (Ubuntu 22.04), as Neuron's release notes point to. It resolves per region at build time; a DLAMI newer than the pinned SDK brings a newer driver and runtime that provision.sh re-pins (apt --allow-downgrades)."
+}
+
+variable "ubuntu_ssm_parameter" {
+  type        = string
+  default     = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+  description = "With base = ubuntu: Canonical's SSM parameter for the current Ubuntu 22.04 server image."
+}
+
+variable "base_ami_id" {
+  type        = string
+  default     = ""
+  description = "A pinned base image id (ami-..., of this region), used instead of the SSM parameter: record the date and the name it had (aws ec2 describe-images --image-ids ID) where you keep the build command."
+  validation {
+    condition     = var.base_ami_id == "" || can(regex("^ami-[0-9a-f]{8,17}$", var.base_ami_id))
+    error_message = "base_ami_id must be an AMI id (ami-...) or empty."
+  }
 }
 
 variable "region" {
@@ -83,16 +99,19 @@ variable "ami_name_prefix" {
   default = "neuron-train"
 }
 
+# The base image's id from its publisher's SSM parameter (needs ssm:GetParameter), read at build time.
+data "amazon-parameterstore" "base" {
+  name   = var.base == "dlami" ? var.dlami_ssm_parameter : var.ubuntu_ssm_parameter
+  region = var.region
+}
+
 locals {
   project_dir = "${path.root}/.."
   pins        = jsondecode(file("${local.project_dir}/neuron_train/data/neuron_versions.json"))
   release     = local.pins.releases[var.neuron_sdk]
-  bases = {
-    dlami  = { name = var.dlami_name, owners = ["amazon"] }
-    ubuntu = { name = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*", owners = ["099720109477"] }
-  }
-  stamp   = formatdate("YYYYMMDDhhmm", timestamp())
-  tarball = "${path.root}/build/neuron-train-src.tar.gz"
+  source_ami  = var.base_ami_id != "" ? var.base_ami_id : data.amazon-parameterstore.base.value
+  stamp       = formatdate("YYYYMMDDhhmm", timestamp())
+  tarball     = "${path.root}/build/neuron-train-src.tar.gz"
 }
 
 source "amazon-ebs" "neuron" {
@@ -103,16 +122,7 @@ source "amazon-ebs" "neuron" {
   ami_description = "neuron-train on Neuron SDK ${var.neuron_sdk} (torch-neuronx ${local.release["torch-neuronx"]}), Ubuntu 22.04"
   ssh_username    = "ubuntu"
 
-  source_ami_filter {
-    filters = {
-      name                = local.bases[var.base].name
-      architecture        = "x86_64"
-      root-device-type    = "ebs"
-      virtualization-type = "hvm"
-    }
-    owners      = local.bases[var.base].owners
-    most_recent = true
-  }
+  source_ami      = local.source_ami
 
   # IMDSv2 only: on the build instance, and on every instance launched from the image.
   metadata_options {
@@ -142,6 +152,7 @@ source "amazon-ebs" "neuron" {
     neuronx_cc        = local.release["neuronx-cc"]
     aws_neuronx_dkms  = local.release["aws-neuronx-dkms"]
     base              = var.base
+    base_ami          = local.source_ami
     prewarmed_for     = substr(var.prewarm_train_args, 0, 255) # tag values stop at 256 characters
   }
 }

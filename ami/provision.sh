@@ -259,20 +259,64 @@ install_python_env() {
         "torch==$NT_TORCH" "torchvision==$NT_TORCHVISION" \
         "torch-neuronx==$NT_TORCH_NEURONX" "neuronx-cc==$NT_NEURONX_CC" "libneuronxla==$NT_LIBNEURONXLA"
     check_torch_xla "$py"
-    "$py" -m pip install --quiet --extra-index-url "$NT_REPO_PIP" "$SRC_DIR"
+    install_project "$py"
+    check_torch_xla "$py"  # the project's install must have left torch-neuronx's choice in place
     ln -sf "$venv/bin/neuron-train" /usr/local/bin/neuron-train
 }
 
-# The torch-xla that torch-neuronx brought (pip show): present, and of the minor release the project
-# is built for (the minor of NT_TORCH_XLA); logged with what torch-neuronx requires.
+# The project without its torch, torch-xla and torchvision pins (those are in place already; with
+# them pip would replace torch-neuronx's torch-xla by the project's pin, with only a warning), then
+# the project's other requirements as it declares them.
+install_project() {
+    local py=$1 reqs=()
+    "$py" -m pip install --quiet --no-deps "$SRC_DIR"
+    mapfile -t reqs < <("$py" - <<'PY'
+import re
+from importlib import metadata
+for req in metadata.requires("neuron-train") or []:
+    name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower().replace("_", "-")
+    if "extra ==" not in req and name not in ("torch", "torch-xla", "torchvision"):
+        print(req)
+PY
+    ) || die "cannot read neuron-train's requirements from $py"
+    ((${#reqs[@]})) || die "neuron-train declares no requirements in $py: is $SRC_DIR the project?"
+    "$py" -m pip install --quiet --extra-index-url "$NT_REPO_PIP" "${reqs[@]}"
+}
+
+# The torch-xla installed beside torch-neuronx: present, satisfying what torch-neuronx's metadata
+# requires of it (importlib.metadata.requires: names with versions, unlike pip show), and of the
+# minor release the project is built for (the minor of NT_TORCH_XLA). One line either way.
 check_torch_xla() {
-    local py=$1 requires have
-    requires=$("$py" -m pip show torch-neuronx 2>/dev/null | sed -n 's/^Requires: //p') || true
-    have=$("$py" -m pip show torch-xla 2>/dev/null | sed -n 's/^Version: //p') || true
-    [[ -n $have ]] || die "torch-neuronx $NT_TORCH_NEURONX installed no torch-xla (requires: ${requires:-?}): check the Neuron pip repository ($NT_REPO_PIP) and the NT_NEURON_SDK release"
-    [[ $have == "${NT_TORCH_XLA%.*}".* ]] ||
-        die "torch-neuronx $NT_TORCH_NEURONX brought torch-xla $have, not ${NT_TORCH_XLA%.*}.x: pick an NT_NEURON_SDK release built for torch ${NT_TORCH%.*}"
-    log "torch-neuronx $NT_TORCH_NEURONX chose torch-xla $have (requires: ${requires:-?})"
+    local py=$1 said
+    said=$("$py" - "$NT_TORCH_NEURONX" "$NT_TORCH_XLA" "$NT_NEURON_SDK" 2>&1 <<'PY'
+import re, sys
+from importlib import metadata
+neuronx, pinned, sdk = sys.argv[1:]
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+try:
+    wanted = [r for r in metadata.requires("torch-neuronx") or []
+              if re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0].lower().replace("_", "-") == "torch-xla"]
+except metadata.PackageNotFoundError:
+    sys.exit(f"torch-neuronx is not installed in {sys.executable}")
+spec = wanted[0].split(";")[0].strip() if wanted else "torch-xla (no version)"
+try:
+    have = metadata.version("torch-xla")
+except metadata.PackageNotFoundError:
+    sys.exit(f"torch-neuronx {neuronx} installed no torch-xla (it requires {spec}): check the Neuron pip "
+             f"repository and the NT_NEURON_SDK release ({sdk})")
+if wanted and not Requirement(spec).specifier.contains(have, prereleases=True):
+    sys.exit(f"torch-xla {have} is installed but torch-neuronx {neuronx} requires {spec}: something replaced "
+             "torch-neuronx's choice; reinstall it (pip install --force-reinstall torch-neuronx==...)")
+if not have.startswith(pinned.rsplit(".", 1)[0] + "."):
+    sys.exit(f"torch-neuronx {neuronx} brought torch-xla {have}, not {pinned.rsplit('.', 1)[0]}.x: pick an "
+             f"NT_NEURON_SDK release built for this project's torch-xla {pinned}")
+print(f"torch-neuronx {neuronx} requires {spec}; torch-xla {have} installed")
+PY
+    ) || die "${said:-torch-xla check failed in $py}"
+    log "$said"
 }
 
 run_doctor() {

@@ -37,6 +37,10 @@ INF1_VENV = "/opt/aws_neuron_venv_pytorch_1_13_inf1"
 CORES_PER_INFERENTIA = 4   # NeuronCore-v1: 4 per Inferentia chip, one chip per /dev/neuronN
 VERSIONED = ("torch", "torchvision", "torch-neuron", "neuron-cc")
 IMDS = "http://169.254.169.254"
+# "Correction: Neuron Driver support for Inf1 - version 2.24 (not 2.21)" (Neuron announcement, 2026-03):
+# drivers above 2.24 support no Inf1; Inf1 users pin aws-neuronx-dkms to 2.24.*.
+INF1_DRIVER = "2.24."
+DRIVER_VERSION_FILE = "/sys/module/neuron/version"   # the loaded driver's version
 
 
 class Refused(Exception):
@@ -112,6 +116,10 @@ def versions() -> dict:
     from importlib import metadata  # Python 3.8+
 
     found = {}
+    try:
+        found["aws-neuronx-dkms (loaded)"] = Path(DRIVER_VERSION_FILE).read_text().strip()
+    except OSError:
+        pass
     for name in VERSIONED:
         try:
             found[name] = metadata.version(name)
@@ -131,7 +139,22 @@ def neuron_api():
     chips = len(list(Path("/dev").glob("neuron[0-9]*")))
     if not chips:
         raise Refused("no Neuron device (/dev/neuron*): run this on an inf1 instance (docs/inf1.md)")
+    check_driver(Path(DRIVER_VERSION_FILE))
     return torch.neuron.trace, torch.neuron.DataParallel, chips * CORES_PER_INFERENTIA
+
+
+def check_driver(version_file: Path) -> str:
+    """The loaded Neuron driver's version, if it is one that supports inf1 (2.24.*); else Refused."""
+    pin = f"sudo apt-get install -y --allow-downgrades aws-neuronx-dkms={INF1_DRIVER}* && sudo apt-mark hold aws-neuronx-dkms"
+    try:
+        loaded = version_file.read_text().strip()
+    except OSError:
+        raise Refused(f"cannot read the Neuron driver's version ({version_file}): is the driver loaded? "
+                      f"inf1 needs aws-neuronx-dkms {INF1_DRIVER}*: {pin}") from None
+    if not loaded.startswith(INF1_DRIVER):
+        raise Refused(f"Neuron driver {loaded} is loaded; drivers after {INF1_DRIVER}* support no inf1 "
+                      f"(Neuron's 2026-03 notice): {pin}, then reboot (docs/inf1.md)")
+    return loaded
 
 
 # --- the measurement --------------------------------------------------------------------------------

@@ -115,24 +115,23 @@ def test_template_secure_defaults(template):
     assert disk["encrypted"] == "${var.encrypt_boot}" and disk["volume_type"] == "gp3"
 
 
-def test_template_bases_are_the_neuron_dlami_or_ubuntu_22_04(template):
+def test_template_bases_come_from_their_publishers_ssm_parameters_or_a_pinned_id(template):
+    """Issue 32, finding 7: no guessed image-name pattern; Neuron's Base DLAMI parameter, Canonical's
+    Ubuntu parameter, or an AMI id the user pins."""
+    var = variables(template)
+    assert var["base"]["default"] == "ubuntu"  # no Neuron package for apt to downgrade
+    assert var["dlami_ssm_parameter"]["default"] == "/aws/service/neuron/dlami/base/ubuntu-22.04/latest/image_id"
+    assert var["ubuntu_ssm_parameter"]["default"].startswith("/aws/service/canonical/ubuntu/server/22.04/")
+    assert var["base_ami_id"]["default"] == ""
+    (data,) = template["data"]
+    store = data["amazon-parameterstore"]["base"]
+    assert store["name"] == "${var.base == \"dlami\" ? var.dlami_ssm_parameter : var.ubuntu_ssm_parameter}"
     (local,) = template["locals"]
-    bases = local["bases"]
-    assert set(bases) == {"dlami", "ubuntu"}
-    # plain Ubuntu by default (no Neuron package for apt to downgrade); the DLAMI pinned to the
-    # 2.29.1 era by its dated name, never "the newest"
-    assert variables(template)["base"]["default"] == "ubuntu"
-    assert bases["dlami"]["name"] == "${var.dlami_name}"
-    dlami_name = variables(template)["dlami_name"]["default"]
-    assert dlami_name == "Deep Learning Base Neuron AMI (Ubuntu 22.04) 2026050?"
-    assert bases["dlami"]["owners"] == ["amazon"]
-    assert "ubuntu-jammy-22.04-amd64-server" in bases["ubuntu"]["name"]
-    assert bases["ubuntu"]["owners"] == ["099720109477"]  # Canonical
-    (ami_filter,) = ebs_source(template)["source_ami_filter"]
-    assert ami_filter["filters"]["name"] == "${local.bases[var.base].name}"
-    assert ami_filter["most_recent"] is True
-    (rule,) = variables(template)["base"]["validation"]
-    assert "contains" in rule["condition"]
+    assert local["source_ami"] == \
+        "${var.base_ami_id != \"\" ? var.base_ami_id : data.amazon-parameterstore.base.value}"
+    src = ebs_source(template)
+    assert src["source_ami"] == "${local.source_ami}" and "source_ami_filter" not in src
+    assert "dlami_name" not in var and "2026050" not in TEMPLATE.read_text()  # the guessed pattern is gone
 
 
 def test_template_runs_the_provision_script_with_the_project(template):
@@ -232,29 +231,64 @@ def test_load_pins_reads_the_versions_file_and_env_wins():
     assert unknown.returncode == 1 and "Neuron SDK 2.30.0 is not in" in unknown.stderr
 
 
-@pytest.fixture
-def pip_standin(tmp_path):
-    """A stand-in for the venv's python: answers only `-m pip show NAME` from files (our contract
-    with pip show's output: `Version:` and `Requires:` lines). Not pip."""
-    py = tmp_path / "python"
-    py.write_text('#!/bin/bash\n[[ $1 == -m && $2 == pip && $3 == show ]] || exit 9\n'
-                  f'cat "{tmp_path}/show-$4" 2>/dev/null || exit 1\n')
-    py.chmod(0o755)
-    return tmp_path
+BASE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"  # no torch-xla of its own: the fakes below decide
 
 
-@pytest.mark.parametrize("xla_version, ok", [("2.9.0", True), ("2.9.1", True), ("2.8.0", False), (None, False)])
-def test_check_torch_xla_accepts_only_the_minor_torch_neuronx_should_bring(pip_standin, xla_version, ok):
-    (pip_standin / "show-torch-neuronx").write_text("Name: torch-neuronx\nRequires: libneuronxla, torch, torch-xla\n")
+def fake_dist(site: Path, name: str, version: str, *requires: str) -> None:
+    """STAND-IN for an installed distribution's metadata (what importlib.metadata reads), no code."""
+    dist = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+
+
+@pytest.mark.slow  # bash and Python processes
+@pytest.mark.parametrize("xla_version, requirement, message", [
+    ("2.9.0", "torch-xla ==2.9.0", None),
+    ("2.9.1", "torch-xla >=2.9,<2.10", None),
+    ("2.9.0", "torch-xla ==2.9.1", "torch-xla 2.9.0 is installed but torch-neuronx 2.9.0.2.13.26312 requires "
+                                   "torch-xla ==2.9.1: something replaced torch-neuronx's choice"),
+    ("2.8.0", "torch-xla ==2.8.0", "brought torch-xla 2.8.0, not 2.9.x"),
+    (None, "torch-xla ==2.9.0", "installed no torch-xla (it requires torch-xla ==2.9.0)"),
+])
+def test_check_torch_xla_reads_the_required_version_and_stops_in_one_line(tmp_path, xla_version, requirement,
+                                                                          message):
+    if not BASE_PYTHON.exists():
+        pytest.skip(f"no base interpreter at {BASE_PYTHON}")
+    fake_dist(tmp_path, "torch-neuronx", "2.9.0.2.13.26312", "torch ==2.9.0", requirement, "libneuronxla")
     if xla_version:
-        (pip_standin / "show-torch-xla").write_text(f"Name: torch-xla\nVersion: {xla_version}\n")
+        fake_dist(tmp_path, "torch-xla", xla_version)
     versions = ROOT / "neuron_train" / "data" / "neuron_versions.json"
-    shown = bash(f'load_pins "{versions}"; check_torch_xla "{pip_standin}/python"', env={"NT_NEURON_SDK": ""})
-    assert (shown.returncode == 0) is ok, shown.stderr
-    if ok:
-        assert f"chose torch-xla {xla_version} (requires: libneuronxla, torch, torch-xla)" in shown.stderr + shown.stdout
+    shown = bash(f'load_pins "{versions}"; check_torch_xla "{BASE_PYTHON}"',
+                 env={"NT_NEURON_SDK": "", "NT_TORCH_NEURONX": "2.9.0.2.13.26312", "PYTHONPATH": str(tmp_path)})
+    if message is None:
+        assert shown.returncode == 0, shown.stderr
+        assert f"torch-neuronx 2.9.0.2.13.26312 requires {requirement}; torch-xla {xla_version} installed" in shown.stderr
     else:
-        assert "torch-xla" in shown.stderr and ("not 2.9.x" in shown.stderr or "installed no torch-xla" in shown.stderr)
+        assert shown.returncode == 1 and message in shown.stderr
+        assert len(shown.stderr.strip().splitlines()) == 1, shown.stderr  # one line, no traceback
+
+
+@pytest.mark.slow  # bash and Python processes
+def test_the_project_is_installed_without_its_torch_pins(tmp_path):
+    """install_project through a STAND-IN for the venv's python: it records each pip call and runs the
+    requirements read for real, against the project's pyproject dependencies as installed metadata."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    fake_dist(tmp_path / "site", "neuron-train", "0.1.0", *deps, 'pytest>=7; extra == "test"')
+    calls = tmp_path / "calls"
+    py = tmp_path / "python"
+    py.write_text("#!/bin/bash\n# STAND-IN for the venv's python: records pip calls; runs a script given on stdin\n"
+                  f'if [[ $1 == - ]]; then PYTHONPATH="{tmp_path / "site"}" exec "{sys.executable}" "$@"; fi\n'
+                  f'echo "$*" >> "{calls}"\n')
+    py.chmod(0o755)
+    shown = bash(f'SRC_DIR=/src NT_REPO_PIP=https://pip.example install_project "{py}"')
+    assert shown.returncode == 0, shown.stderr
+    first, second = calls.read_text().splitlines()
+    assert first == "-m pip install --quiet --no-deps /src"
+    assert second.startswith("-m pip install --quiet --extra-index-url https://pip.example ")
+    installed = second.split()[6:]
+    assert sorted(installed) == sorted(d for d in deps if not d.startswith(("torch==", "torch-xla==", "torchvision==")))
+    assert len(installed) == len(deps) - 3  # torch, torch-xla and torchvision left as torch-neuronx chose them
 
 
 def test_provision_pins_no_torch_xla_of_its_own():

@@ -222,6 +222,7 @@ def test_infer_on_neuron_traces_for_the_neuron_cores(tmp_path):
     assert r["device"]["kind"] == "NEURON"
     assert r["device"]["tracer"] == "torch-neuronx"
     assert r["device"]["count"] == r["device"]["cores_total"] == r["world_size"]
+    assert r["device"]["threads_per_core"] == 2  # NeuronPerf's published setting
     assert r["compile"]["graph_count"] == 1 and r["samples_per_sec"]["median"] > 0
 
 

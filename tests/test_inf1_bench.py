@@ -190,3 +190,20 @@ def test_a_failing_core_fails_the_measurement_with_its_reason_and_no_worker_is_l
     for pid_file in tmp_path.glob("core*.pid"):  # every worker ended (killed and reaped), none keeps a core
         cmdline = Path(f"/proc/{pid_file.read_text()}/cmdline")
         assert not cmdline.exists() or b"standin_worker" not in cmdline.read_bytes()  # (a reused pid is not ours)
+
+
+@pytest.mark.parametrize("loaded, refused", [("2.24.13.0", None), ("2.27.4.0", "Neuron driver 2.27.4.0 is loaded"),
+                                             (None, "cannot read the Neuron driver's version")])
+def test_inf1_script_runs_only_on_a_2_24_driver(tmp_path, loaded, refused):
+    """Neuron's 2026-03 correction: drivers above 2.24 support no Inf1; inf1 pins aws-neuronx-dkms 2.24.*.
+    The script's own check, on a version file written here (the real one: /sys/module/neuron/version)."""
+    bench = load_script()
+    version_file = tmp_path / "version"
+    if loaded:
+        version_file.write_text(loaded + "\n")
+    if refused is None:
+        assert bench.check_driver(version_file) == loaded
+        return
+    with pytest.raises(bench.Refused) as stop:
+        bench.check_driver(version_file)
+    assert refused in str(stop.value) and "aws-neuronx-dkms=2.24.*" in str(stop.value)

@@ -95,6 +95,10 @@ _NEURONX_CAST = {"fp32": ["--auto-cast", "none"],
 
 
 INF1_BENCH = "scripts/inf1_bench.py"
+CORE_WORKER = "neuron_train.cost.core_worker"
+# NeuronPerf's max-throughput setting, the one behind the published inference rows: two worker
+# threads per model per NeuronCore ("for N models, use 2 * N worker threads", NeuronPerf FAQ).
+THREADS_PER_CORE = 2
 
 
 def refuse_inf1_inference(instance_type: str) -> None:
@@ -132,6 +136,7 @@ class InferBench:
         # trn1/inf2 only: inf1 (torch-neuron, torch 1.13) is refused before this, see scripts/inf1_bench.py
         self.tracer = "torch-neuronx" if self.on_neuron else "torch-xla"
         self.cores_total = neuron_cores(instance_type) if self.on_neuron else None
+        self.threads_per_core = THREADS_PER_CORE
         self.traced: dict[int, str] = {}      # Neuron: one compiled module file per batch size
         self.workdir = workdir                # where the traced modules are saved for the workers
         self.warmed: set[int] = set()          # batch sizes whose graphs are compiled already
@@ -145,7 +150,7 @@ class InferBench:
     def measure(self, batch: int, steps: int, warmup: int) -> Measurement:
         try:
             if self.on_neuron:
-                return self._measure_neuron(batch, steps, warmup)  # pragma: no cover (Neuron only)
+                return self._measure_neuron(batch, steps, warmup)
             return self._measure_xla(batch, steps, warmup)
         except (RuntimeError, MemoryError) as exc:
             raise classify_failure(1, f"{type(exc).__name__}: {exc}") from None
@@ -190,27 +195,40 @@ class InferBench:
         return Measurement(sps, step_ms, ctime, graphs, steps, 1, batch, xr.device_type(),
                            {"tracer": self.tracer})
 
-    def _measure_neuron(self, batch: int, steps: int, warmup: int) -> Measurement:  # pragma: no cover
-        """Neuron hardware only: trace once for the NeuronCores, then time a copy on every core of
-        the instance at once (percore.py), as the Neuron SDK's published figures are made."""
-        import torch_neuronx
-
+    def _measure_neuron(self, batch: int, steps: int, warmup: int) -> Measurement:
+        """Neuron hardware (a stand-in torch_neuronx in the tests): compile once in a child process
+        that exits before the workers start (core_worker.py says why), then time a copy on every
+        core of the instance at once (percore.py), as the Neuron SDK's published figures are made."""
         from neuron_train.cost.percore import instance_figure, run_per_core
 
         args = _NEURONX_CAST[self.cfg.train.precision]
-        start = time.perf_counter()
+        dtype = str(self.dtype).removeprefix("torch.")
+        compile_s, graphs = 0.0, 0
         if batch not in self.traced:
-            path = str(self.workdir / f"traced-b{batch}.pt")
-            self.torch.jit.save(torch_neuronx.trace(self.model, self._input(batch), compiler_args=args), path)
-            self.traced[batch] = path
+            start = time.perf_counter()
+            self.traced[batch] = self._trace_in_child(batch, dtype, args)
             compile_s, graphs = time.perf_counter() - start, 1
-        else:
-            compile_s, graphs = 0.0, 0
         cores = list(range(self.cores_total or 1))
-        worker = [sys.executable, "-m", "neuron_train.cost.core_worker", self.traced[batch], str(batch),
-                  str(self.cfg.model.img_size), str(self.dtype).removeprefix("torch."), str(steps), str(warmup)]
+        worker = [sys.executable, "-m", CORE_WORKER, "run", self.traced[batch], str(batch),
+                  str(self.cfg.model.img_size), dtype, str(steps), str(warmup), str(self.threads_per_core)]
         sps, step_ms = instance_figure(run_per_core(worker, cores))
-        info: dict[str, str | int] = {"tracer": self.tracer, "compiler_args": " ".join(args)}
+        info: dict[str, str | int] = {"tracer": self.tracer, "compiler_args": " ".join(args),
+                                      "threads_per_core": self.threads_per_core}
         if self.cores_total:
             info["cores_total"] = self.cores_total
         return Measurement(sps, step_ms, compile_s, graphs, steps, len(cores), batch * len(cores), "NEURON", info)
+
+    def _trace_in_child(self, batch: int, dtype: str, compiler_args: list[str]) -> str:
+        """torch_neuronx.trace in a process that has exited when this returns: the path of the saved
+        module. This process never initializes the Neuron runtime, so it holds no NeuronCore."""
+        eager = self.workdir / "eager-model.pt"
+        if not eager.exists():
+            self.torch.save(self.model, eager)
+        out = self.workdir / f"traced-b{batch}.pt"
+        cmd = [sys.executable, "-m", CORE_WORKER, "trace", str(eager), str(out), str(batch),
+               str(self.cfg.model.img_size), dtype, *compiler_args]
+        # Its own process group, waited for: it has exited (and released its cores) when run returns.
+        ended = proc.run(cmd, dict(os.environ), stdout_too=True, tail_lines=OUTPUT_LINES, echo=False)
+        if ended.code != 0 or not out.is_file():
+            raise classify_failure(ended.code or 1, "\n".join(ended.tail) or f"{shlex.join(cmd)} wrote no {out}")
+        return str(out)

@@ -94,6 +94,8 @@ def device_text(device: dict) -> str:
         parts.append(f"{device['count']} of {total} NeuronCores")
     elif device["kind"] == "NEURON":
         parts.append(f"{device['count']} NeuronCore(s), instance total not known")
+    if device.get("threads_per_core"):  # published rows: NeuronPerf's 2 threads per core (inf1 ResNet-50: 4)
+        parts.append(f"{device['threads_per_core']} thread(s) per core")
     return ", ".join(parts)
 
 

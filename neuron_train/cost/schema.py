@@ -36,6 +36,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
     # infer on Neuron: what compiled the forward pass and how, and the NeuronCores of the instance
     # (device.count of device.cores_total ran it; fewer than all is said on the report's row)
     "device.tracer": "str?", "device.compiler_args": "str?", "device.cores_total": "int>=1?",
+    # infer on Neuron: threads calling each core's copy (NeuronPerf's published rows: 2)
+    "device.threads_per_core": "int>=1?",
     # a result written outside this package (scripts/inf1_bench.py in the inf1 environment)
     "device.harness": "str?",
 }

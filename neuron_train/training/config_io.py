@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,9 @@ def build_config(file_values: dict[str, dict[str, Any]] | None = None,
     ({section: {field: value}}), then flat `section.field` overrides."""
     types = _section_types()
     values: dict[str, dict[str, Any]] = {s: {} for s in types}
-    for dotted, value in device_defaults(device_kind or default_pjrt_device()).items():
+    device_kind = device_kind or default_pjrt_device()
+    _warn_other_device_values(file_values or {}, overrides or {}, device_kind, source)
+    for dotted, value in device_defaults(device_kind).items():
         section, key = dotted.split(".", 1)
         values[section][key] = value
     for section, body in (file_values or {}).items():
@@ -141,6 +144,23 @@ def build_config(file_values: dict[str, dict[str, Any]] | None = None,
         values[section][key] = value
     cfg = RunConfig(**{s: types[s](**values[s]) for s in types})
     return cfg.validate()
+
+
+def _warn_other_device_values(file_values: dict, overrides: dict, device_kind: str, source: str) -> None:
+    """A file that sets a device-dependent setting to another value than this device's default: a
+    config.yaml saved by a CPU run holds the CPU's resolved defaults (step_compiler dynamo-full), and
+    reused on a Neuron device it would quietly select the torch.compile path the Neuron SDK 2.29
+    docs say is not yet supported. Said once per setting; a flag on the command line decides silently."""
+    for dotted, default in device_defaults(device_kind).items():
+        section, key = dotted.split(".", 1)
+        body = file_values.get(section)
+        value = body.get(key, body.get(key.replace("_", "-"))) if isinstance(body, dict) else None
+        if value is not None and value != default and dotted not in overrides:
+            flag = "--" + key.replace("_", "-")
+            print(f"neuron-train: warning: {source}: {dotted} is {shown(value)}, but on this device ({device_kind}) "
+                  f"the default is {default}; the file may come from a run on another device. Keep it with "
+                  f"{flag} {shown(value)}, or use the default with {flag} {default} (or delete the line)",
+                  file=sys.stderr, flush=True)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
