@@ -4,6 +4,8 @@ Only dot and convolution count (the matrix units' work; element-wise work is lef
 calibrated fraction of peak). dot: 2 x output elements x the contracted size; convolution: 2 x
 output elements x the kernel's elements per output feature. Bytes in and out: the entry
 computation's parameters and results, i.e. what the graph reads from and writes to device memory.
+Instructions: every instruction of every computation of the unoptimized module, what lazy tracing
+builds op by op on the host (the unit of the host term of a lazy step, plan_model.host_rest_s).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([0-9,]*)\]")
 _DOT = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+dot\((.*?)\),.*?lhs_contracting_dims=\{([0-9,]*)\}")
 _CONV = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+convolution\((.*?)\),.*?dim_labels=\w+_(\w+)->")
 _OPERAND = re.compile(r"^\s*(?:(\w+)\[([0-9,]*)\]\S*\s+)?%?([\w.\-]+)\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\S")
 _ENTRY = re.compile(r"^ENTRY\s+\S+\s+\((.*)\)\s+->\s+(.*)\{\s*$")
 
 
@@ -34,6 +37,7 @@ class HloFigures:
     bytes_out: float = 0.0
     dots: int = 0
     convolutions: int = 0
+    instructions: int = 0
 
     @property
     def precision(self) -> str:
@@ -73,6 +77,8 @@ def hlo_figures(text: str) -> HloFigures:
         if entry:
             out.bytes_in, out.bytes_out = _shapes_bytes(entry.group(1)), _shapes_bytes(entry.group(2))
             continue
+        if _INSTRUCTION.match(line):
+            out.instructions += 1
         d = _DEF.match(line)
         if d:
             shapes[d.group(1)] = (d.group(2), _dims(d.group(3)))

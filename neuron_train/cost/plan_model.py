@@ -65,9 +65,11 @@ class WorkloadFigures:
     grad_bytes: float               # what a data-parallel all-reduce moves each step
     optimizer_bytes: float
     activation_bytes: float         # saved for the backward (0 in inference)
-    host_input_s: float = 0.0       # CPU-seconds per batch in the input pipeline, measuring machine
-    host_rest_s: float = 0.0        # host seconds per step outside it (tracing, dispatch)
+    host_input_s: float | None = 0.0  # CPU-seconds per batch of the input pipeline (thread CPU time); None: unknown
     loader_workers: int = 0         # 0: the input pipeline runs in the training process
+    execution: str = "lazy"         # how the target runs a step: lazy | compiled | replay (EXECUTIONS)
+    hlo_instructions: int = 0       # instructions of the steady step's unoptimized HLO (what lazy tracing builds)
+    graphs_per_step: int = 1        # graph executions the host dispatches per step
     measured_by: str = "measured on the CPU XLA device"
 
 
@@ -104,6 +106,38 @@ BOTTLENECKS = {"compute": "device compute", "memory": "device memory bandwidth",
                "host_input": "host input pipeline", "host_rest": "host (tracing, dispatch)",
                "allreduce": "gradient all-reduce"}
 
+# How the target's host runs one step (docs/plan.md, "The host term"):
+EXECUTIONS = {
+    "lazy": "torch_xla traces every op of the step on the host each step (overlapping the device's previous step)",
+    "compiled": "a compiled model (torch_neuronx.trace) is dispatched: no tracing",
+    "replay": "torch.compile replays captured graphs: guards and dispatch, no tracing",
+}
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Per-unit costs of the target's host, stated (not measured on the planning machine, whose
+    wall time moves with its load). Sources and the command that measured the tracing cost: docs/plan.md."""
+
+    trace_s_per_instruction: float = 12e-6   # lazy tracing, CPU seconds per unoptimized HLO instruction
+    dispatch_s: float = 0.1e-3               # one graph execution handed to the Neuron runtime (assumption)
+    replay_s: float = 1e-3                   # one torch.compile graph call: guards + cached-graph dispatch (assumption)
+
+
+HOST = HostCosts()
+
+
+def host_rest_s(w: WorkloadFigures, processes: int, vcpus: int, host: HostCosts = HOST) -> float:
+    """The target host's seconds per step outside the input pipeline: a pure function of counted facts
+    (instructions, graph executions) and the stated per-unit costs; processes beyond the vCPUs share them."""
+    if w.execution == "compiled":
+        per_step = w.graphs_per_step * host.dispatch_s
+    elif w.execution == "replay":
+        per_step = w.graphs_per_step * host.replay_s
+    else:
+        per_step = w.hlo_instructions * host.trace_s_per_instruction + w.graphs_per_step * host.dispatch_s
+    return per_step * max(1.0, processes / max(vcpus, 1))
+
 
 def memory_needed_gib(w: WorkloadFigures) -> float:
     """Device memory one data-parallel process needs: weights, gradients, optimizer state, activations."""
@@ -130,7 +164,7 @@ def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dic
     # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
     workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
     parts = {"compute": w.flops_per_step / per_core_flops, "memory": w.bytes_per_step / per_core_bw,
-             "host_input": w.host_input_s / workers, "host_rest": w.host_rest_s}
+             "host_input": (w.host_input_s or 0.0) / workers, "host_rest": host_rest_s(w, processes, t.vcpus)}
     if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest
         parts["host_rest"] += parts.pop("host_input")
     if w.mode == "train":

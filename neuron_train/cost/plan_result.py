@@ -18,6 +18,7 @@ from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION, validate_resul
 PLAN_SCHEMA = "neuron-train-plan"
 PLAN_VERSION = 1
 ESTIMATED = "estimated"
+UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
 
 ASSUMPTIONS = [
     "step = max(device compute, device memory traffic, host input pipeline, host rest) + gradient all-reduce "
@@ -25,8 +26,11 @@ ASSUMPTIONS = [
     "device compute: dot/convolution FLOPs of the steady graph at the calibrated fraction of peak TFLOPS of the "
     "precision the matrix units run (neuronx-cc casts f32 matmuls to bf16 unless --auto-cast none)",
     "device memory traffic: the step graph's inputs and outputs once, at the core's half of the chip's bandwidth",
-    "host: this machine's CPU seconds per step, same speed per vCPU on the target; the input pipeline spread over "
-    "max(1, min(loader workers, vCPUs per process - 1)) workers (the process itself keeps one vCPU busy)",
+    "host rest, from counted facts and stated per-unit costs (never this machine's wall time): lazy = HLO "
+    "instructions traced x 12 us + one dispatch; compiled (torch_neuronx.trace) = 0.1 ms dispatch per graph; "
+    "replay (torch.compile) = 1 ms per graph call; processes beyond the vCPUs share them",
+    "host input pipeline: this machine's CPU seconds per batch (thread CPU time), same speed per vCPU on the "
+    "target, spread over max(1, min(loader workers, vCPUs per process - 1)) workers; unknown for a COMMAND",
     "all-reduce: a ring over the processes; on one chip through device memory, across chips over NeuronLink-v2 "
     "(per-link bandwidth is an assumption, see instances.yaml)",
     "memory fit: weights + gradients + optimizer state + activations per NeuronCore, data parallel (no sharding)",
@@ -59,9 +63,14 @@ def estimate_result(w: WorkloadFigures, e: Estimate, calib: Calibration, *, deta
                      "parts_ms": {k: v * 1e3 for k, v in e.parts_s.items()}, "band": list(e.band),
                      "rank": e.rank, "needs_gib_per_core": e.needs_gib_per_core,
                      "calibration": calib.source},
-        "sweep": None, "host": {}, "versions": {}, "command": command, "config": {"workload": dataclasses.asdict(w)},
+        "sweep": None, "host": {}, "versions": {}, "command": command, "config": {"workload": workload_record(w)},
     }
     return validate_result(result, f"estimate for {e.instance_type}")
+
+
+def workload_record(w: WorkloadFigures) -> dict:
+    """The workload's figures as written, "unknown" for what the run did not tell (a COMMAND's input pipeline)."""
+    return {k: UNKNOWN if v is None else v for k, v in dataclasses.asdict(w).items()}
 
 
 def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibration, *, details: dict,
@@ -71,7 +80,7 @@ def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibrat
     fits = [e for e in estimates if e.fits]
     return {
         "schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "created_at": created, "source": ESTIMATED,
-        "workload": dataclasses.asdict(w), "details": details,
+        "workload": workload_record(w), "details": details,
         "calibration": {"fraction_of_peak": calib.fraction, "error_band": calib.band, "source": calib.source,
                         "first_estimate_off": first_off},
         "assumptions": ASSUMPTIONS,
