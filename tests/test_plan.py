@@ -5,6 +5,7 @@ loop with a tiny model, its plan.json in `report` and `--calibrate` with a bench
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -20,10 +21,12 @@ from neuron_train.cost import plan_calibrate, plan_data
 from neuron_train.cost.plan_hlo import hlo_figures
 from neuron_train.cost.plan_model import (
     GIB,
+    HOST,
     Calibration,
     WorkloadFigures,
     allreduce_s,
     estimate,
+    host_rest_s,
     rank_by_price_performance,
 )
 
@@ -34,7 +37,7 @@ CALIB = Calibration({"train": 0.25, "infer": 0.5}, {"train": 0.2, "infer": 0.1},
 def workload(**over) -> WorkloadFigures:
     base = dict(name="m", mode="train", flops_per_step=2e12, precision="bf16", bytes_per_step=1e9,
                 samples_per_step=16, param_bytes=4e8, grad_bytes=4e8, optimizer_bytes=8e8, activation_bytes=1e9,
-                host_input_s=0.01, host_rest_s=0.005, loader_workers=4)
+                host_input_s=0.01, loader_workers=4, execution="lazy", hlo_instructions=400, graphs_per_step=1)
     return WorkloadFigures(**{**base, **over})
 
 
@@ -69,7 +72,45 @@ def test_host_input_pipeline_is_spread_over_the_workers_the_vcpus_allow():
     assert small.bottleneck == big.bottleneck == "host_input"
     assert small.parts_s["host_input"] == pytest.approx(0.8) and big.parts_s["host_input"] == pytest.approx(0.2)
     serial = estimate(workload(flops_per_step=1e9, host_input_s=0.8, loader_workers=0), targets["inf2.8xlarge"], CALIB)
-    assert "host_input" not in serial.parts_s and serial.parts_s["host_rest"] == pytest.approx(0.805)
+    rest = 400 * HOST.trace_s_per_instruction + HOST.dispatch_s
+    assert "host_input" not in serial.parts_s and serial.parts_s["host_rest"] == pytest.approx(0.8 + rest)
+
+
+# --- the host term: the target's, from counted facts (never this machine's wall time) ----------------
+
+def test_compiled_inference_pays_one_dispatch_per_execution_and_no_tracing():
+    """A torch_neuronx.trace model (what the published inference rows run): however many instructions
+    its graph has, the host only dispatches it; the estimate is the device's."""
+    t = plan_data.targets()["trn1.2xlarge"]
+    small, big = (workload(mode="infer", execution="compiled", hlo_instructions=n) for n in (10, 10**6))
+    assert host_rest_s(small, 2, t.vcpus) == host_rest_s(big, 2, t.vcpus) == pytest.approx(HOST.dispatch_s)
+    e = estimate(big, t, CALIB)
+    assert e.bottleneck == "compute" and e.parts_s["host_rest"] == pytest.approx(1e-4)
+
+
+def test_a_lazy_step_traces_its_instructions_while_the_device_runs_the_previous_step():
+    t = plan_data.targets()["trn1.2xlarge"]
+    device_bound = estimate(workload(hlo_instructions=1_000), t, CALIB)
+    compute, ring = device_bound.parts_s["compute"], device_bound.parts_s["allreduce"]
+    assert device_bound.step_s == pytest.approx(compute + ring)  # tracing overlaps: it adds nothing
+    traced = int(2 * compute / HOST.trace_s_per_instruction)     # a trace twice as long as the device step
+    host_bound = estimate(workload(hlo_instructions=traced), t, CALIB)
+    assert host_bound.bottleneck == "host_rest"
+    assert host_bound.step_s == pytest.approx(traced * HOST.trace_s_per_instruction + HOST.dispatch_s + ring)
+    assert host_bound.parts_s["compute"] == pytest.approx(compute)
+
+
+def test_a_torch_compile_step_replays_its_graphs_whatever_their_size():
+    t = plan_data.targets()["inf2.xlarge"]
+    one, huge = (workload(execution="replay", graphs_per_step=2, hlo_instructions=n) for n in (10, 10**6))
+    assert host_rest_s(one, 2, t.vcpus) == host_rest_s(huge, 2, t.vcpus) == pytest.approx(2 * HOST.replay_s)
+
+
+def test_processes_beyond_the_hosts_vcpus_share_them_for_tracing():
+    targets = plan_data.targets()
+    w = workload(hlo_instructions=10_000)
+    alone = host_rest_s(w, 4, targets["inf1.xlarge"].vcpus)          # 4 processes, 4 vCPUs
+    assert host_rest_s(w, 8, 4) == pytest.approx(2 * alone)
 
 
 def test_allreduce_none_for_one_process_through_memory_on_one_chip_over_links_across_chips():
@@ -192,7 +233,7 @@ def test_validation_errors_come_from_the_rows(tmp_path, monkeypatch):
 
 def test_recalibration_matches_the_bench_and_says_how_far_off_the_first_estimate_was():
     t = plan_data.targets()["trn1.2xlarge"]
-    w = workload(host_input_s=0.0, host_rest_s=0.0)
+    w = workload(host_input_s=0.0, hlo_instructions=0)
     base = plan_calibrate.published_calibration()
     first = estimate(w, t, base).samples_per_sec
     calib, off = plan_calibrate.recalibrated(base, w, t, first / 2, 2, "bench.json")
@@ -279,7 +320,7 @@ def test_plan_on_our_loop_then_report_and_calibrate(tmp_path):
     assert doc["source"] == "estimated" and doc["assumptions"]
     assert {r["instance_type"] for r in doc["results"]} == {"trn1.2xlarge", "inf2.xlarge", "trn1.32xlarge"}
     assert all(r["source"] == "estimated" and r["estimate"]["bottleneck"] for r in doc["results"])
-    assert doc["workload"]["flops_per_step"] > 0 and doc["workload"]["host_rest_s"] > 0
+    assert doc["workload"]["flops_per_step"] > 0 and doc["workload"]["hlo_instructions"] > 0
 
     rep = subprocess.run([sys.executable, "-m", "neuron_train", "report", str(plan),
                           str(REPORT_FIXTURES / "cpu_train_vit_digits.json"), "--reference",
@@ -304,31 +345,88 @@ def test_plan_on_our_loop_then_report_and_calibrate(tmp_path):
     assert "the first estimate for trn1.2xlarge was +" in proc.stdout and "off the bench" in proc.stdout
 
 
-# --- a COMMAND's host time ---------------------------------------------------------------------------
+# --- a COMMAND's host term -------------------------------------------------------------------------
 
-def test_a_commands_host_time_is_its_steady_wall_time_minus_the_devices_execution():
-    """Pure: three windows of one site, 10 ms apart, of which the device executed 4 and 6 ms."""
-    from neuron_train.cost.script_bench import process_steps
-
-    windows = [dict(step=n, t=t, site="loop.py:9", compiled=c, batch=[32, 8], executed_s=e)
-               for n, (t, c, e) in enumerate([(0.0, 1, 0.0), (0.010, 0, 0.004), (0.020, 0, 0.008),
-                                              (0.030, 0, 0.014)], 1)]
-    steps = process_steps({"windows": windows, "parameters": 10, "device": "CPU"})
-    assert steps is not None and steps.executed == pytest.approx([0.004, 0.006])
-    assert steps.host_seconds() == pytest.approx(0.005)  # (20 ms - 10 ms) / 2 steps
+def test_hlo_instructions_count_every_defined_instruction_of_every_computation():
+    """The lazy host term's unit: the unoptimized graph's instructions (the ENTRY line is not one)."""
+    assert hlo_figures(DUMPED).instructions == 3 and hlo_figures(HLO).instructions == 2
+    nested = "%add.1 (a: f32[], b: f32[]) -> f32[] {\n  %a = f32[] parameter(0)\n  ROOT %s = f32[] add(%a, %a)\n}\n"
+    assert hlo_figures(nested + DUMPED).instructions == 5
 
 
 @pytest.mark.slow
-def test_plan_of_a_script_measures_its_host_so_a_tiny_model_is_not_an_upper_bound(tmp_path):
-    """Our byos MpDeviceLoader loop (an MLP of 1.5 M weights): its device step on a NeuronCore
-    is microseconds; without the host's share plan estimated millions of samples per second."""
+def test_plan_of_a_script_takes_its_host_from_the_counted_graph_not_its_wall_time(tmp_path):
+    """Our byos MpDeviceLoader loop (an MLP of 1.5 M weights): its host term is the target's tracing
+    of the instructions counted in its step graph, exactly the stated rule; the old rule (wall time
+    minus execution on this machine) came out 0 under load and printed "upper bound"."""
     shutil.copytree(ROOT / "tests" / "fixtures" / "byos", tmp_path / "w")
     out = tmp_path / "plan.json"
-    proc = nt("--steps", "20", "--instances", "trn1.2xlarge,inf2.xlarge", "--output", str(out), "--",
+    proc = nt("--instances", "trn1.2xlarge,inf2.xlarge", "--output", str(out), "--",
               sys.executable, "mp_loader_loop.py", cwd=tmp_path / "w")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "upper bound" not in proc.stdout
     doc = json.loads(out.read_text())
-    cpu_step_s = doc["workload"]["samples_per_step"] / doc["details"]["cpu_samples_per_sec"]
-    assert 0 < doc["workload"]["host_rest_s"] <= cpu_step_s
-    assert all(r["estimate"]["bottleneck"] == "host_rest" for r in doc["results"])
+    w = doc["workload"]
+    assert w["execution"] == "lazy" and w["hlo_instructions"] > 0 and w["host_input_s"] == "unknown"
+    expected_ms = (w["hlo_instructions"] * HOST.trace_s_per_instruction + HOST.dispatch_s) * 1e3
+    for r in doc["results"]:
+        assert r["estimate"]["parts_ms"]["host_rest"] == pytest.approx(expected_ms)
+        assert r["estimate"]["bottleneck"] == "host_rest" and r["dataset"]["name"] == "unknown"
+
+
+# --- the estimate does not move with this machine's speed or load ------------------------------------
+
+class _FastWallClock:
+    """The `time` module as plan_measure sees it, with every wall clock running 10x fast (a machine
+    10x slower or busier); CPU-time clocks are left alone."""
+
+    def __getattr__(self, name):
+        import time
+        real = getattr(time, name)
+        if name in ("perf_counter", "monotonic", "time"):
+            return lambda: real() * 10
+        return real
+
+
+def _loop_estimate(cfg):
+    from neuron_train.cost import plan_measure
+
+    w, _ = plan_measure.measure_loop(cfg)
+    return w, estimate(w, plan_data.targets()["trn1.2xlarge"], CALIB)
+
+
+@pytest.mark.slow
+def test_our_loops_estimate_is_a_pure_function_of_counted_facts(monkeypatch):
+    """In process: the same plan measured under a wall clock 10x fast gives the same figures (the old
+    rule took the host as the traced step's wall time and came out 10x)."""
+    from neuron_train.cost import plan_measure
+    from neuron_train.training.config import RunConfig
+
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    cfg = RunConfig()
+    cfg.train.step_compiler = "lazy"
+    first, e1 = _loop_estimate(cfg)
+    monkeypatch.setattr(plan_measure, "time", _FastWallClock())
+    second, e2 = _loop_estimate(cfg)
+    assert first.hlo_instructions > 1000 and first.execution == "lazy"
+    assert dataclasses.replace(second, host_input_s=first.host_input_s) == first
+    assert host_rest_s(second, 2, 8) == host_rest_s(first, 2, 8) > 0
+    assert e2.samples_per_sec == pytest.approx(e1.samples_per_sec, rel=0.10)
+
+
+@pytest.mark.slow
+def test_the_same_plan_with_a_cpu_hog_beside_it_agrees_within_10_percent(monkeypatch):
+    from neuron_train.training.config import RunConfig
+
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    cfg = RunConfig()
+    cfg.train.step_compiler = "lazy"
+    _, quiet = _loop_estimate(cfg)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        _, loaded = _loop_estimate(cfg)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert quiet.samples_per_sec and loaded.samples_per_sec == pytest.approx(quiet.samples_per_sec, rel=0.10)
