@@ -211,11 +211,13 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
     calib, first_off = plan_calibrate.published_calibration(), None
     if bench is not None:
         t = known[bench["instance_type"].lower()]
-        calib, first_off = plan_calibrate.recalibrated(calib, w, t, bench["samples_per_sec"]["median"],
-                                                       bench["world_size"], args.calibrate)
+        calib, first_off, warning = plan_calibrate.recalibrated(
+            calib, w, t, bench["samples_per_sec"]["median"], bench["world_size"], args.calibrate)
         print(f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
               f"({bench['samples_per_sec']['median']:.1f} samples/s measured); device side re-fitted: "
               f"{calib.fraction[w.mode]:.1%} of peak", flush=True)
+        if warning:
+            print(f"plan: warning: {warning}", flush=True)
     ests = _estimates(w, chosen, calib, args, meta["epoch_samples"])
     unit = "samples" if w.mode == "train" else "inferences"
     print(f"plan: ESTIMATES for {w.mode} of {w.name} ({w.measured_by}; {w.flops_per_step / 1e9:.1f} GFLOP "

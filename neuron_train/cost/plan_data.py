@@ -104,6 +104,7 @@ def published_workload(row: PublishedRow, arch: dict) -> WorkloadFigures:
     weights = params * BYTES_BF16
     return WorkloadFigures(
         name=row.model, mode=row.mode, flops_per_step=flops * per_step,
+        conv_flops=flops * per_step if arch["kind"] == "cnn" else 0.0,   # a CNN's FLOPs: its convolutions
         precision=row.precision, bytes_per_step=weights * (3 if train else 1), samples_per_step=per_step,
         param_bytes=params * BYTES_FP32 if train else weights, grad_bytes=params * BYTES_FP32 if train else 0.0,
         optimizer_bytes=params * 2 * BYTES_FP32 if train else 0.0, activation_bytes=0.0,

@@ -38,6 +38,7 @@ class HloFigures:
     dots: int = 0
     convolutions: int = 0
     instructions: int = 0
+    conv_flops: float = 0.0        # the convolutions' share of `flops`
 
     @property
     def precision(self) -> str:
@@ -100,7 +101,9 @@ def _count(out: HloFigures, line: str, shapes: dict[str, tuple[str, list[int]]])
         ops, labels = _operands(conv.group(3), shapes), conv.group(4)
         if len(ops) == 2 and "o" in labels and ops[1][1]:
             rhs = ops[1][1]
-            _add(out, ops[0][0], 2.0 * math.prod(_dims(conv.group(2))) * math.prod(rhs) / rhs[labels.index("o")])
+            flops = 2.0 * math.prod(_dims(conv.group(2))) * math.prod(rhs) / rhs[labels.index("o")]
+            _add(out, ops[0][0], flops)
+            out.conv_flops += flops
             out.convolutions += 1
 
 

@@ -154,7 +154,7 @@ def measure_loop(cfg, mode: str = "train", execution: str | None = None) -> tupl
     weights = _weights_bytes(n, cfg.train.precision)
     execution = execution or default_execution(mode, cfg.train.step_compiler)
     figures = WorkloadFigures(
-        name=cfg.model.name, mode=mode, flops_per_step=hlo.flops,
+        name=cfg.model.name, mode=mode, flops_per_step=hlo.flops, conv_flops=hlo.conv_flops,
         precision=matmul_precision(cfg.train.precision), bytes_per_step=hlo.bytes_in + hlo.bytes_out,
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
@@ -189,6 +189,8 @@ def from_shapes(cfg, mode: str = "train", execution: str | None = None) -> tuple
     weights = _weights_bytes(n, cfg.train.precision)
     figures = WorkloadFigures(
         name=cfg.model.name, mode=mode, flops_per_step=float(counter.get_total_flops()),
+        conv_flops=float(sum(v for op, v in counter.get_flop_counts().get("Global", {}).items()
+                             if "convolution" in str(op))),
         precision=matmul_precision(cfg.train.precision), bytes_per_step=(3.0 if train else 1.0) * weights,
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
@@ -229,6 +231,7 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
     precision = hlo.precision if "--auto-cast none" in cast else "bf16"   # neuronx-cc's default: matmult in bf16
     figures = WorkloadFigures(
         name=name or script_bench.script_name(command), mode=mode, flops_per_step=hlo.flops, precision=precision,
+        conv_flops=hlo.conv_flops,
         bytes_per_step=hlo.bytes_in + hlo.bytes_out, samples_per_step=f.samples_per_step,
         param_bytes=weights, grad_bytes=weights if mode == "train" else 0.0,
         optimizer_bytes=n * 4 * ADAM_STATES if mode == "train" else 0.0, activation_bytes=0.0, host_input_s=None,

@@ -70,6 +70,7 @@ class WorkloadFigures:
     execution: str = "lazy"         # how the target runs a step: lazy | compiled | replay (EXECUTIONS)
     hlo_instructions: int = 0       # instructions of the steady step's unoptimized HLO (what lazy tracing builds)
     graphs_per_step: int = 1        # graph executions the host dispatches per step
+    conv_flops: float = 0.0         # the convolutions' share of flops_per_step (their own fraction of peak)
     measured_by: str = "measured on the CPU XLA device"
 
 
@@ -77,9 +78,13 @@ class WorkloadFigures:
 class Calibration:
     """Achieved fraction of peak compute per mode, and the relative error band of the estimate."""
 
-    fraction: dict[str, float]      # mode -> fraction of peak
-    band: dict[str, float]          # mode -> relative error (e.g. 0.3: -30% .. +30%)
+    fraction: dict[str, float]      # mode -> fraction of peak of dots; "<mode>-conv" -> of convolutions
+    band: dict[str, float]          # mode -> error factor (e.g. 0.3: the rate / 1.3 .. x 1.3)
     source: str
+
+    def conv_fraction(self, mode: str) -> float:
+        """Convolutions' achieved fraction of peak (the dots' when no convolution row calibrated it)."""
+        return self.fraction.get(f"{mode}-conv", self.fraction[mode])
 
 
 @dataclass
@@ -159,11 +164,13 @@ def allreduce_s(grad_bytes: float, processes: int, t: Target) -> float:
 
 def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dict[str, float]:
     peak = t.chip.peak_tflops.get(w.precision) or t.chip.peak_tflops["bf16"]
-    per_core_flops = peak * 1e12 / t.chip.cores * c.fraction[w.mode]
+    per_core_peak = peak * 1e12 / t.chip.cores
+    dots = max(w.flops_per_step - w.conv_flops, 0.0)
     per_core_bw = t.chip.memory_gib_per_s * GIB / t.chip.cores
     # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
     workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
-    parts = {"compute": w.flops_per_step / per_core_flops, "memory": w.bytes_per_step / per_core_bw,
+    parts = {"compute": dots / (per_core_peak * c.fraction[w.mode])
+                        + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode)), "memory": w.bytes_per_step / per_core_bw,
              "host_input": (w.host_input_s or 0.0) / workers, "host_rest": host_rest_s(w, processes, t.vcpus)}
     if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest
         parts["host_rest"] += parts.pop("host_input")
@@ -190,7 +197,7 @@ def estimate(w: WorkloadFigures, t: Target, c: Calibration, processes: int | Non
     est.bottleneck_text = f"{BOTTLENECKS[est.bottleneck]} {parts[est.bottleneck] * 1e3:.2f} ms/step"
     est.samples_per_sec = w.samples_per_step * processes / est.step_s
     band = c.band[w.mode]
-    est.band = (est.samples_per_sec * (1 - band), est.samples_per_sec * (1 + band))
+    est.band = (est.samples_per_sec / (1 + band), est.samples_per_sec * (1 + band))
     if t.usd_per_hour:
         est.usd_per_hour = t.usd_per_hour
         est.usd_per_million = t.usd_per_hour / (est.samples_per_sec * 3600) * 1e6
