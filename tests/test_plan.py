@@ -448,3 +448,16 @@ def test_the_same_plan_with_a_cpu_hog_beside_it_agrees_within_10_percent(monkeyp
             h.kill()
             h.wait()
     assert quiet.samples_per_sec and loaded.samples_per_sec == pytest.approx(quiet.samples_per_sec, rel=0.10)
+
+
+def test_the_printed_table_keeps_its_columns_whatever_the_figures_width():
+    from neuron_train.cost.plan_result import table
+
+    targets = plan_data.targets()
+    w = workload(mode="infer", flops_per_step=1e6, bytes_per_step=1e3, execution="compiled")
+    ests = rank_by_price_performance([estimate(w, targets[n], CALIB) for n in ("inf2.xlarge", "inf2.48xlarge")]
+                                     + [estimate(workload(activation_bytes=40 * GIB), targets["inf1.xlarge"], CALIB)])
+    lines = table(w, ests, "inferences")
+    starts = {line.index("  " + line.split("  ")[-1]) for line in [lines[0], *lines[2:]]}
+    assert len(starts) == 1, lines          # the last column starts at the same place on every line
+    assert any(len(f"{e.samples_per_sec:,.1f}") > 10 for e in ests if e.fits)   # wide figures were there

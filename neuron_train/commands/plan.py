@@ -63,8 +63,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--steps", type=int, default=3, metavar="N", help="steady steps to run before the command "
                    "is stopped (default 3: the step's graph is read from XLA's dump; nothing is timed)")
     c.add_argument("--workload", metavar="NAME", help="the workload's name (default: the script's file name)")
+    ours = len(parser._action_groups)
     add_config_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: a PyTorch/XLA command")
+    _plan_options_first(parser, ours)
+
+
+def _plan_options_first(parser: argparse.ArgumentParser, ours: int) -> None:
+    """--help lists plan's own options first, then a COMMAND's, then our loop's TRAIN OPTIONS, each of
+    their groups titled as such (argparse prints groups in the order of this list)."""
+    groups = parser._action_groups
+    positional, general, plan_groups, train_groups = groups[0], groups[1], groups[2:ours], groups[ours:]
+    general.title = "general"
+    for g in train_groups:
+        g.title = f"TRAIN OPTIONS (our loop only): {g.title}"
+    parser._action_groups = [*plan_groups, general, *train_groups, positional]
 
 
 def _processes(value: str, t: Target) -> int:

@@ -103,17 +103,23 @@ def plan_results(data: object, where: str) -> list[dict]:
 
 
 def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]:
-    """The printed table: one line per instance type, best price-performance first."""
-    head = (f"{'instance type':<15} {'procs':>5} {unit + '/s (estimate)':>24} {'$/1M ' + unit:>13} "
-            f"{'$/epoch':>9} {'rank':>4}  bottleneck")
-    lines = [head, "-" * len(head)]
+    """The printed table: one line per instance type, best price-performance first; every column as
+    wide as its widest cell, so no figure pushes the next column out of line."""
+    head = ["instance type", "procs", f"{unit}/s (estimate)", f"$/1M {unit}", "$/epoch", "rank", "bottleneck"]
+    rows = []
     for e in estimates:
         if not e.fits:
-            lines.append(f"{e.instance_type:<15} {e.processes:>5} {'-':>24} {'-':>13} {'-':>9} {'-':>4}  {e.note}")
+            rows.append([e.instance_type, str(e.processes), "-", "-", "-", "-", e.note])
             continue
         assert e.band is not None  # set for every instance type that fits (plan_model.estimate)
         rate = f"{e.samples_per_sec:,.1f} ({e.band[0]:,.0f}-{e.band[1]:,.0f})"
         epoch = money(e.usd_per_epoch) if e.usd_per_epoch else "-"
-        lines.append(f"{e.instance_type:<15} {e.processes:>5} {rate:>24} {money(e.usd_per_million):>13} "
-                     f"{epoch:>9} {e.rank or '-':>4}  {e.bottleneck_text}")
-    return lines
+        rows.append([e.instance_type, str(e.processes), rate, money(e.usd_per_million), epoch, str(e.rank or "-"),
+                     e.bottleneck_text])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+
+    def line(cells: list[str]) -> str:
+        left = cells[0].ljust(widths[0])
+        return " ".join([left, *(c.rjust(n) for c, n in zip(cells[1:-1], widths[1:], strict=True))]) + "  " + cells[-1]
+    text = [line(head)]
+    return [text[0], "-" * len(text[0]), *(line(r) for r in rows)]
