@@ -454,7 +454,7 @@ def test_the_printed_table_keeps_its_columns_whatever_the_figures_width():
     from neuron_train.cost.plan_result import table
 
     targets = plan_data.targets()
-    w = workload(mode="infer", flops_per_step=1e6, bytes_per_step=1e3, execution="compiled")
+    w = workload(mode="infer", flops_per_step=1e6, bytes_per_step=1e3, host_input_s=0.0, execution="compiled")
     ests = rank_by_price_performance([estimate(w, targets[n], CALIB) for n in ("inf2.xlarge", "inf2.48xlarge")]
                                      + [estimate(workload(activation_bytes=40 * GIB), targets["inf1.xlarge"], CALIB)])
     lines = table(w, ests, "inferences")
