@@ -461,3 +461,18 @@ def test_the_printed_table_keeps_its_columns_whatever_the_figures_width():
     starts = {line.index("  " + line.split("  ")[-1]) for line in [lines[0], *lines[2:]]}
     assert len(starts) == 1, lines          # the last column starts at the same place on every line
     assert any(len(f"{e.samples_per_sec:,.1f}") > 10 for e in ests if e.fits)   # wide figures were there
+
+
+def test_of_two_types_rated_equal_the_one_with_more_vcpus_per_core_is_named_fastest():
+    """trn1.2xlarge and inf2.xlarge: the same chip and processes, so the device rates them equal; the
+    published encoder rows run faster on trn1.2xlarge (8 vCPUs to inf2.xlarge's 4) in every pair."""
+    from neuron_train.cost.plan_model import fastest
+
+    targets = plan_data.targets()
+    w = workload(mode="infer", execution="compiled", host_input_s=0.0)
+    inf2, trn1 = (estimate(w, targets[n], CALIB) for n in ("inf2.xlarge", "trn1.2xlarge"))
+    assert inf2.samples_per_sec == trn1.samples_per_sec
+    assert fastest([inf2, trn1]).instance_type == fastest([trn1, inf2]).instance_type == "trn1.2xlarge"
+    published = {(r.model, r.instance_type): r.samples_per_sec for r in plan_data.load_published()[0]}
+    pairs = [m for m, t in published if t == "trn1.2xlarge" and (m, "inf2.xlarge") in published]
+    assert len(pairs) == 14 and all(published[(m, "trn1.2xlarge")] > published[(m, "inf2.xlarge")] for m in pairs)

@@ -10,7 +10,6 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import cast
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import new_output, unusable_path, write_json_atomic
@@ -21,6 +20,7 @@ from neuron_train.cost.plan_model import (
     Estimate,
     Target,
     estimate,
+    fastest,
     memory_needed_gib,
     rank_by_price_performance,
 )
@@ -243,8 +243,7 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
               "were not counted (--from-shapes): lazy tracing on the host will decide the rate; these figures "
               "are an upper bound")
     best = next((e for e in ests if e.rank == 1), None)
-    fastest = max((e for e in ests if e.fits), key=lambda e: cast(float, e.samples_per_sec))  # set: it fits
-    print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "
+    print(f"plan: estimate: fastest {fastest(ests).instance_type}; best price-performance "
           f"{best.instance_type if best else 'n/a (no prices)'}")
     if output is not None:
         document = plan_document(w, ests, calib, details=details, first_off=first_off, **meta)
