@@ -14,6 +14,7 @@ step of our loop or of any script, as `WorkloadFigures` for the estimate (plan_m
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tempfile
 import time
@@ -155,6 +156,7 @@ def measure_loop(cfg, mode: str = "train", execution: str | None = None) -> tupl
     execution = execution or default_execution(mode, cfg.train.step_compiler)
     figures = WorkloadFigures(
         name=cfg.model.name, mode=mode, flops_per_step=hlo.flops, conv_flops=hlo.conv_flops,
+        input_bytes=float(images.numel() * images.element_size() + labels.numel() * labels.element_size()),
         precision=matmul_precision(cfg.train.precision), bytes_per_step=hlo.bytes_in + hlo.bytes_out,
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
@@ -231,7 +233,7 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
     precision = hlo.precision if "--auto-cast none" in cast else "bf16"   # neuronx-cc's default: matmult in bf16
     figures = WorkloadFigures(
         name=name or script_bench.script_name(command), mode=mode, flops_per_step=hlo.flops, precision=precision,
-        conv_flops=hlo.conv_flops,
+        conv_flops=hlo.conv_flops, input_bytes=4.0 * math.prod(f.batch_shape or [0]),  # 4 bytes an element: assumed
         bytes_per_step=hlo.bytes_in + hlo.bytes_out, samples_per_step=f.samples_per_step,
         param_bytes=weights, grad_bytes=weights if mode == "train" else 0.0,
         optimizer_bytes=n * 4 * ADAM_STATES if mode == "train" else 0.0, activation_bytes=0.0, host_input_s=None,

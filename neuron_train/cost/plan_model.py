@@ -71,6 +71,7 @@ class WorkloadFigures:
     hlo_instructions: int = 0       # instructions of the steady step's unoptimized HLO (what lazy tracing builds)
     graphs_per_step: int = 1        # graph executions the host dispatches per step
     conv_flops: float = 0.0         # the convolutions' share of flops_per_step (their own fraction of peak)
+    input_bytes: float = 0.0        # the batch copied from the host to the device each step
     measured_by: str = "measured on the CPU XLA device"
 
 
@@ -128,6 +129,7 @@ class HostCosts:
     trace_s_per_instruction: float = 12e-6   # lazy tracing, CPU seconds per unoptimized HLO instruction
     dispatch_s: float = 0.1e-3               # one graph execution handed to the Neuron runtime (assumption)
     replay_s: float = 1e-3                   # one torch.compile graph call: guards + cached-graph dispatch (assumption)
+    copy_bytes_per_s: float = 4e9            # host -> device copy of a step's batch, per NeuronCore (calibrated)
 
 
 HOST = HostCosts()
@@ -170,8 +172,9 @@ def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dic
     per_core_bw = t.chip.memory_gib_per_s * GIB / t.chip.cores
     # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
     workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
+    # The batch's copy to the device is in series with the compute of its step (it is the step's input).
     parts = {"compute": dots / (per_core_peak * c.fraction[w.mode])
-                        + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode)), "memory": w.bytes_per_step / per_core_bw,
+                        + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode)) + w.input_bytes / HOST.copy_bytes_per_s, "memory": w.bytes_per_step / per_core_bw,
              "host_input": (w.host_input_s or 0.0) / workers, "host_rest": host_rest_s(w, processes, t.vcpus)}
     if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest
         parts["host_rest"] += parts.pop("host_input")
