@@ -2,7 +2,8 @@
 
 Only dot and convolution count (the matrix units' work; element-wise work is left to the
 calibrated fraction of peak). dot: 2 x output elements x the contracted size; convolution: 2 x
-output elements x the kernel's elements per output feature. Bytes in and out: the entry
+output elements x the kernel's elements per output feature (divided by the input dilation of a
+transposed convolution, whose inserted zeros are not multiplied). Bytes in and out: the entry
 computation's parameters and results, i.e. what the graph reads from and writes to device memory.
 Instructions: every instruction of every computation of the unoptimized module, what lazy tracing
 builds op by op on the host (the unit of the host term of a lazy step, plan_model.host_rest_s).
@@ -22,6 +23,7 @@ _DOT = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+dot\((.*?)\),.*?lhs_contracting_
 _CONV = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+convolution\((.*?)\),.*?dim_labels=\w+_(\w+)->")
 _OPERAND = re.compile(r"^\s*(?:(\w+)\[([0-9,]*)\]\S*\s+)?%?([\w.\-]+)\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\S")
+_LHS_DILATE = re.compile(r"lhs_dilate=([0-9x]+)")
 _ENTRY = re.compile(r"^ENTRY\s+\S+\s+\((.*)\)\s+->\s+(.*)\{\s*$")
 
 
@@ -102,6 +104,9 @@ def _count(out: HloFigures, line: str, shapes: dict[str, tuple[str, list[int]]])
         if len(ops) == 2 and "o" in labels and ops[1][1]:
             rhs = ops[1][1]
             flops = 2.0 * math.prod(_dims(conv.group(2))) * math.prod(rhs) / rhs[labels.index("o")]
+            dilated = _LHS_DILATE.search(line)
+            if dilated:  # a transposed convolution (an input's gradient): the zeros between inputs cost nothing
+                flops /= math.prod(int(d) for d in dilated.group(1).split("x"))
             _add(out, ops[0][0], flops)
             out.conv_flops += flops
             out.convolutions += 1
