@@ -100,8 +100,10 @@ def measure(keys: list[str]) -> None:
                 print(f"  failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
                 continue
             doc = json.loads(out.read_text())
+        portable = {sys.executable: "python", str(STANDIN): "scripts/plan_standin.py"}
+        kept = cmd[3:cmd.index("--output")] + cmd[cmd.index("--force") + 1:]
         facts[key] = {"workload": doc["workload"], "measured_at": dt.date.today().isoformat(),
-                      "plan_args": cmd[3:cmd.index("--output")] + cmd[cmd.index("--force") + 1:]}
+                      "command": " ".join(["neuron-train", *(portable.get(a, a) for a in kept)])}
         FACTS.write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
 
 
