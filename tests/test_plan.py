@@ -494,3 +494,25 @@ def test_of_two_types_rated_equal_the_one_with_more_vcpus_per_core_is_named_fast
     published = {(r.model, r.instance_type): r.samples_per_sec for r in plan_data.load_published()[0]}
     pairs = [m for m, t in published if t == "trn1.2xlarge" and (m, "inf2.xlarge") in published]
     assert len(pairs) == 13 and all(published[(m, "trn1.2xlarge")] > published[(m, "inf2.xlarge")] for m in pairs)
+
+
+def test_the_report_names_an_estimate_over_2x_from_a_measurement_and_never_counts_it_as_a_bench():
+    from neuron_train.cost.render import Context, estimates_off, report_blocks
+
+    measured = json.loads((REPORT_FIXTURES / "cpu_train_vit_digits.json").read_text())
+    measured.update(instance_type="trn1.2xlarge")
+    measured["samples_per_sec"] = {**measured["samples_per_sec"], "median": 100.0}
+
+    def plan_row(rate: float) -> dict:
+        return {**measured, "source": "estimated", "samples_per_sec": {**measured["samples_per_sec"], "median": rate},
+                "estimate": {"calibration": "published rows", "bottleneck_text": "device compute 1 ms/step"}}
+    for rate, named in ((250.0, True), (40.0, True), (190.0, False), (60.0, False)):
+        ctx = Context("now", [(Path("bench.json"), measured), (Path("plan.json"), plan_row(rate))], [], [], True)
+        lines = estimates_off(ctx)
+        assert bool(lines) == named, (rate, lines)
+        if named:
+            assert "plan.json" in lines[0] and "bench.json" in lines[0] and "--calibrate" in lines[0]
+    ctx = Context("now", [(Path("bench.json"), measured), (Path("plan.json"), plan_row(250.0))], [], [], True)
+    blocks = report_blocks([], ctx, {})
+    assert "from 1 bench result(s), 1 plan estimate(s)" in str(blocks[1][1])
+    assert any(kind == "warn" and "ESTIMATE OFF" in str(text) for kind, text in blocks)
