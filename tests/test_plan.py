@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -516,3 +517,15 @@ def test_the_report_names_an_estimate_over_2x_from_a_measurement_and_never_count
     blocks = report_blocks([], ctx, {})
     assert "from 1 bench result(s), 1 plan estimate(s)" in str(blocks[1][1])
     assert any(kind == "warn" and "ESTIMATE OFF" in str(text) for kind, text in blocks)
+
+
+def test_an_input_bound_step_ranks_the_cheapest_core_last_unlike_the_price_list():
+    """inf2.xlarge is the cheapest NeuronCore, but its 4 vCPUs leave each process one loader worker: a
+    step that needs 0.4 CPU-s of input per batch with 4 workers makes it the dearest per sample."""
+    t = plan_data.targets()
+    w = workload(flops_per_step=8.4e11, host_input_s=0.4, loader_workers=4, hlo_instructions=9800)
+    names = ("inf2.xlarge", "trn1.2xlarge", "inf2.8xlarge", "trn1.32xlarge", "inf2.24xlarge", "inf2.48xlarge")
+    ranked = [e.instance_type for e in rank_by_price_performance([estimate(w, t[n], CALIB) for n in names])]
+    by_core_price = sorted(names, key=lambda n: cast(float, t[n].usd_per_hour) / t[n].cores)
+    assert by_core_price[0] == "inf2.xlarge" and ranked[-1] == "inf2.xlarge"
+    assert ranked.index("trn1.2xlarge") < ranked.index("inf2.xlarge")
