@@ -82,12 +82,13 @@ def pooled(fitted: list[Fitted], mode: str, conv: bool) -> float | None:
 
 
 def leave_one_out(fitted: list[Fitted], mode: str) -> list[tuple[Fitted, float]]:
-    """Each row of the mode predicted from the fraction fitted on all the others of its kind (dots or
-    convolutions; all of the mode when it is the only one of its kind): (row, error)."""
+    """Each row of the mode predicted from the fraction fitted on the rows of other architectures (a
+    user's model is not in the calibration: its architecture's other rows must not be either), of its
+    kind (dots or convolutions; all of the mode when it is the only one of its kind): (row, error)."""
     rows = [f for f in fitted if f.row.mode == mode]
     out = []
-    for i, f in enumerate(rows):
-        others = [o for j, o in enumerate(rows) if j != i]
+    for f in rows:
+        others = [o for o in rows if o.row.arch != f.row.arch]
         fraction = pooled(others, mode, is_conv(f)) or pooled_fraction([o.fraction for o in others])
         out.append((f, relative_error(f.rate(fraction), f.row.samples_per_sec)))
     return out
