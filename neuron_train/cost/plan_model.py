@@ -4,12 +4,14 @@ instance type, from what a CPU run measured and the hardware facts (pure; docs/p
 Per process (one NeuronCore, data parallel), step time =
     max(device compute, device memory traffic, host input pipeline, host rest)   (they overlap)
   + gradient all-reduce (training only; not overlapped with the step: an assumption)
-where device compute = FLOPs per step / (peak TFLOPS of the precision x the calibrated fraction
-of peak), memory traffic = bytes in and out of the step's graph / the core's share of device memory
-bandwidth, the host input pipeline = its CPU-seconds per batch on the measuring machine / the data
-workers a process gets on the target (vCPUs / processes - 1 for the process itself, at most the
-loader's workers, at least 1), and the
-all-reduce is a ring: 2 (P-1)/P x gradient bytes / the ring's bandwidth.
+where device compute = dot FLOPs / (peak TFLOPS of the precision x the calibrated fraction of peak)
++ convolution FLOPs / (the same x the convolutions' fraction) + the batch's copy to the device,
+memory traffic = bytes in and out of the step's graph / the core's share of device memory bandwidth,
+the host input pipeline = its CPU-seconds per batch / the data workers a process gets on the target
+(vCPUs / processes - 1 for the process itself, at most the loader's workers, at least 1), the host
+rest = the target host's term for how the step is executed (host_rest_s: counted facts x stated
+per-unit costs, never the planning machine's wall time), and the all-reduce is a ring:
+2 (P-1)/P x gradient bytes / the ring's bandwidth.
 """
 
 from __future__ import annotations
