@@ -235,7 +235,7 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
     unit = "samples" if w.mode == "train" else "inferences"
     print(f"plan: ESTIMATES for {w.mode} of {w.name} ({w.measured_by}; {w.flops_per_step / 1e9:.1f} GFLOP "
           f"and {w.samples_per_step:g} samples per process step; calibration: {calib.source}, "
-          f"{calib.fraction[w.mode]:.1%} of peak, band ±{calib.band[w.mode]:.0%})")
+          f"{calib.fraction[w.mode]:.1%} of peak, band: /{1 + calib.band[w.mode]:.2g} to x{1 + calib.band[w.mode]:.2g})")
     print("\n".join(table(w, ests, unit)))
     shortest = min(e.step_s for e in ests if e.fits and e.step_s is not None)  # set for every one that fits
     if w.execution == "lazy" and not w.hlo_instructions and shortest < 1e-3:
