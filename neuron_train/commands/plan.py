@@ -10,20 +10,21 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import cast
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import new_output, unusable_path, write_json_atomic
 from neuron_train.cost import plan_calibrate, plan_data
 from neuron_train.cost.plan_model import (
+    EXECUTIONS,
     GIB,
     Estimate,
     Target,
     estimate,
+    fastest,
     memory_needed_gib,
     rank_by_price_performance,
 )
-from neuron_train.cost.plan_result import plan_document, table
+from neuron_train.cost.plan_result import UNKNOWN, plan_document, table
 from neuron_train.cost.schema import MODES, validate_result
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
@@ -48,6 +49,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                    "(default: our loop's dataset size; unknown for a COMMAND)")
     g.add_argument("--calibrate", metavar="BENCH.json", help="a bench result of this workload on one Neuron "
                    "instance type: re-fit the device side on it and re-predict the others")
+    g.add_argument("--execution", choices=sorted(EXECUTIONS), help="how the target runs a step, which decides "
+                   "the host term: " + "; ".join(f"{k}: {v}" for k, v in EXECUTIONS.items()) + " (default: compiled "
+                   "for --mode infer, as the published rows; for training lazy, or replay when our loop's "
+                   "--step-compiler is a dynamo one)")
     g.add_argument("--from-shapes", action="store_true", help="count the model on the meta device instead of "
                    "running it (automatic when it would not fit in this machine's memory)")
     g.add_argument("--output", metavar="PLAN.json", help="write the estimates (bench result schema, source: "
@@ -55,11 +60,24 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--force", action="store_true", help="replace an existing --output file")
     c = parser.add_argument_group("a COMMAND's options (as for bench -- COMMAND)")
     c.add_argument("--samples-per-step", type=int, metavar="N", help="samples one process's step trains on")
-    c.add_argument("--steps", type=int, default=20, metavar="N", help="steady steps to run before the command "
-                   "is stopped (default 20: the host's share of a step is their wall time minus execution)")
+    c.add_argument("--steps", type=int, default=3, metavar="N", help="steady steps to run before the command "
+                   "is stopped (default 3: the step's graph is read from XLA's dump; nothing is timed)")
     c.add_argument("--workload", metavar="NAME", help="the workload's name (default: the script's file name)")
+    ours = len(parser._action_groups)
     add_config_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="after --: a PyTorch/XLA command")
+    _plan_options_first(parser, ours)
+
+
+def _plan_options_first(parser: argparse.ArgumentParser, ours: int) -> None:
+    """--help lists plan's own options first, then a COMMAND's, then our loop's TRAIN OPTIONS, each of
+    their groups titled as such (argparse prints groups in the order of this list)."""
+    groups = parser._action_groups
+    positional, general, plan_groups, train_groups = groups[0], groups[1], groups[2:ours], groups[ours:]
+    general.title = "general"
+    for g in train_groups:
+        g.title = f"TRAIN OPTIONS (our loop only): {g.title}"
+    parser._action_groups = [*plan_groups, general, *train_groups, positional]
 
 
 def _processes(value: str, t: Target) -> int:
@@ -119,9 +137,9 @@ def _measure_loop(args: argparse.Namespace, cfg):
     if args.from_shapes or large:
         why = f" (weights, gradients and optimizer state ~{gib:.1f} GiB)" if large else ""
         print(f"plan: counting {cfg.model.name} from shapes on the meta device, nothing allocated{why}", flush=True)
-        return plan_measure.from_shapes(cfg, args.mode)
-    print(f"plan: running {cfg.model.name} for a few steps on this machine's CPU XLA device", flush=True)
-    return plan_measure.measure_loop(cfg, args.mode)
+        return plan_measure.from_shapes(cfg, args.mode, args.execution)
+    print(f"plan: tracing one step of {cfg.model.name} on this machine's CPU XLA device", flush=True)
+    return plan_measure.measure_loop(cfg, args.mode, args.execution)
 
 
 def _workload_source(args: argparse.Namespace) -> tuple[list[str] | None, RunConfig | None]:
@@ -176,8 +194,8 @@ def main(args: argparse.Namespace) -> int:
 
         print(f"plan: running {shlex.join(command)} under the probe with XLA's HLO dump", flush=True)
         w, details = measure_script(command, steps=args.steps, samples_flag=args.samples_per_step, mode=args.mode,
-                                    name=args.workload)
-        img, dataset, precision = _image_size(details.get("batch_shape")), "the script's own", "the script's own"
+                                    name=args.workload, execution=args.execution)
+        img, dataset, precision = _image_size(details.get("batch_shape")), UNKNOWN, UNKNOWN
         epoch_samples = args.epoch_samples
         line = ["--steps", str(args.steps), "--", *command]
     else:
@@ -206,25 +224,26 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
     calib, first_off = plan_calibrate.published_calibration(), None
     if bench is not None:
         t = known[bench["instance_type"].lower()]
-        calib, first_off = plan_calibrate.recalibrated(calib, w, t, bench["samples_per_sec"]["median"],
-                                                       bench["world_size"], args.calibrate)
+        calib, first_off, warning = plan_calibrate.recalibrated(
+            calib, w, t, bench["samples_per_sec"]["median"], bench["world_size"], args.calibrate)
         print(f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
               f"({bench['samples_per_sec']['median']:.1f} samples/s measured); device side re-fitted: "
               f"{calib.fraction[w.mode]:.1%} of peak", flush=True)
+        if warning:
+            print(f"plan: warning: {warning}", flush=True)
     ests = _estimates(w, chosen, calib, args, meta["epoch_samples"])
     unit = "samples" if w.mode == "train" else "inferences"
     print(f"plan: ESTIMATES for {w.mode} of {w.name} ({w.measured_by}; {w.flops_per_step / 1e9:.1f} GFLOP "
           f"and {w.samples_per_step:g} samples per process step; calibration: {calib.source}, "
-          f"{calib.fraction[w.mode]:.1%} of peak, band ±{calib.band[w.mode]:.0%})")
+          f"{calib.fraction[w.mode]:.1%} of peak, band: /{1 + calib.band[w.mode]:.2g} to x{1 + calib.band[w.mode]:.2g})")
     print("\n".join(table(w, ests, unit)))
     shortest = min(e.step_s for e in ests if e.fits and e.step_s is not None)  # set for every one that fits
-    if not (w.host_input_s or w.host_rest_s) and shortest < 1e-3:
-        print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the host was not measured "
-              "(--from-shapes, or a COMMAND whose graphs' execution time added up to its wall time): the host "
-              "will decide the rate; these figures are an upper bound")
+    if w.execution == "lazy" and not w.hlo_instructions and shortest < 1e-3:
+        print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the traced instructions "
+              "were not counted (--from-shapes): lazy tracing on the host will decide the rate; these figures "
+              "are an upper bound")
     best = next((e for e in ests if e.rank == 1), None)
-    fastest = max((e for e in ests if e.fits), key=lambda e: cast(float, e.samples_per_sec))  # set: it fits
-    print(f"plan: estimate: fastest {fastest.instance_type}; best price-performance "
+    print(f"plan: estimate: fastest {fastest(ests).instance_type}; best price-performance "
           f"{best.instance_type if best else 'n/a (no prices)'}")
     if output is not None:
         document = plan_document(w, ests, calib, details=details, first_off=first_off, **meta)

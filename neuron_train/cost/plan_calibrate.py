@@ -26,7 +26,7 @@ def predicted(w: WorkloadFigures, t: Target, fraction: float, processes: int | N
 def fit_fraction(w: WorkloadFigures, t: Target, measured: float, processes: int | None = None) -> float:
     """The fraction of peak at which the estimate matches a measured rate (bisection in log space;
     1.0 when even the full peak is too slow: the row is then bound elsewhere, e.g. memory)."""
-    low, high = 1e-5, 1.0
+    low, high = FIT_BOUNDS
     if predicted(w, t, high, processes) <= measured:
         return high
     for _ in range(60):
@@ -47,14 +47,15 @@ class Fitted:
 
 
 def fitted_rows(rows: list[PublishedRow] | None = None) -> list[Fitted]:
-    """Each published row with the fraction of peak it achieved."""
+    """Each data-parallel published row with the fraction of peak it achieved. A row whose model replica
+    spans several cores (tensor / pipeline parallel) is not what plan estimates: it calibrates nothing."""
     if rows is None:
         rows, archs = load_published()
     else:
         archs = load_published()[1]
     tgt = targets()
     out = []
-    for r in rows:
+    for r in (r for r in rows if r.model_shards == 1):
         w, t = published_workload(r, archs[r.arch]), tgt[r.instance_type]
         out.append(Fitted(r, w, t, fit_fraction(w, t, r.samples_per_sec / r.nodes)))
     return out
@@ -69,14 +70,33 @@ def relative_error(predicted_rate: float, actual: float) -> float:
     return predicted_rate / actual - 1
 
 
+def is_conv(f: Fitted) -> bool:
+    """A row whose FLOPs are mostly convolutions: it calibrates the convolutions' fraction of peak."""
+    return f.workload.conv_flops > f.workload.flops_per_step / 2
+
+
+def pooled(fitted: list[Fitted], mode: str, conv: bool) -> float | None:
+    """The pooled fraction of the rows of that mode and kind, or None when there is none."""
+    same = [f.fraction for f in fitted if f.row.mode == mode and is_conv(f) == conv]
+    return pooled_fraction(same) if same else None
+
+
 def leave_one_out(fitted: list[Fitted], mode: str) -> list[tuple[Fitted, float]]:
-    """Each row of the mode predicted from the fraction fitted on all the others: (row, error)."""
+    """Each row of the mode predicted from the fraction fitted on the rows of other architectures (a
+    user's model is not in the calibration: its architecture's other rows must not be either), of its
+    kind (dots or convolutions; all of the mode when it is the only one of its kind): (row, error)."""
     rows = [f for f in fitted if f.row.mode == mode]
     out = []
-    for i, f in enumerate(rows):
-        others = [o.fraction for j, o in enumerate(rows) if j != i]
-        out.append((f, relative_error(f.rate(pooled_fraction(others)), f.row.samples_per_sec)))
+    for f in rows:
+        others = [o for o in rows if o.row.arch != f.row.arch]
+        fraction = pooled(others, mode, is_conv(f)) or pooled_fraction([o.fraction for o in others])
+        out.append((f, relative_error(f.rate(fraction), f.row.samples_per_sec)))
     return out
+
+
+def factor_error(error: float) -> float:
+    """How many times off a prediction is, minus 1, either way (0.25: x1.25 or /1.25): the band's unit."""
+    return max(1 + error, 1 / (1 + error)) - 1
 
 
 @dataclass(frozen=True)
@@ -115,22 +135,40 @@ def published_calibration(fitted: list[Fitted] | None = None) -> Calibration:
     fitted = fitted if fitted is not None else fitted_rows()
     fraction, band = {}, {}
     for mode in MODES:
-        fraction[mode] = pooled_fraction([f.fraction for f in fitted if f.row.mode == mode])
-        band[mode] = percentile([abs(e) for _, e in leave_one_out(fitted, mode)], BAND_PERCENTILE)
+        dots, conv = pooled(fitted, mode, False), pooled(fitted, mode, True)
+        fraction[mode] = dots or conv or 1.0
+        if conv is not None:
+            fraction[f"{mode}-conv"] = conv
+        band[mode] = percentile([factor_error(e) for _, e in leave_one_out(fitted, mode)], BAND_PERCENTILE)
     count = {m: sum(f.row.mode == m for f in fitted) for m in MODES}
     return Calibration(fraction, band, f"published Neuron rows ({count['train']} training, {count['infer']} "
                                        "inference; neuron_train/data/plan_published.yaml)")
 
 
+FIT_BOUNDS = (1e-5, 1.0)   # fit_fraction's search range: a fit at either end reproduces nothing
+
+
 def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: float, processes: int,
-                 where: str) -> tuple[Calibration, float]:
+                 where: str) -> tuple[Calibration, float, str | None]:
     """The device side re-fitted on one real measurement of this workload: (calibration, how far the
-    first estimate was off, predicted / measured - 1). The band becomes the measurement's own spread
-    plus the cross-instance error of the published pairs (same chip, other host)."""
+    first estimate was off (predicted / measured - 1), a one-line warning or None). The band becomes the
+    cross-instance error of the published pairs (same chip, other host). The warning says when the
+    re-fit stopped at a bound of the fraction of peak, or does not reproduce the benched type's own
+    rate: the device is then not what limits the estimate, and its rate is not to be trusted."""
     first = predicted(w, t, base.fraction[w.mode], processes)
     fraction = fit_fraction(w, t, measured, processes)
     pairs = cross_predict(fitted_rows())
-    band = percentile([abs(p.error) for p in pairs], BAND_PERCENTILE)
-    return (Calibration({**base.fraction, w.mode: fraction}, {**base.band, w.mode: band},
-                        f"re-fitted on {where} ({measured:.1f} samples/s on {t.instance_type})"),
-            relative_error(first, measured))
+    band = percentile([factor_error(p.error) for p in pairs], BAND_PERCENTILE)
+    # the bench's fraction for both kinds: one measurement cannot tell dots from convolutions
+    calib = Calibration({**base.fraction, w.mode: fraction, f"{w.mode}-conv": fraction}, {**base.band, w.mode: band},
+                        f"re-fitted on {where} ({measured:.1f} samples/s on {t.instance_type})")
+    refit = estimate(w, t, calib, processes)
+    warning = None
+    if refit.samples_per_sec is None or abs(refit.samples_per_sec / measured - 1) > 0.01:
+        warning = (f"the re-fit cannot reproduce the bench on {t.instance_type} ({measured:.1f} samples/s): the "
+                   f"estimate is bound by {refit.bottleneck_text or 'memory'}, not by the fitted device compute "
+                   f"({fraction:.1%} of peak); check the workload matches the bench (batch, precision, --execution)")
+    elif fraction >= FIT_BOUNDS[1] * 0.999 or fraction <= FIT_BOUNDS[0] * 1.001:
+        warning = (f"the re-fit stopped at {fraction:.1%} of peak, a bound of its range: the bench on "
+                   f"{t.instance_type} is not explained by device compute; treat the other types' figures with care")
+    return calib, relative_error(first, measured), warning

@@ -16,6 +16,7 @@ from neuron_train.cost.plan_model import Chip, Target, WorkloadFigures
 PUBLISHED_PATH = Path(__file__).resolve().parent.parent / "data" / "plan_published.yaml"
 NEURON_KINDS = ("Trainium", "Inferentia2", "Inferentia")
 BYTES_BF16, BYTES_FP32 = 2, 4
+IMAGE_BYTES = 3 * 224 * 224 * 4     # one f32 224 x 224 image: every image row of the tables
 
 
 def load_chips(path: Path = CATALOG_PATH) -> dict[str, Chip]:
@@ -104,6 +105,8 @@ def published_workload(row: PublishedRow, arch: dict) -> WorkloadFigures:
     weights = params * BYTES_BF16
     return WorkloadFigures(
         name=row.model, mode=row.mode, flops_per_step=flops * per_step,
+        conv_flops=flops * per_step if arch["kind"] == "cnn" else 0.0,   # a CNN's FLOPs: its convolutions
+        input_bytes=per_step * (row.seq * 8 if row.seq else IMAGE_BYTES),  # token ids (int64) or an f32 image
         precision=row.precision, bytes_per_step=weights * (3 if train else 1), samples_per_step=per_step,
         param_bytes=params * BYTES_FP32 if train else weights, grad_bytes=params * BYTES_FP32 if train else 0.0,
         optimizer_bytes=params * 2 * BYTES_FP32 if train else 0.0, activation_bytes=0.0,

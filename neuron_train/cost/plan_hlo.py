@@ -2,8 +2,11 @@
 
 Only dot and convolution count (the matrix units' work; element-wise work is left to the
 calibrated fraction of peak). dot: 2 x output elements x the contracted size; convolution: 2 x
-output elements x the kernel's elements per output feature. Bytes in and out: the entry
+output elements x the kernel's elements per output feature (divided by the input dilation of a
+transposed convolution, whose inserted zeros are not multiplied). Bytes in and out: the entry
 computation's parameters and results, i.e. what the graph reads from and writes to device memory.
+Instructions: every instruction of every computation of the unoptimized module, what lazy tracing
+builds op by op on the host (the unit of the host term of a lazy step, plan_model.host_rest_s).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([0-9,]*)\]")
 _DOT = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+dot\((.*?)\),.*?lhs_contracting_dims=\{([0-9,]*)\}")
 _CONV = re.compile(r"=\s*(\w+)\[([0-9,]*)\]\S*\s+convolution\((.*?)\),.*?dim_labels=\w+_(\w+)->")
 _OPERAND = re.compile(r"^\s*(?:(\w+)\[([0-9,]*)\]\S*\s+)?%?([\w.\-]+)\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\S")
+_LHS_DILATE = re.compile(r"lhs_dilate=([0-9x]+)")
 _ENTRY = re.compile(r"^ENTRY\s+\S+\s+\((.*)\)\s+->\s+(.*)\{\s*$")
 
 
@@ -34,6 +39,8 @@ class HloFigures:
     bytes_out: float = 0.0
     dots: int = 0
     convolutions: int = 0
+    instructions: int = 0
+    conv_flops: float = 0.0        # the convolutions' share of `flops`
 
     @property
     def precision(self) -> str:
@@ -73,6 +80,8 @@ def hlo_figures(text: str) -> HloFigures:
         if entry:
             out.bytes_in, out.bytes_out = _shapes_bytes(entry.group(1)), _shapes_bytes(entry.group(2))
             continue
+        if _INSTRUCTION.match(line):
+            out.instructions += 1
         d = _DEF.match(line)
         if d:
             shapes[d.group(1)] = (d.group(2), _dims(d.group(3)))
@@ -94,7 +103,12 @@ def _count(out: HloFigures, line: str, shapes: dict[str, tuple[str, list[int]]])
         ops, labels = _operands(conv.group(3), shapes), conv.group(4)
         if len(ops) == 2 and "o" in labels and ops[1][1]:
             rhs = ops[1][1]
-            _add(out, ops[0][0], 2.0 * math.prod(_dims(conv.group(2))) * math.prod(rhs) / rhs[labels.index("o")])
+            flops = 2.0 * math.prod(_dims(conv.group(2))) * math.prod(rhs) / rhs[labels.index("o")]
+            dilated = _LHS_DILATE.search(line)
+            if dilated:  # a transposed convolution (an input's gradient): the zeros between inputs cost nothing
+                flops /= math.prod(int(d) for d in dilated.group(1).split("x"))
+            _add(out, ops[0][0], flops)
+            out.conv_flops += flops
             out.convolutions += 1
 
 

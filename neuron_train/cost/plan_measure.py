@@ -1,10 +1,10 @@
 """What `neuron-train plan` measures on this machine: one process's steady training (or inference)
 step of our loop or of any script, as `WorkloadFigures` for the estimate (plan_model.py).
 
-- our loop (`measure_loop`): a few real steps on the CPU XLA device in this process; FLOPs and bytes
-  from the HLO of a steady step's pending graph; host time split into the input pipeline (CPU
-  seconds per batch, drawn without workers) and the rest (tracing + dispatch until the sync);
-  activations = the bytes autograd saves for the backward.
+- our loop (`measure_loop`): one steady step traced on the CPU XLA device in this process and read as
+  HLO before it would run (FLOPs, bytes, instructions; never executed); the input pipeline's CPU
+  seconds per batch (thread CPU time, drawn without workers); activations = the bytes autograd saves
+  for the backward. No wall time is taken: the host term is computed from the counts (plan_model).
 - a model too large for this machine (`from_shapes`): the same figures counted on the meta device
   (torch's FLOP counter, nothing allocated, no host time): an estimate from shapes.
 - any script (`measure_script`): the command runs under bench's probe with XLA's HLO dump on; the
@@ -14,8 +14,8 @@ step of our loop or of any script, as `WorkloadFigures` for the estimate (plan_m
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Sized
@@ -62,13 +62,14 @@ def _saved_bytes(model, run_forward) -> tuple[float, Any]:
 
 
 def _input_seconds(loader, batches: int) -> float:
-    """CPU seconds per batch of the input pipeline, drawn in this process (no workers)."""
+    """CPU seconds per batch of the input pipeline, drawn in this thread (no workers): the thread's CPU
+    time, not the wall time, so another process busy on this machine does not inflate it."""
     it = iter(loader)
     next(it)  # the first batch pays for start-up
-    start = time.perf_counter()
+    start = time.thread_time()
     for _ in range(batches):
         next(it)
-    return (time.perf_counter() - start) / batches
+    return (time.thread_time() - start) / batches
 
 
 def _loader_pair(cfg, data):
@@ -104,9 +105,32 @@ def _step_fn(model, mode: str, precision: str):
     return step
 
 
-def measure_loop(cfg, mode: str = "train", steps: int = 3) -> tuple[WorkloadFigures, dict]:
-    """Our loop's model, data and optimizer: `steps` steps on the XLA device (>= 2: the first
-    creates the optimizer state), the last one measured. Returns the figures and details."""
+def default_execution(mode: str, step_compiler: str | None = None) -> str:
+    """How the target runs the step when the user does not say (plan --execution): inference as the
+    published rows run it (a compiled model), training as our loop's --step-compiler says (lazy for a COMMAND)."""
+    if mode == "infer":
+        return "compiled"
+    return "replay" if step_compiler not in (None, "lazy") else "lazy"
+
+
+def _warm_optimizer(model, optimizer) -> None:
+    """Create the optimizer's state with zero gradients (a cheap element-wise graph), so the step traced
+    next is the steady one (its first step would also build the state)."""
+    import torch
+    import torch_xla
+
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    # Sync point: runs the state's creation now, apart from the step whose graph is read next.
+    torch_xla.sync()
+
+
+def measure_loop(cfg, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
+    """Our loop's model, data and optimizer: one steady step traced on the XLA device and read as HLO
+    (FLOPs, bytes, instructions), never executed: nothing here depends on this machine's speed or load
+    except the input pipeline's CPU seconds. Returns the figures and details."""
     import torch_xla
 
     from neuron_train.training.data import build_datasets
@@ -118,39 +142,38 @@ def measure_loop(cfg, mode: str = "train", steps: int = 3) -> tuple[WorkloadFigu
     model = build_model(cfg.model.name, num_classes=data.num_classes, img_size=cfg.model.img_size).to(device)
     model.train(mode == "train")
     optimizer = build_optimizer(model, cfg.optim) if mode == "train" else None
+    if optimizer is not None:
+        _warm_optimizer(model, optimizer)
     loader, no_workers = _loader_pair(cfg, data)
     host_input = _input_seconds(no_workers, 3)
-    step, traced, batches = _step_fn(model, mode, cfg.train.precision), [], iter(loader)
-    for i in range(max(steps, 2)):
-        images, labels = (t.to(device) for t in next(batches))
-        start = time.perf_counter()
-        outputs, activations = step(images, labels, optimizer)
-        if i == max(steps, 2) - 1:  # the steady step's graph, read before the sync runs it
-            hlo = hlo_figures(torch_xla._XLAC._get_xla_tensors_hlo(outputs))
-        traced.append(time.perf_counter() - start)
-        # Sync point: one step is one graph, as in our loop; then a host read waits for the device,
-        # so the next step's tracing time is not mixed with this step's execution.
-        torch_xla.sync()
-        outputs[0].cpu()
+    images, labels = (t.to(device) for t in next(iter(loader)))
+    outputs, activations = _step_fn(model, mode, cfg.train.precision)(images, labels, optimizer)
+    # The steady step's pending graph, read and not run: its counts are all the estimate needs.
+    hlo = hlo_figures(torch_xla._XLAC._get_xla_tensors_hlo(outputs))
     n = sum(p.numel() for p in model.parameters())
     train = mode == "train"
     weights = _weights_bytes(n, cfg.train.precision)
+    execution = execution or default_execution(mode, cfg.train.step_compiler)
     figures = WorkloadFigures(
-        name=cfg.model.name, mode=mode, flops_per_step=hlo.flops,
+        name=cfg.model.name, mode=mode, flops_per_step=hlo.flops, conv_flops=hlo.conv_flops,
+        input_bytes=float(images.numel() * images.element_size() + labels.numel() * labels.element_size()),
         precision=matmul_precision(cfg.train.precision), bytes_per_step=hlo.bytes_in + hlo.bytes_out,
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
-        activation_bytes=activations, host_input_s=host_input, host_rest_s=statistics.median(traced[1:]),
-        loader_workers=cfg.data.workers(), measured_by="measured on the CPU XLA device of this machine")
+        activation_bytes=activations, host_input_s=host_input, loader_workers=cfg.data.workers(),
+        execution=execution, hlo_instructions=hlo.instructions,
+        # dynamo-full replays two captured graphs a step (forward/backward, then the update)
+        graphs_per_step=2 if execution == "replay" and train else 1,
+        measured_by="counted on the CPU XLA device of this machine (one step traced, not run)")
     return figures, {"parameters": n, "num_classes": data.num_classes, "train_samples": len(cast(Sized, data.train)),
-                     "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions,
+                     "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions, "instructions": hlo.instructions,
                              "flops_by_dtype": hlo.flops_by_dtype}}
 
 
-def from_shapes(cfg, mode: str = "train") -> tuple[WorkloadFigures, dict]:
+def from_shapes(cfg, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Our loop's model counted on the meta device: FLOPs of forward + backward (torch's counter),
     weights, gradients, optimizer state and activations from shapes; nothing is allocated and no
-    host time is known (the host side is then assumed not to be the bottleneck)."""
+    HLO exists, so a lazy step's traced instructions are not counted (plan warns when that matters)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -168,11 +191,14 @@ def from_shapes(cfg, mode: str = "train") -> tuple[WorkloadFigures, dict]:
     weights = _weights_bytes(n, cfg.train.precision)
     figures = WorkloadFigures(
         name=cfg.model.name, mode=mode, flops_per_step=float(counter.get_total_flops()),
+        conv_flops=float(sum(v for op, v in counter.get_flop_counts().get("Global", {}).items()
+                             if "convolution" in str(op))),
         precision=matmul_precision(cfg.train.precision), bytes_per_step=(3.0 if train else 1.0) * weights,
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
         activation_bytes=activations if train else 0.0,
-        measured_by="estimated from shapes on the meta device (nothing allocated; host time not measured)")
+        execution=execution or default_execution(mode, cfg.train.step_compiler),
+        measured_by="estimated from shapes on the meta device (nothing allocated; traced instructions not counted)")
     return figures, {"parameters": n, "num_classes": cfg.model.num_classes, "train_samples": None}
 
 
@@ -185,7 +211,7 @@ def steady_graph(dump_dir: Path) -> tuple[HloFigures, int]:
 
 
 def measure_script(command: list[str], *, steps: int, samples_flag: int | None, mode: str,
-                   name: str | None) -> tuple[WorkloadFigures, dict]:
+                   name: str | None, execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Run the command under bench's probe with the HLO dump on; one process's step figures."""
     from neuron_train.cost import script_bench
     from neuron_train.instrument.script import require_ran, run_script
@@ -207,16 +233,17 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
     precision = hlo.precision if "--auto-cast none" in cast else "bf16"   # neuronx-cc's default: matmult in bf16
     figures = WorkloadFigures(
         name=name or script_bench.script_name(command), mode=mode, flops_per_step=hlo.flops, precision=precision,
+        conv_flops=hlo.conv_flops, input_bytes=4.0 * math.prod(f.batch_shape or [0]),  # 4 bytes an element: assumed
         bytes_per_step=hlo.bytes_in + hlo.bytes_out, samples_per_step=f.samples_per_step,
         param_bytes=weights, grad_bytes=weights if mode == "train" else 0.0,
-        optimizer_bytes=n * 4 * ADAM_STATES if mode == "train" else 0.0, activation_bytes=0.0,
-        # The host's share of a step: wall time minus the CPU device's execution, as one figure (a
-        # COMMAND's input pipeline is not told apart from its tracing).
-        host_rest_s=f.host_step_s,
-        measured_by="measured on the CPU XLA device of this machine (a COMMAND: host time as one figure, "
-                    "wall minus execution; activations not counted)")
+        optimizer_bytes=n * 4 * ADAM_STATES if mode == "train" else 0.0, activation_bytes=0.0, host_input_s=None,
+        # The host term from counted facts (the step graph's instructions); a COMMAND's input pipeline is
+        # not told apart from its step, so it is unknown, not counted.
+        execution=execution or default_execution(mode), hlo_instructions=hlo.instructions,
+        measured_by="counted on the CPU XLA device of this machine (a COMMAND: input pipeline and "
+                    "activations unknown)")
     return figures, {"parameters": n or None, "cpu_samples_per_sec": f.samples_per_sec,
-                     "cpu_host_ms_per_step": round(f.host_step_s * 1e3, 3), "graphs_dumped": graphs,
+                     "graphs_dumped": graphs,
                      "batch_shape": f.batch_shape, "step_site": f.site, "world_size": f.world_size,
-                     "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions,
+                     "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions, "instructions": hlo.instructions,
                              "flops_by_dtype": hlo.flops_by_dtype}}

@@ -4,12 +4,14 @@ instance type, from what a CPU run measured and the hardware facts (pure; docs/p
 Per process (one NeuronCore, data parallel), step time =
     max(device compute, device memory traffic, host input pipeline, host rest)   (they overlap)
   + gradient all-reduce (training only; not overlapped with the step: an assumption)
-where device compute = FLOPs per step / (peak TFLOPS of the precision x the calibrated fraction
-of peak), memory traffic = bytes in and out of the step's graph / the core's share of device memory
-bandwidth, the host input pipeline = its CPU-seconds per batch on the measuring machine / the data
-workers a process gets on the target (vCPUs / processes - 1 for the process itself, at most the
-loader's workers, at least 1), and the
-all-reduce is a ring: 2 (P-1)/P x gradient bytes / the ring's bandwidth.
+where device compute = dot FLOPs / (peak TFLOPS of the precision x the calibrated fraction of peak)
++ convolution FLOPs / (the same x the convolutions' fraction) + the batch's copy to the device,
+memory traffic = bytes in and out of the step's graph / the core's share of device memory bandwidth,
+the host input pipeline = its CPU-seconds per batch / the data workers a process gets on the target
+(vCPUs / processes - 1 for the process itself, at most the loader's workers, at least 1), the host
+rest = the target host's term for how the step is executed (host_rest_s: counted facts x stated
+per-unit costs, never the planning machine's wall time), and the all-reduce is a ring:
+2 (P-1)/P x gradient bytes / the ring's bandwidth.
 """
 
 from __future__ import annotations
@@ -65,9 +67,13 @@ class WorkloadFigures:
     grad_bytes: float               # what a data-parallel all-reduce moves each step
     optimizer_bytes: float
     activation_bytes: float         # saved for the backward (0 in inference)
-    host_input_s: float = 0.0       # CPU-seconds per batch in the input pipeline, measuring machine
-    host_rest_s: float = 0.0        # host seconds per step outside it (tracing, dispatch)
+    host_input_s: float | None = 0.0  # CPU-seconds per batch of the input pipeline (thread CPU time); None: unknown
     loader_workers: int = 0         # 0: the input pipeline runs in the training process
+    execution: str = "lazy"         # how the target runs a step: lazy | compiled | replay (EXECUTIONS)
+    hlo_instructions: int = 0       # instructions of the steady step's unoptimized HLO (what lazy tracing builds)
+    graphs_per_step: int = 1        # graph executions the host dispatches per step
+    conv_flops: float = 0.0         # the convolutions' share of flops_per_step (their own fraction of peak)
+    input_bytes: float = 0.0        # the batch copied from the host to the device each step
     measured_by: str = "measured on the CPU XLA device"
 
 
@@ -75,9 +81,13 @@ class WorkloadFigures:
 class Calibration:
     """Achieved fraction of peak compute per mode, and the relative error band of the estimate."""
 
-    fraction: dict[str, float]      # mode -> fraction of peak
-    band: dict[str, float]          # mode -> relative error (e.g. 0.3: -30% .. +30%)
+    fraction: dict[str, float]      # mode -> fraction of peak of dots; "<mode>-conv" -> of convolutions
+    band: dict[str, float]          # mode -> error factor (e.g. 0.3: the rate / 1.3 .. x 1.3)
     source: str
+
+    def conv_fraction(self, mode: str) -> float:
+        """Convolutions' achieved fraction of peak (the dots' when no convolution row calibrated it)."""
+        return self.fraction.get(f"{mode}-conv", self.fraction[mode])
 
 
 @dataclass
@@ -98,11 +108,45 @@ class Estimate:
     usd_per_epoch: float | None = None
     rank: int | None = None
     note: str = ""
+    vcpus_per_core: float = 0.0
 
 
 BOTTLENECKS = {"compute": "device compute", "memory": "device memory bandwidth",
                "host_input": "host input pipeline", "host_rest": "host (tracing, dispatch)",
                "allreduce": "gradient all-reduce"}
+
+# How the target's host runs one step (docs/plan.md, "The host term"):
+EXECUTIONS = {
+    "lazy": "torch_xla traces every op of the step on the host each step (overlapping the device's previous step)",
+    "compiled": "a compiled model (torch_neuronx.trace) is dispatched: no tracing",
+    "replay": "torch.compile replays captured graphs: guards and dispatch, no tracing",
+}
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Per-unit costs of the target's host, stated (not measured on the planning machine, whose
+    wall time moves with its load). Sources and the command that measured the tracing cost: docs/plan.md."""
+
+    trace_s_per_instruction: float = 12e-6   # lazy tracing, CPU seconds per unoptimized HLO instruction
+    dispatch_s: float = 0.1e-3               # one graph execution handed to the Neuron runtime (assumption)
+    replay_s: float = 1e-3                   # one torch.compile graph call: guards + cached-graph dispatch (assumption)
+    copy_bytes_per_s: float = 4e9            # host -> device copy of a step's batch, per NeuronCore (calibrated)
+
+
+HOST = HostCosts()
+
+
+def host_rest_s(w: WorkloadFigures, processes: int, vcpus: int, host: HostCosts = HOST) -> float:
+    """The target host's seconds per step outside the input pipeline: a pure function of counted facts
+    (instructions, graph executions) and the stated per-unit costs; processes beyond the vCPUs share them."""
+    if w.execution == "compiled":
+        per_step = w.graphs_per_step * host.dispatch_s
+    elif w.execution == "replay":
+        per_step = w.graphs_per_step * host.replay_s
+    else:
+        per_step = w.hlo_instructions * host.trace_s_per_instruction + w.graphs_per_step * host.dispatch_s
+    return per_step * max(1.0, processes / max(vcpus, 1))
 
 
 def memory_needed_gib(w: WorkloadFigures) -> float:
@@ -125,12 +169,15 @@ def allreduce_s(grad_bytes: float, processes: int, t: Target) -> float:
 
 def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dict[str, float]:
     peak = t.chip.peak_tflops.get(w.precision) or t.chip.peak_tflops["bf16"]
-    per_core_flops = peak * 1e12 / t.chip.cores * c.fraction[w.mode]
+    per_core_peak = peak * 1e12 / t.chip.cores
+    dots = max(w.flops_per_step - w.conv_flops, 0.0)
     per_core_bw = t.chip.memory_gib_per_s * GIB / t.chip.cores
     # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
     workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
-    parts = {"compute": w.flops_per_step / per_core_flops, "memory": w.bytes_per_step / per_core_bw,
-             "host_input": w.host_input_s / workers, "host_rest": w.host_rest_s}
+    # The batch's copy to the device is in series with the compute of its step (it is the step's input).
+    parts = {"compute": dots / (per_core_peak * c.fraction[w.mode])
+                        + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode)) + w.input_bytes / HOST.copy_bytes_per_s, "memory": w.bytes_per_step / per_core_bw,
+             "host_input": (w.host_input_s or 0.0) / workers, "host_rest": host_rest_s(w, processes, t.vcpus)}
     if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest
         parts["host_rest"] += parts.pop("host_input")
     if w.mode == "train":
@@ -143,7 +190,7 @@ def estimate(w: WorkloadFigures, t: Target, c: Calibration, processes: int | Non
     """One instance type's estimate (processes: one per NeuronCore unless given)."""
     processes = processes or t.cores
     need, has = memory_needed_gib(w), t.chip.memory_gib_per_core
-    est = Estimate(t.instance_type, processes, need <= has, need, has)
+    est = Estimate(t.instance_type, processes, need <= has, need, has, vcpus_per_core=t.vcpus / t.cores)
     if not est.fits:
         est.note = f"does not fit in device memory: needs {need:.1f} GiB per NeuronCore, has {has:g}"
         return est
@@ -156,13 +203,20 @@ def estimate(w: WorkloadFigures, t: Target, c: Calibration, processes: int | Non
     est.bottleneck_text = f"{BOTTLENECKS[est.bottleneck]} {parts[est.bottleneck] * 1e3:.2f} ms/step"
     est.samples_per_sec = w.samples_per_step * processes / est.step_s
     band = c.band[w.mode]
-    est.band = (est.samples_per_sec * (1 - band), est.samples_per_sec * (1 + band))
+    est.band = (est.samples_per_sec / (1 + band), est.samples_per_sec * (1 + band))
     if t.usd_per_hour:
         est.usd_per_hour = t.usd_per_hour
         est.usd_per_million = t.usd_per_hour / (est.samples_per_sec * 3600) * 1e6
         if epoch_samples:
             est.usd_per_epoch = epoch_samples / (est.samples_per_sec * 3600) * t.usd_per_hour
     return est
+
+
+def fastest(estimates: list[Estimate]) -> Estimate:
+    """The fastest type that fits; of types the model rates equal (the same chip and processes), the one
+    with more host vCPUs per NeuronCore: the published encoder rows run 2-10% faster on trn1.2xlarge
+    (8 vCPUs) than on inf2.xlarge (4 vCPUs, the same chip) in 13 of 13 pairs (plan_published.yaml)."""
+    return max((e for e in estimates if e.fits), key=lambda e: (e.samples_per_sec or 0.0, e.vcpus_per_core))
 
 
 def rank_by_price_performance(estimates: list[Estimate]) -> list[Estimate]:

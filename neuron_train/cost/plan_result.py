@@ -18,6 +18,7 @@ from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION, validate_resul
 PLAN_SCHEMA = "neuron-train-plan"
 PLAN_VERSION = 1
 ESTIMATED = "estimated"
+UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
 
 ASSUMPTIONS = [
     "step = max(device compute, device memory traffic, host input pipeline, host rest) + gradient all-reduce "
@@ -25,8 +26,11 @@ ASSUMPTIONS = [
     "device compute: dot/convolution FLOPs of the steady graph at the calibrated fraction of peak TFLOPS of the "
     "precision the matrix units run (neuronx-cc casts f32 matmuls to bf16 unless --auto-cast none)",
     "device memory traffic: the step graph's inputs and outputs once, at the core's half of the chip's bandwidth",
-    "host: this machine's CPU seconds per step, same speed per vCPU on the target; the input pipeline spread over "
-    "max(1, min(loader workers, vCPUs per process - 1)) workers (the process itself keeps one vCPU busy)",
+    "host rest, from counted facts and stated per-unit costs (never this machine's wall time): lazy = HLO "
+    "instructions traced x 12 us + one dispatch; compiled (torch_neuronx.trace) = 0.1 ms dispatch per graph; "
+    "replay (torch.compile) = 1 ms per graph call; processes beyond the vCPUs share them",
+    "host input pipeline: this machine's CPU seconds per batch (thread CPU time), same speed per vCPU on the "
+    "target, spread over max(1, min(loader workers, vCPUs per process - 1)) workers; unknown for a COMMAND",
     "all-reduce: a ring over the processes; on one chip through device memory, across chips over NeuronLink-v2 "
     "(per-link bandwidth is an assumption, see instances.yaml)",
     "memory fit: weights + gradients + optimizer state + activations per NeuronCore, data parallel (no sharding)",
@@ -59,9 +63,14 @@ def estimate_result(w: WorkloadFigures, e: Estimate, calib: Calibration, *, deta
                      "parts_ms": {k: v * 1e3 for k, v in e.parts_s.items()}, "band": list(e.band),
                      "rank": e.rank, "needs_gib_per_core": e.needs_gib_per_core,
                      "calibration": calib.source},
-        "sweep": None, "host": {}, "versions": {}, "command": command, "config": {"workload": dataclasses.asdict(w)},
+        "sweep": None, "host": {}, "versions": {}, "command": command, "config": {"workload": workload_record(w)},
     }
     return validate_result(result, f"estimate for {e.instance_type}")
+
+
+def workload_record(w: WorkloadFigures) -> dict:
+    """The workload's figures as written, "unknown" for what the run did not tell (a COMMAND's input pipeline)."""
+    return {k: UNKNOWN if v is None else v for k, v in dataclasses.asdict(w).items()}
 
 
 def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibration, *, details: dict,
@@ -71,7 +80,7 @@ def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibrat
     fits = [e for e in estimates if e.fits]
     return {
         "schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "created_at": created, "source": ESTIMATED,
-        "workload": dataclasses.asdict(w), "details": details,
+        "workload": workload_record(w), "details": details,
         "calibration": {"fraction_of_peak": calib.fraction, "error_band": calib.band, "source": calib.source,
                         "first_estimate_off": first_off},
         "assumptions": ASSUMPTIONS,
@@ -94,17 +103,23 @@ def plan_results(data: object, where: str) -> list[dict]:
 
 
 def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]:
-    """The printed table: one line per instance type, best price-performance first."""
-    head = (f"{'instance type':<15} {'procs':>5} {unit + '/s (estimate)':>24} {'$/1M ' + unit:>13} "
-            f"{'$/epoch':>9} {'rank':>4}  bottleneck")
-    lines = [head, "-" * len(head)]
+    """The printed table: one line per instance type, best price-performance first; every column as
+    wide as its widest cell, so no figure pushes the next column out of line."""
+    head = ["instance type", "procs", f"{unit}/s (estimate)", f"$/1M {unit}", "$/epoch", "rank", "bottleneck"]
+    rows = []
     for e in estimates:
         if not e.fits:
-            lines.append(f"{e.instance_type:<15} {e.processes:>5} {'-':>24} {'-':>13} {'-':>9} {'-':>4}  {e.note}")
+            rows.append([e.instance_type, str(e.processes), "-", "-", "-", "-", e.note])
             continue
         assert e.band is not None  # set for every instance type that fits (plan_model.estimate)
         rate = f"{e.samples_per_sec:,.1f} ({e.band[0]:,.0f}-{e.band[1]:,.0f})"
         epoch = money(e.usd_per_epoch) if e.usd_per_epoch else "-"
-        lines.append(f"{e.instance_type:<15} {e.processes:>5} {rate:>24} {money(e.usd_per_million):>13} "
-                     f"{epoch:>9} {e.rank or '-':>4}  {e.bottleneck_text}")
-    return lines
+        rows.append([e.instance_type, str(e.processes), rate, money(e.usd_per_million), epoch, str(e.rank or "-"),
+                     e.bottleneck_text])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+
+    def line(cells: list[str]) -> str:
+        left = cells[0].ljust(widths[0])
+        return " ".join([left, *(c.rjust(n) for c, n in zip(cells[1:-1], widths[1:], strict=True))]) + "  " + cells[-1]
+    text = [line(head)]
+    return [text[0], "-" * len(text[0]), *(line(r) for r in rows)]

@@ -155,6 +155,28 @@ def provenance_lines(ctx: Context) -> list[str]:
     return lines
 
 
+OFF_FACTOR = 2.0   # an estimate this many times from a measurement of the same type is named
+
+
+def estimates_off(ctx: Context) -> list[str]:
+    """One line per plan estimate more than OFF_FACTOR x from a measurement of the same workload on the
+    same instance type (both ways), naming both files."""
+    def key(r: dict) -> tuple:
+        return r["mode"], r["instance_type"].lower(), r["model"]["name"].lower()
+    measured = {key(r): (path, r) for path, r in ctx.results if r.get("source") != "estimated"}
+    lines = []
+    for path, r in ctx.results:
+        m = measured.get(key(r)) if r.get("source") == "estimated" else None
+        if m is None:
+            continue
+        est, real = r["samples_per_sec"]["median"], m[1]["samples_per_sec"]["median"]
+        if real > 0 and est > 0 and max(est / real, real / est) > OFF_FACTOR:
+            lines.append(f"ESTIMATE OFF: `{path.name}` estimated {r['mode']} of {r['model']['name']} on "
+                         f"{r['instance_type']} at {est:,.1f}/s, {est / real:.2g}x the {real:,.1f}/s measured in "
+                         f"`{m[0].name}`: trust the measurement; re-plan with --calibrate {m[0].name}")
+    return lines
+
+
 CPU_WARNING = ("Rows measured on the CPU XLA device are real measurements of the machine that ran "
                "`neuron-train bench`, not of Neuron hardware: read them as the local baseline of the "
                "workflow, never as Trainium or Inferentia numbers.")
@@ -186,14 +208,18 @@ def sweep_tables(ctx: Context) -> list[tuple[str, list[list[str]]]]:
 
 def report_blocks(groups: list[Group], ctx: Context, charts: dict[str, str]) -> list[tuple[str, object]]:
     """The report as a list of (kind, content) blocks, rendered to Markdown and to HTML alike."""
+    estimated = sum(r.get("source") == "estimated" for _, r in ctx.results)   # never counted as bench results
     blocks: list[tuple[str, object]] = [
         ("h1", "Price-performance report"),
-        ("p", f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results)} bench "
-              f"result(s) and {len(ctx.references)} reference table(s).")]
+        ("p", f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results) - estimated} bench "
+              f"result(s), {estimated} plan estimate(s) and {len(ctx.references)} reference table(s)."
+              if estimated else f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results)} "
+              f"bench result(s) and {len(ctx.references)} reference table(s).")]
     if ctx.cpu_measured:
         blocks.append(("warn", CPU_WARNING))
-    if any(r.get("source") == "estimated" for _, r in ctx.results):
+    if estimated:
         blocks.append(("warn", ESTIMATE_WARNING))
+        blocks += [("warn", line) for line in estimates_off(ctx)]
     blocks += [("h2", "Summary"), ("ul", [(g.title, group_summary(g)) for g in groups
                                           if any(r.samples_per_sec for r in g.rows)])]
     for g in groups:

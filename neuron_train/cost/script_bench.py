@@ -42,13 +42,6 @@ class ProcessSteps:
     batch: list[int] | None    # the input batch's shape (the largest copy of most steady windows)
     parameters: int            # elements the process's optimizers update
     device: str
-    executed: list[float]      # seconds of device execution (torch_xla's ExecuteTime) in each interval
-
-    def host_seconds(self) -> float:
-        """Host seconds per steady step: wall time not spent executing graphs (tracing, dispatch,
-        the input pipeline, the script's own work). On the CPU device the two share the cores, so
-        they add up; the figure is this machine's, under its load."""
-        return max(0.0, sum(self.intervals) - sum(self.executed)) / len(self.intervals)
 
 
 @dataclass
@@ -65,7 +58,6 @@ class ScriptFigures:
     graph_count: int
     batch_shape: list[int] | None
     batch_source: str          # "flag" or "input batch"
-    host_step_s: float         # host seconds per steady step, the slowest process (ProcessSteps.host_seconds)
     site: str
     parameters: int
     device: str
@@ -82,10 +74,8 @@ def process_steps(probe: dict) -> ProcessSteps | None:
     if not shapes:  # a prefetching loader (MpDeviceLoader) copied the first batches during the warm-up
         shapes = Counter(tuple(w.batch) for w in windows if w.batch)
     batch = list(shapes.most_common(1)[0][0]) if shapes else None
-    # A steady interval ends at window i and starts at window i - 1 (the same site).
-    executed = [windows[i].executed_s - windows[i - 1].executed_s for i, _ in state.steady]
     return ProcessSteps(site, [seconds for _, seconds in state.steady], state.steady[0][0] - 1, batch,
-                        probe.get("parameters", 0), probe.get("device") or "", executed)
+                        probe.get("parameters", 0), probe.get("device") or "")
 
 
 def figures(run: ScriptRun, samples_flag: int | None) -> ScriptFigures:
@@ -113,7 +103,6 @@ def figures(run: ScriptRun, samples_flag: int | None) -> ScriptFigures:
         warmup_steps=max(s.warmup_windows for s in usable),
         compile_time_s=max(p.get("compile_time_s", 0.0) for p in run.probes),
         graph_count=max(p.get("compiles", 0) for p in run.probes), batch_shape=batch, batch_source=source,
-        host_step_s=max(s.host_seconds() for s in usable),
         site=usable[0].site,
         parameters=max(s.parameters for s in usable), device=usable[0].device or "CPU")
 
