@@ -20,9 +20,9 @@ import json
 import os
 import re
 import stat
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 from neuron_train.common.errors import UsageError

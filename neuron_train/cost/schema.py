@@ -13,6 +13,7 @@ from neuron_train.common.values import header_problem, kind_problem
 SCHEMA_NAME = "neuron-train-bench-result"
 SCHEMA_VERSION = 1
 MODES = ("train", "infer")
+RESULT_LIMIT = 16 * 2**20  # a bench result or plan file is a few KiB; a long sweep a few hundred
 # dotted path -> kind (neuron_train.common.values). Every field is required; numbers are finite.
 RESULT_FIELDS: dict[str, str] = {
     "schema": "str", "schema_version": "int>=1", "created_at": "str", "mode": "str",

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from neuron_train.common.errors import UsageError
 from neuron_train.common import reader
+from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import write_failed, write_text_atomic
 from neuron_train.common.neuron_env import default_pjrt_device
 from neuron_train.common.values import shown
