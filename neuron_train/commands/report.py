@@ -23,6 +23,7 @@ from pathlib import Path
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import publish_folder, recover_folder, refuse_unusable
+from neuron_train.common.values import shown
 from neuron_train.cost.catalog import Catalog, load_catalog, resolve_prices
 from neuron_train.cost.plan_result import ESTIMATED, PLAN_SCHEMA, plan_results
 from neuron_train.cost.references import ReferenceRow, read_reference_csv
@@ -47,8 +48,18 @@ def load_results(path: str | Path) -> list[dict]:
     path = Path(path)
     data = reader.load(path, fmt="json", limit=RESULT_LIMIT)
     if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
-        return plan_results(data, str(path))
-    return [validate_result(data, str(path))]
+        results = plan_results(data, str(path))
+        for i, r in enumerate(results):  # each row's origin must be the file's kind
+            if r.get("source") != ESTIMATED:
+                raise UsageError(f"{path} results[{i}]: a plan file holds estimates only, this row says "
+                                 f"source {shown(r.get('source', 'measured'))}: give measurements as bench "
+                                 "result files")
+        return results
+    result = validate_result(data, str(path))
+    if result.get("source") == ESTIMATED:
+        raise UsageError(f"{path}: an estimate outside a plan file (source 'estimated'): give the plan "
+                         "file that `neuron-train plan --output` wrote")
+    return [result]
 
 
 def check_same_workload(results: list[tuple[Path, dict]]) -> None:

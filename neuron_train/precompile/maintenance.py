@@ -229,7 +229,9 @@ def _remove_entry(cache: Path, rel: str, manifest: Manifest) -> None:
         if child.is_dir() and not child.is_symlink():
             if not any(child.iterdir()):
                 child.rmdir()
-        elif _vouched_file(cache, child.relative_to(cache).as_posix(), manifest):
+        # named from the entry, not from `cache`: `target` is resolved (the cache may be a relative
+        # path or reached through a symbolic link), so `child` is not under `cache` as written
+        elif _vouched_file(cache, f"{rel}/{child.relative_to(target).as_posix()}", manifest):
             child.unlink()
     if not any(target.iterdir()):
         target.rmdir()
