@@ -7,7 +7,7 @@ use, so a file `report` would refuse is never written.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.values import header_problem, kind_problem, shown
@@ -92,7 +92,7 @@ class EstimateBlock(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     bottleneck_text: str
     calibration: str
-    band: tuple[PositiveFloat, PositiveFloat]  # low, high samples/s
+    band: list[PositiveFloat] = Field(min_length=2, max_length=2)  # low, high samples/s
 
 
 def _origin_problems(d: dict) -> list[str]:
