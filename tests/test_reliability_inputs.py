@@ -13,6 +13,7 @@ from conftest import FAST, NANO, ROOT
 from test_reliability_cache import make_archive, make_cache
 
 from neuron_train import cli
+from neuron_train.common.neuron_env import neuron_device_present
 from neuron_train.precompile import store
 from neuron_train.training import rundir
 
@@ -89,7 +90,10 @@ def test_an_error_line_is_capped_whatever_the_message():
 # ----- environment and path mistakes -------------------------------------------------------------
 @pytest.mark.parametrize("device, expected", [("GPU", "this machine has no GPU device"),
                                               ("TPU", "this machine has no TPU device"),
-                                              ("QUANTUM", "is not a device torch_xla knows")])
+                                              ("QUANTUM", "is not a device torch_xla knows"),
+                                              ("cpu", "torch_xla reads device names in capitals: set PJRT_DEVICE=CPU"),
+                                              pytest.param("NEURON", "PJRT_DEVICE=NEURON, but ", marks=pytest.mark.skipif(
+                                                  neuron_device_present(), reason="this machine has a Neuron device"))])
 def test_a_pjrt_device_this_machine_lacks_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch,
                                                                               device, expected):
     monkeypatch.setenv("PJRT_DEVICE", device)
