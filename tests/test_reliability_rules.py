@@ -197,3 +197,22 @@ def test_each_rows_origin_must_be_its_files_kind(tmp_path, capsys):
     assert code == 2 and "an estimate outside a plan file" in err
     code, err = report_line(capsys, plan_file(tmp_path, estimate()), "--out", tmp_path / "rep")
     assert code == 0 and "ESTIMATE" in (tmp_path / "rep" / "report.md").read_text()
+
+
+# ----------------------------------------------------------------------------- outputs probed up front
+
+
+@pytest.mark.parametrize("command", ["plan", "bench"])
+def test_an_output_the_kernel_will_not_create_is_refused_before_measuring(tmp_path, capsys, monkeypatch, command):
+    """Bad row 5 (plan's part): `--output /proc/plan.json` passed every permission check (root) and
+    failed with a traceback after the measurement. Now a file is created and removed up front."""
+    from neuron_train.commands import bench, plan
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before the output was probed")
+
+    monkeypatch.setattr(plan, "_measure_loop", measured)
+    monkeypatch.setattr(bench, "_measure", measured)
+    code, _, err = run(capsys, command, "--output", "/proc/result.json")
+    assert code == 2 and "--output: cannot create result.json in /proc" in one_line(err)
+    assert not list(tmp_path.iterdir())

@@ -12,7 +12,7 @@ from typing import cast
 
 from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import new_output, write_json_atomic
+from neuron_train.common.fileio import new_output, write_json_or_print
 from neuron_train.cost import plan_calibrate, plan_data
 from neuron_train.cost.plan_model import (
     GIB,
@@ -219,7 +219,6 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
           f"{best.instance_type if best else 'n/a (no prices)'}")
     if output is not None:
         document = plan_document(w, ests, calib, details=details, first_off=first_off, **meta)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(output, document)
+        write_json_or_print(output, document, "save it as a .json file for `neuron-train report`")
         print(f"plan: {len(document['results'])} estimate(s) -> {output} (source: estimated)")
     return 0
