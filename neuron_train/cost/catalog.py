@@ -181,6 +181,25 @@ def _price_rows_from_csv(path: Path) -> list[dict[str, str]]:
         raise UsageError(f"{path}: not a readable CSV file ({exc})") from None
 
 
+_SECTIONS = {"sources": (dict, "a mapping of source names"), "instances": (dict, "a mapping of instance types"),
+             "prices": (list, "a list of price entries")}
+
+
+def _check_sections(data: dict, path: Path) -> None:
+    """A price file's sections have the shapes `apply_price_file` reads (names are strings)."""
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise UsageError(f"{path}: unknown section(s) {', '.join(sorted(shown(k, 40) for k in unknown))} "
+                         "(known: sources, instances, prices)")
+    for key, (kind, text) in _SECTIONS.items():
+        value = data.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise UsageError(f"{path}: '{key}' must be {text}, got {shown(value)}")
+        names = [k for k in value if not isinstance(k, str)] if isinstance(value, dict) else []
+        if names:
+            raise UsageError(f"{path}: '{key}' has a name that is not text: {shown(names[0])}")
+
+
 def apply_price_file(catalog: Catalog, path: str | Path) -> Catalog:
     """Override or extend the catalog with a user file (YAML/JSON `instances:`/`prices:`, or CSV)."""
     path = Path(path)
@@ -189,10 +208,7 @@ def apply_price_file(catalog: Catalog, path: str | Path) -> Catalog:
         data: dict = {"prices": _price_rows_from_csv(path)}
     else:
         data = _read_mapping(path)
-        unknown = set(data) - {"sources", "instances", "prices"}
-        if unknown:
-            raise UsageError(f"{path}: unknown section(s) {', '.join(sorted(unknown))} "
-                             "(known: sources, instances, prices)")
+        _check_sections(data, path)
     sources = {**catalog.sources, **(data.get("sources") or {})}
     instances = dict(catalog.instances)
     for name, raw in (data.get("instances") or {}).items():
