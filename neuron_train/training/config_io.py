@@ -119,6 +119,9 @@ def build_config(file_values: dict[str, dict[str, Any]] | None = None,
                 raise UsageError(f"{source}: unknown key '{section}.{key[:60]}' "
                                  f"(known: {', '.join(names)})")
             kind = _base_type(names[key], types[section])
+            if value is None and type(None) not in typing.get_args(typing.get_type_hints(types[section])[key]):
+                raise UsageError(f"{source}: {section}.{key}: expected {kind.__name__}, got null (leave the key "
+                                 "out for the default)")
             values[section][key] = _coerce(value, kind, f"{source}: {section}.{key}")
             choices = names[key].metadata["choices"]
             if choices and values[section][key] not in choices:
