@@ -27,7 +27,7 @@ import yaml
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import not_utf8, unusable_path
-from neuron_train.common.values import shown
+from neuron_train.common.values import plain, shown
 
 DEFAULT_LIMIT = 16 * 2**20
 MAX_DEPTH = 64          # levels of nesting; real inputs have fewer than 10
@@ -138,10 +138,6 @@ class _BoundedLoader(yaml.SafeLoader):
 _BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
 
 
-def _key(key: object) -> str:
-    return key[:40] if isinstance(key, str) and key.isprintable() else shown(key, 40)
-
-
 def _check_tree(value: object) -> None:
     """Depth and integer bounds of a parsed document, walked without recursion."""
     stack: list[tuple[object, int, str]] = [(value, 1, "")]
@@ -150,7 +146,7 @@ def _check_tree(value: object) -> None:
         if depth > MAX_DEPTH:
             raise _Refused(f"nested too deeply (more than {MAX_DEPTH} levels; no real file has)")
         if isinstance(node, dict):
-            stack += [(v, depth + 1, f"{where}.{_key(k)}" if where else _key(k)) for k, v in node.items()]
+            stack += [(v, depth + 1, f"{where}.{plain(k, 40)}" if where else plain(k, 40)) for k, v in node.items()]
             stack += [(k, depth + 1, where) for k in node]
         elif isinstance(node, (list, tuple)):
             stack += [(v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node)]

@@ -64,6 +64,13 @@ def shown(value: object, limit: int = 60) -> str:
     return f"{text[:limit]}... ({size} characters)" if size is not None else f"{text[:limit]}..."
 
 
+def plain(value: object, limit: int = 60) -> str:
+    """A name for an error line: itself when it is short printable text, else `shown` (quoted, cut)."""
+    if isinstance(value, str) and len(value) <= limit and value.isprintable():
+        return value
+    return shown(value, limit)
+
+
 def header_problem(data: object, name_key: str, name: str, version_key: str, version: int) -> str | None:
     """None if `data` is a JSON object naming itself `name` at `version`, else what is wrong."""
     if not isinstance(data, dict):

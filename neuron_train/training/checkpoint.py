@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_map
 from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import work_path
-from neuron_train.common.values import shown
+from neuron_train.common.values import plain
 from neuron_train.training import checkpoint_format as fmt
 
 FORMAT = 1
@@ -387,7 +387,7 @@ def origin(state: object) -> str:
     m = fmt.saved_model(cfg)
     if m is None:
         return "a file whose neuron_train metadata names no valid model (model unknown)"
-    return f"model {shown(m.name)} (--img-size {m.img_size})"
+    return f"model {plain(m.name)} (--img-size {m.img_size})"
 
 
 def describe_mismatch(saved: dict, own: dict) -> str | None:
