@@ -252,5 +252,5 @@ def test_a_cache_manifest_that_is_not_a_regular_file_is_one_line(tmp_path):
         d.mkdir()
         special(d, kind, store.MANIFEST)
         with pytest.raises(RunError) as err:
-            within(20, lambda: store.load_manifest(d))
+            within(20, lambda d=d: store.load_manifest(d))
         assert "not a regular file" in one_line(err.value)

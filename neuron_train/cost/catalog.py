@@ -195,7 +195,7 @@ def _check_sections(data: dict, path: Path) -> None:
         value = data.get(key)
         if value is not None and not isinstance(value, kind):
             raise UsageError(f"{path}: '{key}' must be {text}, got {shown(value)}")
-        names = [k for k in value if not isinstance(k, str)] if isinstance(value, dict) else []
+        names: list[object] = [k for k in value if not isinstance(k, str)] if isinstance(value, dict) else []
         if names:
             raise UsageError(f"{path}: '{key}' has a name that is not text: {shown(names[0])}")
 
