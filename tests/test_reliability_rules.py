@@ -216,3 +216,17 @@ def test_an_output_the_kernel_will_not_create_is_refused_before_measuring(tmp_pa
     code, _, err = run(capsys, command, "--output", "/proc/result.json")
     assert code == 2 and "--output: cannot create result.json in /proc" in one_line(err)
     assert not list(tmp_path.iterdir())
+
+
+def test_names_from_the_inputs_are_text_in_report_md_and_report_csv(tmp_path, capsys):
+    """Weak row: report.md carried raw HTML from model names; report.csv cells starting with = were
+    formulas in a spreadsheet."""
+    from test_reliability_report import result
+
+    name = "=HYPERLINK(\"x\")<img src=x onerror=alert(1)>"
+    code, err = report_line(capsys, result(tmp_path, model__name=name), "--out", tmp_path / "rep")
+    assert code == 0, err
+    md, csv_text = ((tmp_path / "rep" / f).read_text() for f in ("report.md", "report.csv"))
+    assert "<img" not in md and "&lt;img src=x onerror=alert(1)&gt;" in md
+    cells = next(__import__("csv").reader([line for line in csv_text.splitlines() if "HYPERLINK" in line]))
+    assert "'" + name in cells and name not in cells
