@@ -78,3 +78,42 @@ def test_a_forwarded_ctrl_c_ends_a_command_that_ignores_it_after_the_grace_perio
                      tail_lines=5, echo=False)
     assert ended.interrupted == signal.SIGINT and ended.signal == signal.SIGKILL
     assert time.monotonic() - started < 60  # the command would sleep 120 s
+
+
+DAEMON = """
+import os, pathlib, sys, time
+if os.fork() == 0:
+    os.setsid()                      # a session of its own: not in the command's process group
+    if os.fork() == 0:
+        pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))
+        time.sleep(120)
+    os._exit(0)
+os.wait()
+time.sleep(0.5)
+"""
+
+
+def gone(pid: int) -> bool:
+    """Not running: absent, or a zombie nobody reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_daemon_that_calls_setsid_does_not_outlive_the_command(tmp_path):
+    """Weak row: a daemon in a session of its own outlived check-graphs (on a Neuron host it kept its
+    NeuronCores). Every descendant is tracked, not only the process group."""
+    pid_file = tmp_path / "daemon.pid"
+    ended = proc.run([sys.executable, "-c", DAEMON, str(pid_file)], dict(os.environ), stdout_too=False,
+                     tail_lines=5, echo=False)
+    daemon = int(pid_file.read_text())
+    try:
+        assert ended.code == 0
+        deadline = time.monotonic() + 10
+        while not gone(daemon) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gone(daemon), "the daemon outlived the command"
+    finally:
+        if not gone(daemon):
+            os.kill(daemon, signal.SIGKILL)
