@@ -230,3 +230,28 @@ def test_names_from_the_inputs_are_text_in_report_md_and_report_csv(tmp_path, ca
     assert "<img" not in md and "&lt;img src=x onerror=alert(1)&gt;" in md
     cells = next(__import__("csv").reader([line for line in csv_text.splitlines() if "HYPERLINK" in line]))
     assert "'" + name in cells and name not in cells
+
+
+def test_verify_after_a_killed_prune_says_why_files_are_missing(tmp_path, capsys):
+    """Weak row: after kill -9 during `cache prune`, verify listed the deleted files as `missing`
+    with no hint (the manifest is rewritten only at the end). A killed prune leaves its mark."""
+    import socket
+
+    cache = make_cache(tmp_path / "c", {"xla/1": b"a", "xla/2": b"b"})
+    (cache / "xla" / "1").unlink()  # deleted by the prune that was then killed
+    mark = cache / f".prune.running-{socket.gethostname()}-999999999"  # a process id no process has
+    mark.touch()
+    code, out, _ = run(capsys, "cache", "verify", "--cache-dir", cache)
+    assert code == 1 and "missing" in out and "a `cache prune` was killed before it finished" in out
+    code, out, _ = run(capsys, "cache", "verify", "--cache-dir", cache, "--quarantine")
+    assert not mark.exists()
+    code, out, _ = run(capsys, "cache", "verify", "--cache-dir", cache)
+    assert code == 0 and "killed" not in out
+
+
+def test_a_prune_leaves_no_mark_when_it_finishes(tmp_path, capsys):
+    cache = make_cache(tmp_path / "c", {"xla/1": b"a"})
+    age(cache)
+    code, out, _ = run(capsys, "cache", "prune", "--cache-dir", cache, "--older-than", "1d")
+    assert code == 0 and "delete xla/1" in out
+    assert not list(cache.glob(".prune.*"))

@@ -55,6 +55,7 @@ MANIFEST = "manifest.json"
 MANIFEST_LOCK = ".neuron_train.manifest.lock"
 USE_LOCK = ".neuron_train.use.lock"
 STAGING_DIR = ".staging"
+PRUNE_MARK = "prune"  # `.prune.running-HOST-PID` while a prune deletes (fileio.work_path): a killed one leaves it
 MANIFEST_LIMIT = 256 * 2**20  # ~250 bytes a file: a million cache files
 # What the Neuron compiler wrapper writes into a MODULE_ folder: prune deletes only these (and
 # files the manifest records), never a file it cannot vouch for. Lock files end in ".lock".
@@ -135,7 +136,7 @@ def is_compiler_artifact(name: str) -> bool:
 
 def _own_file(name: str) -> bool:
     """Files our cache commands make in any cache: locks, staging folders."""
-    return name in (USE_LOCK, MANIFEST_LOCK) or name.startswith(STAGING_DIR)
+    return name in (USE_LOCK, MANIFEST_LOCK) or name.startswith((STAGING_DIR, f".{PRUNE_MARK}.running-"))
 
 
 def has_neuron_layout(cache: Path) -> bool:
