@@ -102,6 +102,14 @@ def test_a_pjrt_device_this_machine_lacks_is_one_line_before_anything_starts(tmp
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("name", ["XLA_USE_BF16", "XLA_DOWNCAST_BF16"])
+def test_a_bf16_variable_torch_xla_would_read_as_off_is_one_line(tmp_path, capsys, monkeypatch, name):
+    monkeypatch.setenv(name, "banana")
+    code, err = run(capsys, "train", "--output-dir", tmp_path / "run", *NANO, *FAST, "--max-steps", "1")
+    assert code == 2 and f"{name}='banana' is neither 1 nor 0" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_world_size_without_a_launcher_is_one_line_naming_torchrun(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     code, err = run(capsys, "train", "--output-dir", tmp_path / "run", *NANO, *FAST, "--max-steps", "1")

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import default_pjrt_device, extracting_graphs, neuron_device_present
+from neuron_train.common.values import shown
 
 _LEGACY_BF16_ENV = {"xla-use-bf16": "XLA_USE_BF16", "xla-downcast-bf16": "XLA_DOWNCAST_BF16"}
 
@@ -60,6 +61,10 @@ def check_launch() -> None:
                          f"(neuron-train then uses {here}) or run where that device is")
     if kind == "NEURON":
         _check_neuron()
+    for name in _LEGACY_BF16_ENV.values():  # torch_xla reads anything else as off, silently: fp32
+        if os.environ.get(name, "0") not in ("0", "1"):
+            raise UsageError(f"{name}={shown(os.environ[name])} is neither 1 nor 0 (torch_xla would read it as 0 "
+                             f"and train in fp32): set {name}=1, or unset it and use --precision")
     world = env_int("WORLD_SIZE", 1)
     if world > 1 and not os.environ.get("MASTER_ADDR"):
         raise UsageError(f"WORLD_SIZE={world} is set, but no launcher started this process (no MASTER_ADDR): "
