@@ -255,3 +255,17 @@ def test_a_prune_leaves_no_mark_when_it_finishes(tmp_path, capsys):
     code, out, _ = run(capsys, "cache", "prune", "--cache-dir", cache, "--older-than", "1d")
     assert code == 0 and "delete xla/1" in out
     assert not list(cache.glob(".prune.*"))
+
+
+def test_pack_vouches_only_for_what_prune_would(tmp_path, capsys):
+    """Weak row: `cache pack` recorded user files prune refuses to vouch for; unpacked into another
+    cache they were recorded there, and a prune there deleted them."""
+    cache = make_cache(tmp_path / "c", {"xla/1": b"graph"})
+    (cache / "xla" / "notes").write_bytes(b"mine")
+    code, out, err = run(capsys, "cache", "pack", "--cache-dir", cache, tmp_path / "p.tar.gz")
+    assert code == 0, err
+    with tarfile.open(tmp_path / "p.tar.gz") as tar:
+        names = tar.getnames()
+        packed = json.loads(tar.extractfile(store.MANIFEST).read())  # type: ignore[union-attr]
+    assert "xla/1" in names and "xla/notes" not in names and "xla/notes" not in packed["files"]
+    assert "left out 1" in out

@@ -159,7 +159,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     print(f"packed {result.entries} entries ({result.files} files, {human_size(result.bytes)}) "
           f"into {args.archive}")
     if result.left_out:
-        print(f"left out {len(result.left_out)} failed/locked/unfinished entries, e.g. {result.left_out[0]}")
+        print(f"left out {len(result.left_out)} failed, locked or unfinished entries, or entries holding files "
+              f"not recorded by a precompile, e.g. {result.left_out[0]}")
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, new_output, remove_path, stale_work_paths, work_path
-from neuron_train.precompile.maintenance import check_files
+from neuron_train.precompile.maintenance import check_files, unvouched
 from neuron_train.precompile.manifest import Manifest, ManifestError
 from neuron_train.precompile.store import (
     MANIFEST,
@@ -128,6 +128,9 @@ def _packed_manifest(cache: Path) -> tuple[Manifest, list[Entry], list[Entry]]:
         raise RunError(f"refusing to pack a damaged cache ({len(bad)} damaged file(s), e.g. "
                        f"{bad[0].entry}: {bad[0].detail}): run `neuron-train cache verify --quarantine` first")
     keep, left = packable(scan(cache))
+    # what prune cannot vouch for is not ours to vouch for elsewhere: unpacked, it would be recorded
+    foreign = unvouched(cache, keep, manifest)
+    keep, left = [e for e in keep if e not in foreign], left + foreign
     packed = Manifest(configs=manifest.configs)
     for entry in keep:
         for rel in entry.files:
