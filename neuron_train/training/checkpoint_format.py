@@ -59,7 +59,7 @@ def checksum_problem(path: Path) -> str | None:
     if not side.exists() and not side.is_symlink():
         return None
     try:
-        text = reader.read_text(side, limit=SIDECAR_LIMIT)  # a regular file: a directory or FIFO is refused
+        text = reader.read_bytes(side, limit=SIDECAR_LIMIT).decode("ascii", "replace")  # a directory, a FIFO: refused
     except UsageError as exc:
         return f"its checksum file cannot be used ({exc})"
     expected = sidecar_digest(text)
