@@ -181,6 +181,7 @@ def load(path: str | os.PathLike, flag: str = "", fmt: str = "", limit: int = DE
     """A JSON, YAML or TOML file (`fmt`, else from its suffix: .json, .yaml/.yml, .toml), read
     and parsed within the bounds. The caller validates what it holds."""
     path = Path(path)
+    regular_file(path, flag)  # an unusable path is said first, whatever its suffix
     fmt = fmt or {".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}.get(path.suffix.lower(), "")
     if not fmt:
         raise UsageError(f"{_where(path, flag)}: use a .json, .yaml, .yml or .toml file")

@@ -85,6 +85,7 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
 def load_config_file(path: str) -> dict[str, dict[str, Any]]:
     """`--config FILE` read within the bounds of common.reader (a regular file, no YAML aliases,
     bounded depth and numbers), as {section: {field: value}}."""
+    reader.regular_file(path, "--config")  # an unusable path is said first, whatever its suffix
     if Path(path).suffix.lower() not in (".toml", ".yaml", ".yml"):
         raise UsageError(f"--config: {shown(path)}: use a .yaml, .yml or .toml file")
     data = reader.load(path, "--config", limit=CONFIG_LIMIT)
