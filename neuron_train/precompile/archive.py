@@ -109,7 +109,7 @@ def pack(cache: Path, dest: str, adopt: bool = False) -> PackResult:
         for stale in stale_work_paths(Path(dest), "part"):
             remove_path(stale)  # a pack killed mid-write (kill -9, power loss) left it
     with file_lock(cache / USE_LOCK, shared=True):
-        packed, keep, left = _packed_manifest(cache)
+        packed, keep, left = _packed_manifest(cache, adopt)
         if client is not None:
             with _staging(cache, "pack") as tmp:
                 _write_archive(cache, packed, tmp / "cache.tar.gz")
@@ -120,7 +120,7 @@ def pack(cache: Path, dest: str, adopt: bool = False) -> PackResult:
                       left_out=[e.path for e in left])
 
 
-def _packed_manifest(cache: Path) -> tuple[Manifest, list[Entry], list[Entry]]:
+def _packed_manifest(cache: Path, adopt: bool = False) -> tuple[Manifest, list[Entry], list[Entry]]:
     """The archive's manifest (every configuration, the finished entries' files), or refuse."""
     manifest = load_manifest(cache)
     bad = [f for f in check_files(cache, manifest.files) if f.problem == "corrupt"]
@@ -128,8 +128,9 @@ def _packed_manifest(cache: Path) -> tuple[Manifest, list[Entry], list[Entry]]:
         raise RunError(f"refusing to pack a damaged cache ({len(bad)} damaged file(s), e.g. "
                        f"{bad[0].entry}: {bad[0].detail}): run `neuron-train cache verify --quarantine` first")
     keep, left = packable(scan(cache))
-    # what prune cannot vouch for is not ours to vouch for elsewhere: unpacked, it would be recorded
-    foreign = unvouched(cache, keep, manifest)
+    # What prune cannot vouch for is not ours to vouch for elsewhere (unpacked, it would be recorded
+    # there, then pruned), unless the user vouches for the whole folder with --adopt.
+    foreign = [] if adopt else unvouched(cache, keep, manifest)
     keep, left = [e for e in keep if e not in foreign], left + foreign
     packed = Manifest(configs=manifest.configs)
     for entry in keep:
