@@ -138,20 +138,31 @@ class _BoundedLoader(yaml.SafeLoader):
 _BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
 
 
+_Trail = tuple  # (parent trail, key or index): the path to a node, spelled out only for a message
+
+
+def _spelled(trail: _Trail | None) -> str:
+    parts: list[str] = []
+    while trail:
+        trail, step = trail
+        parts.append(f"[{step}]" if isinstance(step, int) else f".{plain(step, 40)}")
+    return "".join(reversed(parts)).lstrip(".") or "a value"
+
+
 def _check_tree(value: object) -> None:
     """Depth and integer bounds of a parsed document, walked without recursion."""
-    stack: list[tuple[object, int, str]] = [(value, 1, "")]
+    stack: list[tuple[object, int, _Trail | None]] = [(value, 1, None)]
     while stack:
-        node, depth, where = stack.pop()
+        node, depth, trail = stack.pop()
         if depth > MAX_DEPTH:
             raise _Refused(f"nested too deeply (more than {MAX_DEPTH} levels; no real file has)")
         if isinstance(node, dict):
-            stack += [(v, depth + 1, f"{where}.{plain(k, 40)}" if where else plain(k, 40)) for k, v in node.items()]
-            stack += [(k, depth + 1, where) for k in node]
+            stack += [(v, depth + 1, (trail, k)) for k, v in node.items()]
+            stack += [(k, depth + 1, trail) for k in node]
         elif isinstance(node, (list, tuple)):
-            stack += [(v, depth + 1, f"{where}[{i}]") for i, v in enumerate(node)]
+            stack += [(v, depth + 1, (trail, i)) for i, v in enumerate(node)]
         elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10**MAX_INT_DIGITS:
-            raise _Refused(f"{where or 'a value'}: an integer of {len(str(abs(node)))} digits is not a value "
+            raise _Refused(f"{_spelled(trail)}: an integer of {len(str(abs(node)))} digits is not a value "
                            "any field takes")
 
 
