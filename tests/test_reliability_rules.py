@@ -269,3 +269,13 @@ def test_pack_vouches_only_for_what_prune_would(tmp_path, capsys):
         packed = json.loads(tar.extractfile(store.MANIFEST).read())  # type: ignore[union-attr]
     assert "xla/1" in names and "xla/notes" not in names and "xla/notes" not in packed["files"]
     assert "left out 1" in out
+
+
+def test_a_learning_rate_written_1e_3_in_yaml_is_a_number(tmp_path):
+    """Weak row: YAML 1.1 (PyYAML) reads `lr: 1e-3` as the string '1e-3', which was refused."""
+    from neuron_train.training.config_io import build_config, load_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1e-3\n  weight_decay: 5E-2\nmodel:\n  name: vit-nano\n")
+    cfg = build_config(load_config_file(str(path)), source=str(path))
+    assert cfg.optim.lr == 1e-3 and cfg.optim.weight_decay == 0.05 and cfg.model.name == "vit-nano"
