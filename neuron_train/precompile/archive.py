@@ -19,12 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, new_output, remove_path, stale_work_paths, work_path
 from neuron_train.precompile.maintenance import check_files, unvouched
 from neuron_train.precompile.manifest import Manifest, ManifestError
 from neuron_train.precompile.store import (
     MANIFEST,
+    MANIFEST_LIMIT,
     STAGING_DIR,
     USE_LOCK,
     Entry,
@@ -260,11 +262,13 @@ def _read_archive_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, archiv
         raw = tar.extractfile(member)  # None when the member is not a regular file
         if raw is None:
             raise RunError(f"{archive}: its {MANIFEST} is not a regular file")
-        data = json.loads(raw.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if member.size > MANIFEST_LIMIT:  # the bound common.reader puts on a cache's own manifest
+            raise RunError(f"{archive}: its {MANIFEST} is {member.size:,} bytes, more than any manifest")
+        data = reader.parse(raw.read(MANIFEST_LIMIT + 1).decode("utf-8"), "json", f"{archive}: its {MANIFEST}")
+    except UnicodeDecodeError as exc:
         raise RunError(f"{archive}: its {MANIFEST} is not valid JSON ({exc})") from None
-    except RecursionError:  # a crafted file nested thousands of levels deep
-        raise RunError(f"{archive}: its {MANIFEST} is nested too deeply (more levels than any real file has); refusing to unpack") from None
+    except UsageError as exc:  # not JSON, nested too deeply, an absurd integer
+        raise RunError(f"{exc}; refusing to unpack") from None
     try:
         return Manifest.from_json(data, f"{archive}: {MANIFEST}")
     except ManifestError as exc:
