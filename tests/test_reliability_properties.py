@@ -254,3 +254,54 @@ def test_a_cache_manifest_that_is_not_a_regular_file_is_one_line(tmp_path):
         with pytest.raises(RunError) as err:
             within(20, lambda d=d: store.load_manifest(d))
         assert "not a regular file" in one_line(err.value)
+
+
+# ----------------------------------------------------------------------------- the commands (few, slow)
+
+
+def cli_run(*argv: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from neuron_train import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(list(argv))
+    return code, err.getvalue()
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(value=configs | values)
+def test_train_with_any_config_file_is_one_line_and_makes_nothing(in_process_cli, value):
+    """`--model` names no model, so no example can start a run: what a file holds is refused, or the
+    model is, in one line (exit 2) before any run directory exists."""
+    with scratch() as d:
+        (d / "c.yaml").write_text(yaml.safe_dump(value))
+        before = files(d)
+        code, err = cli_run("train", "--config", str(d / "c.yaml"), "--model", "no-such-model",
+                            "--output-dir", str(d / "run"))
+        assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err[:2000]
+        assert files(d) == before and not (d / "run").exists()
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changes=result_changes, as_plan=st.booleans())
+def test_report_with_any_result_file_is_a_report_or_one_line(changes, as_plan):
+    from neuron_train.cost.plan_result import PLAN_SCHEMA, PLAN_VERSION
+
+    doc: object = {**RESULT, **changes}
+    if as_plan:
+        doc = {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "results": [doc]}
+    with scratch() as d:
+        (d / "r.json").write_text(json.dumps(doc))
+        code, err = cli_run("report", str(d / "r.json"), "--out", str(d / "rep"))
+        assert files(d) == {"r.json": json.dumps(doc).encode()}
+        if code == 0:
+            assert (d / "rep" / "report.md").is_file()
+        else:
+            assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err[:2000]
+            assert not (d / "rep").exists()
