@@ -146,15 +146,20 @@ RESULT = json.loads((Path(__file__).parent / "fixtures" / "report" / "cpu_infer_
 result_changes = st.dictionaries(st.sampled_from(sorted(RESULT) + ["source", "estimate"]), values, max_size=3)
 
 
+def result_doc(changes: dict, as_plan: bool) -> object:
+    """The recorded real result with `changes`, alone or as a plan file's one row."""
+    from neuron_train.cost.plan_result import PLAN_SCHEMA, PLAN_VERSION
+
+    doc = {**RESULT, **changes}
+    return {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "results": [doc]} if as_plan else doc
+
+
 @SETTINGS
 @given(changes=result_changes, as_plan=st.booleans())
 def test_any_result_or_plan_file_is_results_or_one_line(changes, as_plan):
     from neuron_train.commands.report import load_results
-    from neuron_train.cost.plan_result import PLAN_SCHEMA, PLAN_VERSION
 
-    doc: object = {**RESULT, **changes}
-    if as_plan:
-        doc = {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "results": [doc]}
+    doc = result_doc(changes, as_plan)
     with scratch() as d:
         path = d / "r.json"
         path.write_text(json.dumps(doc))
@@ -291,11 +296,7 @@ def test_train_with_any_config_file_is_one_line_and_makes_nothing(in_process_cli
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(changes=result_changes, as_plan=st.booleans())
 def test_report_with_any_result_file_is_a_report_or_one_line(changes, as_plan):
-    from neuron_train.cost.plan_result import PLAN_SCHEMA, PLAN_VERSION
-
-    doc: object = {**RESULT, **changes}
-    if as_plan:
-        doc = {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "results": [doc]}
+    doc = result_doc(changes, as_plan)
     with scratch() as d:
         (d / "r.json").write_text(json.dumps(doc))
         code, err = cli_run("report", str(d / "r.json"), "--out", str(d / "rep"))
