@@ -149,7 +149,7 @@ def _as_dir(member):
     (lambda m, d: [(m, bytes([d[0] ^ 1]) + d[1:] if m.name.startswith("xla/") else d)], "damaged"),
     (lambda m, d: [(_as_dir(m), b"") if m.name == store.MANIFEST else (m, d)], "its manifest.json is not a regular file"),
     (lambda m, d: [(m, b"[" * 100000 + b"]" * 100000 if m.name == store.MANIFEST else d)],
-     "its manifest.json is nested too deeply .*; refusing to unpack"),
+     "its manifest.json: nested too deeply .*; refusing to unpack"),
 ])
 def test_an_archive_that_does_not_match_its_manifest_is_refused_before_anything_reaches_the_cache(
         cache, tmp_path, change, message):

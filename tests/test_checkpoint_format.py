@@ -133,9 +133,9 @@ def test_a_file_without_checksum_is_unverified_and_a_matching_one_passes(tmp_pat
 
 
 @pytest.mark.parametrize("side, problem", [
-    (b"", "its checksum file step-00000006.pt.sha256 is unreadable or empty"),
+    (b"", "its checksum file step-00000006.pt.sha256 holds no SHA-256 line"),
     (b"0" * 64 + b"  step-00000006.pt\n", "its SHA-256 differs from the one saved with it"),
-    (b"\xff\xfe\x00garbage  step-00000006.pt\n", "its SHA-256 differs from the one saved with it"),  # not ASCII
+    (b"\xff\xfe\x00garbage  step-00000006.pt\n", "its checksum file step-00000006.pt.sha256 holds no SHA-256 line"),
 ])
 def test_a_damaged_or_mismatching_checksum_is_one_line(tmp_path, side, problem):
     data = tmp_path / "step-00000006.pt"

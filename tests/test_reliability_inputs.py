@@ -13,6 +13,7 @@ from conftest import FAST, NANO, ROOT
 from test_reliability_cache import make_archive, make_cache
 
 from neuron_train import cli
+from neuron_train.common.neuron_env import neuron_device_present
 from neuron_train.precompile import store
 from neuron_train.training import rundir
 
@@ -27,6 +28,10 @@ train:
     - &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
     - &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
 """
+# a bomb like the round-4 review's (511 bytes here): nine levels of nine aliases, 9**10 strings once expanded
+BIG_ALIAS_BOMB = "optim:\n  lr:\n" + "    - &l0 [" + ",".join(['"lol"'] * 9) + "]\n" + "".join(
+    f"    - &l{n} [" + ",".join([f"*l{n - 1}"] * 9) + "]\n" for n in range(1, 10))
+
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +52,10 @@ def run(capsys, *argv) -> tuple[int, str]:
     ("deeptable.toml", "a = " + "{b=" * DEEP + "1" + "}" * DEEP, "nested too deeply"),
     ("key.yaml", "train:\n  1: 2\n", "has a key that is not a name: 1"),
     ("section.yaml", "1: {}\n", "unknown section 1 "),
-    ("bomb.yaml", ALIAS_BOMB, "train.batch_size: expected int, got [['lol'"),
+    ("bomb.yaml", ALIAS_BOMB, "line 4: a YAML alias (*name) is not accepted"),
+    ("bigbomb.yaml", BIG_ALIAS_BOMB, "a YAML alias (*name) is not accepted"),
+    ("digits.yaml", "optim:\n  lr: " + "9" * 400 + "\n", "optim.lr: an integer of 400 digits"),
+    ("digits.toml", "[optim]\nlr = " + "9" * 400 + "\n", "optim.lr: an integer of 400 digits"),
 ])
 def test_crafted_config_files_are_one_short_line(tmp_path, capsys, name, text, expected):
     path = tmp_path / name
@@ -82,12 +90,23 @@ def test_an_error_line_is_capped_whatever_the_message():
 # ----- environment and path mistakes -------------------------------------------------------------
 @pytest.mark.parametrize("device, expected", [("GPU", "this machine has no GPU device"),
                                               ("TPU", "this machine has no TPU device"),
-                                              ("QUANTUM", "is not a device torch_xla knows")])
+                                              ("QUANTUM", "is not a device torch_xla knows"),
+                                              ("cpu", "torch_xla reads device names in capitals: set PJRT_DEVICE=CPU"),
+                                              pytest.param("NEURON", "PJRT_DEVICE=NEURON, but ", marks=pytest.mark.skipif(
+                                                  neuron_device_present(), reason="this machine has a Neuron device"))])
 def test_a_pjrt_device_this_machine_lacks_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch,
                                                                               device, expected):
     monkeypatch.setenv("PJRT_DEVICE", device)
     code, err = run(capsys, "train", "--output-dir", tmp_path / "run", *NANO, *FAST, "--max-steps", "1")
     assert code == 2 and expected in err and "unset PJRT_DEVICE" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["XLA_USE_BF16", "XLA_DOWNCAST_BF16"])
+def test_a_bf16_variable_torch_xla_would_read_as_off_is_one_line(tmp_path, capsys, monkeypatch, name):
+    monkeypatch.setenv(name, "banana")
+    code, err = run(capsys, "train", "--output-dir", tmp_path / "run", *NANO, *FAST, "--max-steps", "1")
+    assert code == 2 and f"{name}='banana' is neither 1 nor 0" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -150,7 +150,7 @@ def test_bad_reference_tables_are_one_line(tmp_path, capsys, content, message):
 def test_a_result_that_is_a_folder_is_one_line(tmp_path, capsys):
     (tmp_path / "r.json").mkdir()
     code, err = report(capsys, tmp_path / "r.json", "--out", tmp_path / "rep")
-    assert code == 2 and "cannot read it" in err
+    assert code == 2 and "is a directory, not a regular file" in err
 
 
 # ----------------------------------------------------------------------------- the folder, whole

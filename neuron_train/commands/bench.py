@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import shlex
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import new_output, write_json_atomic
+from neuron_train.common.fileio import new_output, write_json_or_print
 from neuron_train.common.neuron_env import library_versions
 from neuron_train.cost import script_bench
 from neuron_train.cost.failures import MeasureFailed
@@ -262,15 +261,7 @@ def _workload_facts(cfg: RunConfig) -> tuple[int, int, int]:
 
 
 def _write_result(output: Path, result: dict) -> None:
-    """Write the result whole (temporary file, then rename); if that fails, the measurement is
-    printed rather than lost."""
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(output, result)
-    except OSError as exc:
-        print(json.dumps(result, indent=2), flush=True)
-        raise RunError(f"cannot write {output}: {exc.strerror or exc}; the result is printed above "
-                       "(save it as a .json file for `neuron-train report`)") from None
+    write_json_or_print(output, result, "save it as a .json file for `neuron-train report`")
 
 
 def _measure(plan: Plan, cfg: RunConfig, instance_type: str, num_classes: int, measured: int, sweeping: bool,

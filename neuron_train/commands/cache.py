@@ -17,6 +17,7 @@ from neuron_train.precompile.listing import cache_listing, format_listing, human
 from neuron_train.precompile.maintenance import (
     BAD_FINDINGS,
     QUARANTINE_DIR,
+    interrupted_prunes,
     parse_age,
     parse_size,
     prune,
@@ -98,6 +99,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     findings = verify(cache, manifest)
     for f in findings:
         print(f"{f.problem:<11} {f.entry}: {f.detail}")
+    killed = interrupted_prunes(cache)
+    if killed and any(f.problem == "missing" for f in findings):
+        print(f"note: a `cache prune` was killed before it finished ({killed[0].name.rsplit('-', 1)[1]} was its "
+              "process id): the files it deleted are still recorded, hence `missing`; `neuron-train cache "
+              "verify --quarantine` forgets them")
     bad = [f for f in findings if f.problem in BAD_FINDINGS]
     unrecorded = sum(1 for f in findings if f.problem == "unrecorded")
     checked = f"{len(manifest.files)} recorded files checked, {len(entries)} entries" + (
@@ -153,7 +159,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     print(f"packed {result.entries} entries ({result.files} files, {human_size(result.bytes)}) "
           f"into {args.archive}")
     if result.left_out:
-        print(f"left out {len(result.left_out)} failed/locked/unfinished entries, e.g. {result.left_out[0]}")
+        print(f"left out {len(result.left_out)} failed, locked or unfinished entries, or entries holding files "
+              f"not recorded by a precompile, e.g. {result.left_out[0]}")
     return 0
 
 

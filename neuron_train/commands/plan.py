@@ -6,13 +6,12 @@ side from one real bench. Everything it prints is an estimate (docs/plan.md).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-from pathlib import Path
 
+from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import new_output, unusable_path, write_json_atomic
+from neuron_train.common.fileio import new_output, write_json_or_print
 from neuron_train.cost import plan_calibrate, plan_data
 from neuron_train.cost.plan_model import (
     EXECUTIONS,
@@ -25,7 +24,7 @@ from neuron_train.cost.plan_model import (
     rank_by_price_performance,
 )
 from neuron_train.cost.plan_result import UNKNOWN, plan_document, table
-from neuron_train.cost.schema import MODES, validate_result
+from neuron_train.cost.schema import MODES, RESULT_LIMIT, validate_result
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
@@ -94,15 +93,7 @@ def _processes(value: str, t: Target) -> int:
 
 def _load_calibration(path: str, mode: str, name: str, known: dict[str, Target]) -> dict:
     """A bench result of this workload, measured on a Neuron instance type the plan knows."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--calibrate {path}: no such file") from None
-    except OSError as exc:
-        raise (unusable_path(exc, "--calibrate")
-               or UsageError(f"--calibrate {path}: not a readable file ({exc.strerror or exc})")) from None
-    except ( UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--calibrate {path}: not a readable JSON file ({str(exc).splitlines()[0]})") from None
+    data = reader.load(path, "--calibrate", fmt="json", limit=RESULT_LIMIT)
     r = validate_result(data, f"--calibrate {path}")
     if r.get("source") == "estimated":
         raise UsageError(f"--calibrate {path} is an estimate, not a measurement: give a bench result file")
@@ -247,7 +238,6 @@ def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
           f"{best.instance_type if best else 'n/a (no prices)'}")
     if output is not None:
         document = plan_document(w, ests, calib, details=details, first_off=first_off, **meta)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(output, document)
+        write_json_or_print(output, document, "save it as a .json file for `neuron-train report`")
         print(f"plan: {len(document['results'])} estimate(s) -> {output} (source: estimated)")
     return 0

@@ -122,7 +122,31 @@ def new_output(value: str | os.PathLike, flag: str, replace: bool = False, creat
         raise UsageError(f"{flag}: {parent} is not a folder: choose another location")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag}: folder {parent} is not writable: choose another location")
+    _probe(parent, path, flag)
     return path
+
+
+def _probe(folder: Path, path: Path, flag: str) -> None:
+    """Create and remove a file in `folder`: what permissions do not say (a read-only mount, /proc,
+    a full disk of inodes, root's os.access answering yes) is found before the work, not after."""
+    probe = work_path(folder / path.name, "probe")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot create {path.name} in {folder}: {exc.strerror or exc}: choose another "
+                         "location") from None
+    probe.unlink(missing_ok=True)
+
+
+def write_json_or_print(path: Path, data: dict, hint: str) -> None:
+    """Write a measurement whole (`write_json_atomic`, its folder created); if that still fails, it
+    is printed rather than lost, and the line says so (`hint`: what to do with the printed JSON)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, data)
+    except OSError as exc:
+        print(json.dumps(data, indent=2), flush=True)
+        raise RunError(f"cannot write {path}: {exc.strerror or exc}; the result is printed above ({hint})") from None
 
 
 def not_utf8(path: Path, exc: UnicodeDecodeError) -> UsageError:

@@ -11,6 +11,7 @@ Kinds: "str", "int>=0", "int>=1", "number>=0", "number>0", "str-list", "number-l
 from __future__ import annotations
 
 import math
+import reprlib
 
 
 def _number(value: object) -> bool:
@@ -46,13 +47,28 @@ def kind_problem(value: object, kind: str) -> str | None:
     return f"must be {expected}{' or null' if kind.endswith('?') else ''}, got {got}"
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 70, 70, 70
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
+
+
 def shown(value: object, limit: int = 60) -> str:
     """A value for an error line, cut short (a YAML alias bomb is megabytes of repr, a path can be
     100,000 characters)."""
-    text = repr(value)
-    if len(text) <= limit:
+    if isinstance(value, str):
+        text, size = repr(value[:limit + 1]), len(value)
+    else:  # a bounded repr: never the whole of a value nested or expanded to gigabytes
+        text, size = _REPR.repr(value), None
+    if len(text) <= limit and (size is None or size <= limit):
         return text
-    return f"{text[:limit]}... ({len(value) if isinstance(value, str) else len(text)} characters)"
+    return f"{text[:limit]}... ({size} characters)" if size is not None else f"{text[:limit]}..."
+
+
+def plain(value: object, limit: int = 60) -> str:
+    """A name for an error line: itself when it is short printable text, else `shown` (quoted, cut)."""
+    if isinstance(value, str) and len(value) <= limit and value.isprintable():
+        return value
+    return shown(value, limit)
 
 
 def header_problem(data: object, name_key: str, name: str, version_key: str, version: int) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime as dt
+import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -17,10 +18,12 @@ from typing import Any
 
 import yaml
 
+from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import not_utf8
+from neuron_train.common.values import shown
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "data" / "instances.yaml"
+PRICES_LIMIT = 4 * 2**20  # a price file is a few KiB
 PRICE_COLUMNS = ("instance_type", "usd_per_hour", "region", "date", "source")
 
 
@@ -98,10 +101,10 @@ def _parse_price(raw: Any, where: str, sources: dict[str, dict[str, str]]) -> Pr
                          "date and source)")
     try:
         usd = float(raw["usd_per_hour"])
-    except (TypeError, ValueError):
-        raise UsageError(f"{where}: usd_per_hour must be a number, got {raw['usd_per_hour']!r}") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond any float
+        raise UsageError(f"{where}: usd_per_hour must be a number, got {shown(raw['usd_per_hour'])}") from None
     if not math.isfinite(usd) or usd <= 0:
-        raise UsageError(f"{where}: usd_per_hour must be a finite number > 0, got {raw['usd_per_hour']!r}")
+        raise UsageError(f"{where}: usd_per_hour must be a finite number > 0, got {shown(raw['usd_per_hour'])}")
     name, url = _source(str(raw["source"]), sources)
     return Price(usd, str(raw["region"]), str(raw["date"]), name, str(raw.get("url") or url),
                  str(raw.get("kind", "on-demand")))
@@ -142,16 +145,14 @@ def _parse_instance(name: str, raw: Any, where: str, sources: dict[str, dict[str
         raise UsageError(f"{where}: instance '{name}': {exc}") from None
 
 
-def _read_mapping(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except UnicodeDecodeError as exc:
-        raise not_utf8(path, exc) from None
-    except (OSError, json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise UsageError(f"{path}: cannot read: {str(exc).strip().splitlines()[0]}") from None
-    except RecursionError:  # a crafted file nested thousands of levels deep
-        raise UsageError(f"{path}: cannot read: nested too deeply (more levels than any real file has)") from None
+def _read_mapping(path: Path, ours: bool = False) -> dict:
+    """A YAML/JSON price or catalog file as a mapping. A user's file goes through the bounded
+    reader (no YAML aliases, bounded size, depth and numbers); `ours`, the shipped catalog, may use
+    aliases (it does, for shared notes)."""
+    if ours:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    else:
+        data = reader.load(path, "--prices", fmt="json" if path.suffix == ".json" else "yaml", limit=PRICES_LIMIT)
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping with 'instances:' and/or 'prices:'")
     return data
@@ -160,7 +161,7 @@ def _read_mapping(path: Path) -> dict:
 def load_catalog(path: str | Path = CATALOG_PATH) -> Catalog:
     """The shipped catalog (or another file in the same format)."""
     path = Path(path)
-    data = _read_mapping(path)
+    data = _read_mapping(path, ours=True)
     sources = data.get("sources") or {}
     instances = {name.lower(): _parse_instance(name.lower(), raw, str(path), sources, None)
                  for name, raw in (data.get("instances") or {}).items()}
@@ -168,33 +169,46 @@ def load_catalog(path: str | Path = CATALOG_PATH) -> Catalog:
 
 
 def _price_rows_from_csv(path: Path) -> list[dict[str, str]]:
+    text = reader.read_text(path, "--prices", limit=PRICES_LIMIT)
     try:
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            missing = [c for c in PRICE_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise UsageError(f"{path}: missing CSV column(s) {', '.join(missing)} "
-                                 f"(expected {','.join(PRICE_COLUMNS)})")
-            return list(reader)
-    except UnicodeDecodeError as exc:
-        raise not_utf8(path, exc) from None
+        rows = csv.DictReader(io.StringIO(text, newline=""))
+        missing = [c for c in PRICE_COLUMNS if c not in (rows.fieldnames or [])]
+        if missing:
+            raise UsageError(f"{path}: missing CSV column(s) {', '.join(missing)} "
+                             f"(expected {','.join(PRICE_COLUMNS)})")
+        return list(rows)
     except csv.Error as exc:
         raise UsageError(f"{path}: not a readable CSV file ({exc})") from None
+
+
+_SECTIONS = {"sources": (dict, "a mapping of source names"), "instances": (dict, "a mapping of instance types"),
+             "prices": (list, "a list of price entries")}
+
+
+def _check_sections(data: dict, path: Path) -> None:
+    """A price file's sections have the shapes `apply_price_file` reads (names are strings)."""
+    unknown = set(data) - set(_SECTIONS)
+    if unknown:
+        raise UsageError(f"{path}: unknown section(s) {', '.join(sorted(shown(k, 40) for k in unknown))} "
+                         "(known: sources, instances, prices)")
+    for key, (kind, text) in _SECTIONS.items():
+        value = data.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise UsageError(f"{path}: '{key}' must be {text}, got {shown(value)}")
+        names: list[object] = [k for k in value if not isinstance(k, str)] if isinstance(value, dict) else []
+        if names:
+            raise UsageError(f"{path}: '{key}' has a name that is not text: {shown(names[0])}")
 
 
 def apply_price_file(catalog: Catalog, path: str | Path) -> Catalog:
     """Override or extend the catalog with a user file (YAML/JSON `instances:`/`prices:`, or CSV)."""
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"--prices: no such file: {path}")
+    reader.regular_file(path, "--prices")
     if path.suffix == ".csv":
         data: dict = {"prices": _price_rows_from_csv(path)}
     else:
         data = _read_mapping(path)
-        unknown = set(data) - {"sources", "instances", "prices"}
-        if unknown:
-            raise UsageError(f"{path}: unknown section(s) {', '.join(sorted(unknown))} "
-                             "(known: sources, instances, prices)")
+        _check_sections(data, path)
     sources = {**catalog.sources, **(data.get("sources") or {})}
     instances = dict(catalog.instances)
     for name, raw in (data.get("instances") or {}).items():

@@ -13,11 +13,10 @@ from neuron_train.common.errors import UsageError
 from neuron_train.common.values import header_problem
 from neuron_train.cost.plan_model import Calibration, Estimate, WorkloadFigures
 from neuron_train.cost.rows import money
-from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION, validate_result
+from neuron_train.cost.schema import ESTIMATED, SCHEMA_NAME, SCHEMA_VERSION, validate_result
 
 PLAN_SCHEMA = "neuron-train-plan"
 PLAN_VERSION = 1
-ESTIMATED = "estimated"
 UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
 
 ASSUMPTIONS = [

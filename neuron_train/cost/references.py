@@ -13,16 +13,19 @@ Token-throughput tables (LLM decoders) measure tokens, not samples, and are refu
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import not_utf8
 
 _INFER_THROUGHPUT = ("Throughput (inference/sec)", "Throughput (inference/second)", "Avg Throughput (/sec)")
 _TRAIN_THROUGHPUT = "Performance [seq/sec]"
+
+REFERENCE_LIMIT = 16 * 2**20  # a Neuron SDK performance table is tens of KiB
 
 
 @dataclass
@@ -119,16 +122,12 @@ def _row_problem(ref: ReferenceRow) -> str | None:
 def read_reference_csv(path: str | Path, model_filters: list[str] | None = None) -> list[ReferenceRow]:
     """Rows of one Neuron SDK performance CSV; `model_filters` keeps models containing any of them."""
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"--reference: no such file: {path}")
+    text = reader.read_text(path, "--reference", limit=REFERENCE_LIMIT)
     try:
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in reader.fieldnames or []]
-            rows = [{(k or "").strip(): (v or "") for k, v in r.items() if isinstance(v, str) or v is None}
-                    for r in reader]
-    except UnicodeDecodeError as exc:
-        raise not_utf8(path, exc) from None
+        table = csv.DictReader(io.StringIO(text, newline=""))
+        header = [h.strip() for h in table.fieldnames or []]
+        rows = [{(k or "").strip(): (v or "") for k, v in r.items() if isinstance(v, str) or v is None}
+                for r in table]
     except csv.Error as exc:
         raise UsageError(f"{path}: not a readable CSV file ({exc})") from None
     infer_col = next((c for c in _INFER_THROUGHPUT if c in header), None)

@@ -74,7 +74,7 @@ def write_csv(groups: list[Group]) -> str:
     for g in groups:
         for r in g.rows:
             p = r.price
-            writer.writerow([g.title, r.instance_type, r.origin, r.device, r.mode, r.model, r.img_size or "",
+            writer.writerow([_cell(c) for c in [g.title, r.instance_type, r.origin, r.device, r.mode, r.model, r.img_size or "",
                              r.precision, r.framework, r.batch_size or "", r.world_size or "", r.nodes,
                              _num(r.samples_per_sec), _num(r.spread), r.unit, _num(r.compile_time_s),
                              r.graph_count if r.graph_count is not None else "",
@@ -82,8 +82,14 @@ def write_csv(groups: list[Group]) -> str:
                              p.date if p else "", p.source if p else "", _num(r.samples_per_dollar),
                              _num(r.relative), g.baseline.instance_type if g.baseline else "",
                              _num(r.usd_per_million), g.epoch_samples or "", _num(r.usd_per_epoch),
-                             r.provenance, r.note])
+                             r.provenance, r.note]])
     return buf.getvalue()
+
+
+def _cell(value: object) -> object:
+    """A CSV cell a spreadsheet shows as text: one starting with = + - @ (or a tab or CR) would be a
+    formula (a model or host name is the user's text), so it gets a leading apostrophe."""
+    return f"'{value}" if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
 def _num(value: float | None) -> str:
@@ -246,20 +252,25 @@ def render_markdown(blocks: list[tuple[str, object]]) -> str:
     out: list[str] = []
     for kind, content in blocks:
         if kind in ("h1", "h2"):
-            out += [f"{'#' * int(kind[1])} {content}", ""]
+            out += [f"{'#' * int(kind[1])} {_md(content)}", ""]
         elif kind == "p":
-            out += [content, ""]
+            out += [_md(content), ""]
         elif kind == "warn":
-            out += [f"> {content}", ""]
+            out += [f"> {_md(content)}", ""]
         elif kind == "ul":
-            out += [f"- **{lead}**: {text}." if lead else f"- {text}" for lead, text in content] + [""]
+            out += [f"- **{_md(lead)}**: {_md(text)}." if lead else f"- {_md(text)}" for lead, text in content] + [""]
         elif kind == "table":
             header, rows = content
             out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows] + [""]
+            out += ["| " + " | ".join(_md(c).replace("|", "/") for c in row) + " |" for row in rows] + [""]
         elif kind == "img":
             out += [f"![{content[1]}]({content[0]})", ""]
     return "\n".join(out)
+
+
+def _md(text: object) -> str:
+    """Text from the inputs (model names, host names) as Markdown shows it, never as raw HTML."""
+    return html.escape(str(text), quote=False)
 
 
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"

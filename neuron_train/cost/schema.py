@@ -7,12 +7,19 @@ use, so a file `report` would refuse is never written.
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+
 from neuron_train.common.errors import UsageError
-from neuron_train.common.values import header_problem, kind_problem
+from neuron_train.common.values import header_problem, kind_problem, shown
 
 SCHEMA_NAME = "neuron-train-bench-result"
 SCHEMA_VERSION = 1
 MODES = ("train", "infer")
+# Where a result's numbers come from (its optional `source`; absent: measured). An estimate is
+# written only inside a plan file (plan_result.py) and always carries an `estimate` block.
+MEASURED, ESTIMATED = "measured", "estimated"
+ORIGINS = (MEASURED, ESTIMATED)
+RESULT_LIMIT = 16 * 2**20  # a bench result or plan file is a few KiB; a long sweep a few hundred
 # dotted path -> kind (neuron_train.common.values). Every field is required; numbers are finite.
 RESULT_FIELDS: dict[str, str] = {
     "schema": "str", "schema_version": "int>=1", "created_at": "str", "mode": "str",
@@ -75,10 +82,40 @@ def validate_result(data: object, where: str) -> dict:
         problem = None if value is _MISSING else kind_problem(value, kind)
         if problem:
             raise UsageError(f"{where}: field '{dotted}' {problem}")
-    problems = _semantic_problems(data) + _sweep_problems(data["sweep"] or [])
+    problems = _semantic_problems(data) + _sweep_problems(data["sweep"] or []) + _origin_problems(data)
     if problems:
         raise UsageError(f"{where}: {problems[0]}")
     return data
+
+
+class EstimateBlock(BaseModel):
+    """What `report` reads of an estimate's `estimate` block (plan_result.py writes it)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    bottleneck_text: str
+    calibration: str
+    band: list[PositiveFloat] = Field(min_length=2, max_length=2)  # low, high samples/s
+
+
+def _origin_problems(d: dict) -> list[str]:
+    """`source` says where the numbers come from; an estimate must carry the block that says how."""
+    source = d.get("source", MEASURED)
+    if source not in ORIGINS:
+        return [f"field 'source' must be one of {', '.join(ORIGINS)}, got {shown(source)}"]
+    if source != ESTIMATED:
+        return []
+    if "estimate" not in d:
+        return ["missing field 'estimate' (every estimated result says how it was estimated)"]
+    try:
+        block = EstimateBlock.model_validate(d["estimate"])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in ("estimate", *first["loc"]))
+        return [f"field '{field}' {first['msg'].lower()}, got {shown(first['input'])}"]
+    low, high = block.band
+    if not low <= high or high > MAX_PLAUSIBLE:
+        return [f"field 'estimate.band' must be a range low <= high <= {MAX_PLAUSIBLE:.0e}, got {list(block.band)}"]
+    return []
 
 
 def _semantic_problems(d: dict) -> list[str]:

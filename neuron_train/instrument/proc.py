@@ -8,11 +8,16 @@
 - The output is read until the command itself exits; a child of it that keeps the pipe open
   (a server, a stray worker) does not hold us: the rest of the group is then ended.
 - How it ended is kept: an exit code, or the signal that killed it.
+- A daemon the command starts in a session of its own (`setsid`) is not in its group: while the
+  command runs we are a child subreaper (prctl), so such orphans become our children instead of
+  init's, and every descendant left at the end is ended too (`_end_descendants`). If we are killed
+  with SIGKILL, the watchdog ends the group only (a daemon in its own session then survives).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
 import os
 import select
 import signal
@@ -50,6 +55,8 @@ def run(command: list[str], env: dict[str, str], *, stdout_too: bool, tail_lines
         echo: bool = True) -> Ended:
     """Run `command`, echoing its stderr (and stdout when `stdout_too`, merged into ours) as it comes.
     OSError: it could not start."""
+    before = set(_descendants(os.getpid()))
+    reaper = _subreaper(True)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE if stdout_too else None,
                             stderr=subprocess.STDOUT if stdout_too else subprocess.PIPE, start_new_session=True)
     watchdog = subprocess.Popen([sys.executable, str(_WATCHDOG), str(proc.pid), str(GRACE_S)],
@@ -65,6 +72,9 @@ def run(command: list[str], env: dict[str, str], *, stdout_too: bool, tail_lines
         child.pipe.close()
         assert watchdog.stdin is not None
         watchdog.stdin.close()  # the watchdog finds the group gone and exits
+        if reaper:
+            _end_descendants(exclude=before | {watchdog.pid, proc.pid})
+            _subreaper(False)
     code = proc.wait()
     killed = -code if code < 0 else None
     return Ended(128 + killed if killed else code, killed, child.got[0] if child.got else None, list(child.tail))
@@ -146,3 +156,68 @@ def end_group(pgid: int, grace_s: float = GRACE_S) -> None:
             return
         time.sleep(0.05)
     _kill(pgid, signal.SIGKILL)
+
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def _subreaper(on: bool) -> bool:
+    """Make orphaned descendants ours (not init's) while a command runs; False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below `root` (from /proc: pid -> parent)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def _end_descendants(exclude: set[int], grace_s: float | None = None) -> None:
+    """SIGTERM, then SIGKILL after the grace period, to every descendant of ours the command left
+    (a `setsid` daemon reparented to us); each is reaped. `exclude`: processes that are not its."""
+    grace = GRACE_S if grace_s is None else grace_s
+    left = [p for p in _descendants(os.getpid()) if p not in exclude]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
+        while left and time.monotonic() < deadline:
+            left = [p for p in left if not _reaped(p)]
+            time.sleep(POLL_S / 2)
+        if not left:
+            return
+
+
+def _reaped(pid: int) -> bool:
+    """True once `pid` is gone (reaped here when it is our child)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == pid
+    except ChildProcessError:  # not our child: gone when signal 0 finds nothing
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False

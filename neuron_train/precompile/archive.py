@@ -19,12 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, new_output, remove_path, stale_work_paths, work_path
-from neuron_train.precompile.maintenance import check_files
+from neuron_train.precompile.maintenance import check_files, unvouched
 from neuron_train.precompile.manifest import Manifest, ManifestError
 from neuron_train.precompile.store import (
     MANIFEST,
+    MANIFEST_LIMIT,
     STAGING_DIR,
     USE_LOCK,
     Entry,
@@ -109,7 +111,7 @@ def pack(cache: Path, dest: str, adopt: bool = False) -> PackResult:
         for stale in stale_work_paths(Path(dest), "part"):
             remove_path(stale)  # a pack killed mid-write (kill -9, power loss) left it
     with file_lock(cache / USE_LOCK, shared=True):
-        packed, keep, left = _packed_manifest(cache)
+        packed, keep, left = _packed_manifest(cache, adopt)
         if client is not None:
             with _staging(cache, "pack") as tmp:
                 _write_archive(cache, packed, tmp / "cache.tar.gz")
@@ -120,7 +122,7 @@ def pack(cache: Path, dest: str, adopt: bool = False) -> PackResult:
                       left_out=[e.path for e in left])
 
 
-def _packed_manifest(cache: Path) -> tuple[Manifest, list[Entry], list[Entry]]:
+def _packed_manifest(cache: Path, adopt: bool = False) -> tuple[Manifest, list[Entry], list[Entry]]:
     """The archive's manifest (every configuration, the finished entries' files), or refuse."""
     manifest = load_manifest(cache)
     bad = [f for f in check_files(cache, manifest.files) if f.problem == "corrupt"]
@@ -128,6 +130,10 @@ def _packed_manifest(cache: Path) -> tuple[Manifest, list[Entry], list[Entry]]:
         raise RunError(f"refusing to pack a damaged cache ({len(bad)} damaged file(s), e.g. "
                        f"{bad[0].entry}: {bad[0].detail}): run `neuron-train cache verify --quarantine` first")
     keep, left = packable(scan(cache))
+    # What prune cannot vouch for is not ours to vouch for elsewhere (unpacked, it would be recorded
+    # there, then pruned), unless the user vouches for the whole folder with --adopt.
+    foreign = [] if adopt else unvouched(cache, keep, manifest)
+    keep, left = [e for e in keep if e not in foreign], left + foreign
     packed = Manifest(configs=manifest.configs)
     for entry in keep:
         for rel in entry.files:
@@ -256,11 +262,13 @@ def _read_archive_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, archiv
         raw = tar.extractfile(member)  # None when the member is not a regular file
         if raw is None:
             raise RunError(f"{archive}: its {MANIFEST} is not a regular file")
-        data = json.loads(raw.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if member.size > MANIFEST_LIMIT:  # the bound common.reader puts on a cache's own manifest
+            raise RunError(f"{archive}: its {MANIFEST} is {member.size:,} bytes, more than any manifest")
+        data = reader.parse(raw.read(MANIFEST_LIMIT + 1).decode("utf-8"), "json", f"{archive}: its {MANIFEST}")
+    except UnicodeDecodeError as exc:
         raise RunError(f"{archive}: its {MANIFEST} is not valid JSON ({exc})") from None
-    except RecursionError:  # a crafted file nested thousands of levels deep
-        raise RunError(f"{archive}: its {MANIFEST} is nested too deeply (more levels than any real file has); refusing to unpack") from None
+    except UsageError as exc:  # not JSON, nested too deeply, an absurd integer
+        raise RunError(f"{exc}; refusing to unpack") from None
     try:
         return Manifest.from_json(data, f"{archive}: {MANIFEST}")
     except ManifestError as exc:

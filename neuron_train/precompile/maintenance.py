@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import remove_path
+from neuron_train.common.fileio import remove_path, stale_work_paths, work_path
 from neuron_train.precompile.manifest import XLA_DIR, FileRecord, Manifest, entry_of
 from neuron_train.precompile.store import (
     FAILED,
     INCOMPLETE,
     LOCKED,
+    PRUNE_MARK,
     USE_LOCK,
     Entry,
     cache_path,
@@ -119,6 +120,8 @@ def quarantine(cache: Path, findings: list[Finding], adopt: bool = False) -> Pat
             os.replace(cache_path(cache, rel), dest)
 
         update_manifest(cache, lambda manifest: manifest.forget_entries(bad, utc_now()))
+        for mark in interrupted_prunes(cache):  # what they left recorded is forgotten now
+            mark.unlink(missing_ok=True)
     return dest_root if corrupt else None
 
 
@@ -210,11 +213,20 @@ def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = 
         if foreign:
             raise UsageError(f"{foreign[0].path} holds files prune cannot vouch for (not in the manifest, "
                              "not a compiler artifact): nothing deleted")
+        mark = work_path(cache / PRUNE_MARK, "running")  # says, if we are killed, why files are missing
+        mark.touch()
         for e in chosen:
             announce(e)
             _remove_entry(cache, e.path, manifest)
         if has_manifest(cache):
             update_manifest(cache, lambda manifest: manifest.forget_entries(gone, utc_now()))
+        mark.unlink()
+
+
+def interrupted_prunes(cache: Path) -> list[Path]:
+    """The marks of prunes killed before they rewrote the manifest: their deleted files are still
+    recorded (`verify` says so, `quarantine` forgets them and removes the marks)."""
+    return stale_work_paths(Path(cache) / PRUNE_MARK, "running")
 
 
 def _remove_entry(cache: Path, rel: str, manifest: Manifest) -> None:
@@ -229,7 +241,9 @@ def _remove_entry(cache: Path, rel: str, manifest: Manifest) -> None:
         if child.is_dir() and not child.is_symlink():
             if not any(child.iterdir()):
                 child.rmdir()
-        elif _vouched_file(cache, child.relative_to(cache).as_posix(), manifest):
+        # named from the entry, not from `cache`: `target` is resolved (the cache may be a relative
+        # path or reached through a symbolic link), so `child` is not under `cache` as written
+        elif _vouched_file(cache, f"{rel}/{child.relative_to(target).as_posix()}", manifest):
             child.unlink()
     if not any(target.iterdir()):
         target.rmdir()

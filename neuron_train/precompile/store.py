@@ -29,7 +29,6 @@ Maintenance (verify, quarantine, prune) is in `maintenance.py`, archives in `arc
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import time
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import confined, sha256_file, write_json_atomic
 from neuron_train.precompile.manifest import (
@@ -55,6 +55,8 @@ MANIFEST = "manifest.json"
 MANIFEST_LOCK = ".neuron_train.manifest.lock"
 USE_LOCK = ".neuron_train.use.lock"
 STAGING_DIR = ".staging"
+PRUNE_MARK = "prune"  # `.prune.running-HOST-PID` while a prune deletes (fileio.work_path): a killed one leaves it
+MANIFEST_LIMIT = 256 * 2**20  # ~250 bytes a file: a million cache files
 # What the Neuron compiler wrapper writes into a MODULE_ folder: prune deletes only these (and
 # files the manifest records), never a file it cannot vouch for. Lock files end in ".lock".
 NEURON_ARTIFACTS = frozenset({"model.hlo_module.pb", "compile_flags.json", "model.neff", "model.done",
@@ -110,14 +112,12 @@ class CacheUse:
 def load_manifest(cache: Path) -> Manifest:
     """The cache's manifest (an empty one when there is none yet); `RunError` if it is damaged."""
     path = Path(cache) / MANIFEST
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return Manifest()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunError(f"{path} is damaged ({exc}): move it aside and precompile again") from None
-    except RecursionError:  # a crafted file nested thousands of levels deep
-        raise RunError(f"{path} is damaged (nested too deeply (more levels than any real file has)): move it aside and precompile again") from None
+        data = reader.load(path, fmt="json", limit=MANIFEST_LIMIT)
+    except UsageError as exc:  # not a regular file, too large, not JSON, nested too deeply
+        raise RunError(f"{exc}: the cache's manifest is damaged; move it aside and precompile again") from None
     try:
         return Manifest.from_json(data, str(path))
     except ManifestError as exc:
@@ -126,7 +126,8 @@ def load_manifest(cache: Path) -> Manifest:
 
 
 def has_manifest(cache: Path) -> bool:
-    return (Path(cache) / MANIFEST).is_file()
+    path = Path(cache) / MANIFEST
+    return path.exists() or path.is_symlink()  # anything by that name is read (and refused unless ours)
 
 
 def is_compiler_artifact(name: str) -> bool:
@@ -135,7 +136,7 @@ def is_compiler_artifact(name: str) -> bool:
 
 def _own_file(name: str) -> bool:
     """Files our cache commands make in any cache: locks, staging folders."""
-    return name in (USE_LOCK, MANIFEST_LOCK) or name.startswith(STAGING_DIR)
+    return name in (USE_LOCK, MANIFEST_LOCK) or name.startswith((STAGING_DIR, f".{PRUNE_MARK}.running-"))
 
 
 def has_neuron_layout(cache: Path) -> bool:

@@ -28,8 +28,10 @@ from pathlib import Path
 import torch
 from torch.utils._pytree import tree_map
 
+from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import work_path
+from neuron_train.common.values import plain
 from neuron_train.training import checkpoint_format as fmt
 
 FORMAT = 1
@@ -74,7 +76,13 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     d = checkpoint_dir(run_dir)
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if _NAME.match(p.name))
+    return sorted(p for p in d.iterdir() if _NAME.match(p.name) and p.is_file())
+
+
+def _remove_file(path: Path) -> None:
+    """Delete a file of ours by its name; anything else by that name (a directory) is not ours: kept."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
 
 
 def _step_file(run_dir: Path, step: int) -> Path:
@@ -152,13 +160,13 @@ def save(run_dir: Path, step: int, state: dict, keep_last: int) -> Path:
     _write_atomic(final, state)
     kept = list_checkpoints(run_dir)[-keep_last:]
     for old in list_checkpoints(run_dir)[:-keep_last]:
-        old.unlink()
-        fmt.checksum_file(old).unlink(missing_ok=True)
+        _remove_file(old)
+        _remove_file(fmt.checksum_file(old))
     kept_stems = {p.stem for p in kept}
     for shard in checkpoint_dir(run_dir).glob("step-*.optim-rank*.pt"):
         if shard.name.split(".")[0] not in kept_stems:  # pruned, or left by a crash mid-save
-            shard.unlink()
-            fmt.checksum_file(shard).unlink(missing_ok=True)
+            _remove_file(shard)
+            _remove_file(fmt.checksum_file(shard))
     return final
 
 
@@ -179,9 +187,9 @@ def remove_stale_temps(run_dir: Path) -> list[Path]:
     names = [p for p in d.iterdir()] if d.is_dir() else []
     stale = [p for p in names if _TEMP.match(p.name)
              or ((m := _SIDECAR.match(p.name)) and not (d / m[1]).exists())]
-    stale += list(Path(run_dir).glob(".*.tmp"))
+    stale = [p for p in stale + list(Path(run_dir).glob(".*.tmp")) if p.is_symlink() or p.is_file()]
     for p in stale:
-        p.unlink(missing_ok=True)
+        _remove_file(p)
     return stale
 
 
@@ -238,10 +246,7 @@ def read(path: Path, what: str, *, mmap: bool = False) -> object:
 
     `mmap=True` maps tensors instead of reading them: a cheap look at a checkpoint's metadata."""
     path = Path(path)
-    try:
-        damage = fmt.checksum_problem(path)  # before torch reads a byte of it
-    except OSError as exc:
-        raise UsageError(f"{what} {path}: cannot read it ({exc.strerror})") from None
+    damage = checked_file(path, what)
     if damage and zipfile.is_zipfile(path):
         raise UsageError(f"{what} {path}: {damage}")
     if damage:  # a cut-short or overwritten file: torch's failure says more than the checksum
@@ -253,6 +258,18 @@ def read(path: Path, what: str, *, mmap: bool = False) -> object:
     if not fmt.checksum_file(path).is_file():
         _note_unverified(path)
     return state
+
+
+def checked_file(path: Path, what: str) -> str | None:
+    """Before a loader reads a byte: `path` must be a regular file (a FIFO or a device would block
+    or never end: one line); returns what is wrong with it against its `.sha256` (None: nothing)."""
+    try:
+        reader.regular_file(path)
+        return fmt.checksum_problem(path)
+    except UsageError as exc:
+        raise UsageError(f"{what} {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot read it ({exc.strerror})") from None
 
 
 _NOTED: set[Path] = set()  # files already noted as unverified (a file is read more than once a run)
@@ -363,12 +380,14 @@ def newest_good(run_dir: Path) -> tuple[CheckpointInfo | None, list[str]]:
 
 
 def origin(state: object) -> str:
-    """Which model a loaded file is from, for messages."""
+    """Which model a loaded file is from, for messages (its metadata is untrusted: validated first)."""
     cfg = state.get("config") if isinstance(state, dict) else None
     if not isinstance(cfg, dict):
         return "a file without neuron_train metadata (model unknown)"
-    m = cfg["model"]
-    return f"model {m['name']} (--img-size {m['img_size']})"
+    m = fmt.saved_model(cfg)
+    if m is None:
+        return "a file whose neuron_train metadata names no valid model (model unknown)"
+    return f"model {plain(m.name)} (--img-size {m.img_size})"
 
 
 def describe_mismatch(saved: dict, own: dict) -> str | None:

@@ -15,14 +15,21 @@ alone) is loaded unverified, with a note (`checkpoint._note_unverified`); none i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from neuron_train.common import reader
+from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import sha256_file
 from neuron_train.common.values import shown
 
 CHECKSUM_SUFFIX = ".sha256"
+SIDECAR_LIMIT = 4096  # one line
+_PLAIN = re.compile(r"^\\?(?P<hex>[0-9a-fA-F]{64}) [ *].+$")
+_TAGGED = re.compile(r"^\\?SHA256 \(.+\) = (?P<hex>[0-9a-fA-F]{64})$")
 _REQUIRED = ("model", "optimizer", "position", "rng", "global_batch", "config")
 _POSITION = ("step", "epoch", "batch")
 _CONFIG = (("model", "name", str), ("model", "img_size", int), ("train", "batch_size", int),
@@ -38,15 +45,26 @@ def checksum_line(data_file: Path, final_name: str) -> str:
     return f"{sha256_file(data_file)}  {final_name}\n"
 
 
+def sidecar_digest(text: str) -> str | None:
+    """The SHA-256 in a checksum file, in any form `sha256sum -c` accepts for one file
+    (`HEX  NAME`, `HEX *NAME`, `--tag`'s `SHA256 (NAME) = HEX`; hex in either case); None if none."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    found = _PLAIN.match(first) or _TAGGED.match(first)
+    return found["hex"].lower() if found else None
+
+
 def checksum_problem(path: Path) -> str | None:
     """None if `path` matches the checksum saved with it (or has none), else what is wrong."""
     side = checksum_file(path)
-    if not side.is_file():
+    if not side.exists() and not side.is_symlink():
         return None
     try:
-        expected = side.read_text(encoding="ascii", errors="replace").split()[0]
-    except (OSError, IndexError):
-        return f"its checksum file {side.name} is unreadable or empty"
+        text = reader.read_bytes(side, limit=SIDECAR_LIMIT).decode("ascii", "replace")  # a directory, a FIFO: refused
+    except UsageError as exc:
+        return f"its checksum file cannot be used ({exc})"
+    expected = sidecar_digest(text)
+    if expected is None:
+        return f"its checksum file {side.name} holds no SHA-256 line (empty or damaged)"
     if sha256_file(path) != expected:
         return (f"its SHA-256 differs from the one saved with it in {side.name}: the file changed after "
                 "it was written (damaged on disk or in a copy)")
@@ -114,3 +132,20 @@ def _model_problem(model: dict) -> str | None:
         return "'model' holds no weights"
     bad = [str(k) for k, v in model.items() if not isinstance(v, torch.Tensor)]
     return f"'model' entry {bad[0][:40]!r} is not a tensor" if bad else None
+
+
+class SavedModel(BaseModel):
+    """What a checkpoint's config says of its model: the file is untrusted, so it is validated
+    like a file format before a message or a check uses it."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: str = Field(min_length=1)
+    img_size: int = Field(ge=1)
+
+
+def saved_model(cfg: dict) -> SavedModel | None:
+    """The model a checkpoint's config names, or None when the config names no valid one."""
+    try:
+        return SavedModel.model_validate(cfg.get("model"))
+    except ValidationError:
+        return None

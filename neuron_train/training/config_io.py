@@ -14,14 +14,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import tomllib
 import yaml
 
+from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import not_utf8, write_failed, write_text_atomic
+from neuron_train.common.fileio import write_failed, write_text_atomic
 from neuron_train.common.neuron_env import default_pjrt_device
 from neuron_train.common.values import shown
 from neuron_train.training.config import RunConfig, default_text, device_defaults, sections
+
+CONFIG_LIMIT = 2**20  # a run's config is a few KiB
 
 
 def _section_types() -> dict[str, type]:
@@ -82,29 +84,16 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
 
 
 def load_config_file(path: str) -> dict[str, dict[str, Any]]:
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"--config: no such file: {path}")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise UsageError(f"--config: cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise not_utf8(p, exc) from None
-    try:
-        if p.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif p.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            raise UsageError(f"--config: {path}: use a .yaml, .yml or .toml file")
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise UsageError(f"--config: {path} is not valid {p.suffix[1:].upper()}: {first}") from None
-    except RecursionError:  # a crafted file nested thousands of levels deep
-        raise UsageError(f"--config: {path} is nested too deeply (more levels than any real file has): write the sections as plain mappings") from None
+    """`--config FILE` read within the bounds of common.reader (a regular file, no YAML aliases,
+    bounded depth and numbers), as {section: {field: value}}."""
+    reader.regular_file(path, "--config")  # an unusable path is said first, whatever its suffix
+    if Path(path).suffix.lower() not in (".toml", ".yaml", ".yml"):
+        raise UsageError(f"--config: {shown(path)}: use a .yaml, .yml or .toml file")
+    data = reader.load(path, "--config", limit=CONFIG_LIMIT)
+    if data is None:  # an empty YAML file
+        return {}
     if not isinstance(data, dict):
-        raise UsageError(f"--config: {path}: expected sections ({', '.join(sections())})")
+        raise UsageError(f"--config: {shown(path)}: expected sections ({', '.join(sections())})")
     return data
 
 
@@ -134,6 +123,9 @@ def build_config(file_values: dict[str, dict[str, Any]] | None = None,
                 raise UsageError(f"{source}: unknown key '{section}.{key[:60]}' "
                                  f"(known: {', '.join(names)})")
             kind = _base_type(names[key], types[section])
+            if value is None and type(None) not in typing.get_args(typing.get_type_hints(types[section])[key]):
+                raise UsageError(f"{source}: {section}.{key}: expected {kind.__name__}, got null (leave the key "
+                                 "out for the default)")
             values[section][key] = _coerce(value, kind, f"{source}: {section}.{key}")
             choices = names[key].metadata["choices"]
             if choices and values[section][key] not in choices:

@@ -6,6 +6,7 @@ before the first `import torch_xla`, so `prepare_environment` runs before anythi
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.neuron_env import default_pjrt_device, neuron_device_present
+from neuron_train.common.neuron_env import default_pjrt_device, extracting_graphs, neuron_device_present
+from neuron_train.common.values import shown
 
 T = TypeVar("T")
 
@@ -53,14 +55,34 @@ def check_launch() -> None:
     if kind not in ("CPU", "NEURON", *devices):
         raise UsageError(f"PJRT_DEVICE={value} is not a device torch_xla knows (CPU, NEURON, CUDA, TPU): "
                          "unset PJRT_DEVICE")
+    here = "NEURON" if neuron_device_present() else "CPU"
+    if value is not None and value != kind:  # our check read it in any case; torch_xla does not
+        raise UsageError(f"PJRT_DEVICE={value}: torch_xla reads device names in capitals: set PJRT_DEVICE={kind}, "
+                         f"or unset PJRT_DEVICE (neuron-train then uses {here})")
     if kind in devices and not any(Path("/dev").glob(devices[kind])):
-        here = "NEURON" if neuron_device_present() else "CPU"
         raise UsageError(f"PJRT_DEVICE={value}, but this machine has no {kind} device: unset PJRT_DEVICE "
                          f"(neuron-train then uses {here}) or run where that device is")
+    if kind == "NEURON":
+        _check_neuron()
+    for name in _LEGACY_BF16_ENV.values():  # torch_xla reads anything else as off, silently: fp32
+        if os.environ.get(name, "0") not in ("0", "1"):
+            raise UsageError(f"{name}={shown(os.environ[name])} is neither 1 nor 0 (torch_xla would read it as 0 "
+                             f"and train in fp32): set {name}=1, or unset it and use --precision")
     world = env_int("WORLD_SIZE", 1)
     if world > 1 and not os.environ.get("MASTER_ADDR"):
         raise UsageError(f"WORLD_SIZE={world} is set, but no launcher started this process (no MASTER_ADDR): "
                          f"launch with torchrun --standalone --nproc_per_node={world}, or unset WORLD_SIZE")
+
+
+def _check_neuron() -> None:
+    """PJRT_DEVICE=NEURON needs the Neuron PJRT plugin, and a Neuron device unless this is
+    neuron_parallel_compile's graph extraction (which compiles on the host)."""
+    if importlib.util.find_spec("libneuronxla") is None:
+        raise UsageError("PJRT_DEVICE=NEURON, but the Neuron PJRT plugin (libneuronxla, from torch-neuronx) is "
+                         "not installed: unset PJRT_DEVICE (neuron-train then uses CPU) or install the Neuron SDK")
+    if not neuron_device_present() and not extracting_graphs():
+        raise UsageError("PJRT_DEVICE=NEURON, but this machine has no Neuron device (/dev/neuron*): unset "
+                         "PJRT_DEVICE (neuron-train then uses CPU) or run on a trn1/inf2 instance")
 
 
 def neuron_precision_env(precision: str, pjrt_device: str) -> dict[str, str]:

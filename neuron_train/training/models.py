@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from neuron_train.common.errors import UsageError
-from neuron_train.training.checkpoint import describe_mismatch, origin, read
+from neuron_train.training.checkpoint import checked_file, describe_mismatch, origin, read
 
 # Small ViTs that train in minutes on a CPU; on Neuron use full timm names (vit_base_patch16_224).
 PRESETS: dict[str, dict] = {
@@ -57,6 +57,10 @@ def _weights_file(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     """A file's state dict and where it is from: our checkpoint, a plain state dict, or safetensors."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
+
+        damage = checked_file(path, "cannot read weights from")  # its .sha256 too, as for every file
+        if damage:
+            raise UsageError(f"cannot read weights from {path}: {damage}")
 
         try:
             return load_file(str(path)), "a safetensors file"

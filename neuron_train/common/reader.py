@@ -1,0 +1,199 @@
+"""The one reader for every file a command takes (config YAML/TOML, prices, bench and plan results,
+calibration, manifests, checksum sidecars, CSV tables): bounded, then parsed, then checked.
+
+- Regular files only: a FIFO, a device or a directory is refused from its `stat` before it is opened,
+  and the file is opened with O_NONBLOCK and checked again with `fstat` (a FIFO swapped in between
+  never blocks the open). No read waits on a writer; no read is unbounded.
+- A size bound (`limit`, default 16 MiB: every real input is far smaller) checked before a byte is read.
+- Parsed documents are bounded too: nesting at most `MAX_DEPTH` levels, integers of at most
+  `MAX_INT_DIGITS` digits (a 400-digit `lr` is refused here, not as an OverflowError later), and
+  YAML aliases (`*name`) refused before anything is expanded (a 1 KB alias bomb is megabytes of
+  values). YAML reads numbers as YAML 1.2 does: `lr: 1e-3` is a float, not the string '1e-3'.
+- Every refusal is one `UsageError` line naming the option (or file) and quoting at most a bounded
+  prefix of a value (`values.shown`). Validation into the typed record the code uses is the
+  caller's next step (`values.kind_problem` tables, the config's dataclasses, `records.py` models).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import tomllib
+import yaml
+
+from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import not_utf8, unusable_path
+from neuron_train.common.values import plain, shown
+
+DEFAULT_LIMIT = 16 * 2**20
+MAX_DEPTH = 64          # levels of nesting; real inputs have fewer than 10
+MAX_INT_DIGITS = 19     # |n| < 10**19 covers every int64; larger integers are no value any field takes
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((text for test, text in _KINDS if test(mode)), "not a regular file")
+
+
+def _where(path: Path, flag: str) -> str:
+    text = str(path) if len(str(path)) <= 160 else shown(str(path), 160)
+    return f"{flag}: {text}" if flag else text
+
+
+def regular_file(path: str | os.PathLike, flag: str = "") -> os.stat_result:
+    """`stat` of `path` (links followed), refused in one line unless it is a regular file."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"{flag + ': ' if flag else ''}no such file: {_where(path, '')}") from None
+    except OSError as exc:
+        raise unusable_path(exc, flag) or UsageError(f"{_where(path, flag)}: cannot read it "
+                                                     f"({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{_where(path, flag)} is {_kind(st.st_mode)}, not a regular file: give a file")
+    return st
+
+
+def read_bytes(path: str | os.PathLike, flag: str = "", limit: int = DEFAULT_LIMIT) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; anything else is one UsageError line."""
+    path = Path(path)
+    regular_file(path, flag)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise unusable_path(exc, flag) or UsageError(f"{_where(path, flag)}: cannot read it "
+                                                     f"({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)  # what was opened, not what was stat'ed: it may have been swapped meanwhile
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{_where(path, flag)} is {_kind(st.st_mode)}, not a regular file: give a file")
+        if st.st_size > limit:
+            raise UsageError(f"{_where(path, flag)} is {st.st_size:,} bytes, more than any such file "
+                             f"({limit:,}): give the right file")
+        chunks, total = [], 0
+        while total <= limit:  # a file growing while read is still bounded
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise UsageError(f"{_where(path, flag)}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise UsageError(f"{_where(path, flag)} grew past {limit:,} bytes while read: give a finished file")
+    return b"".join(chunks)
+
+
+def read_text(path: str | os.PathLike, flag: str = "", limit: int = DEFAULT_LIMIT) -> str:
+    """`read_bytes` decoded as UTF-8 (a byte-order mark is dropped); not UTF-8 is one line naming the byte."""
+    data = read_bytes(path, flag, limit)
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise not_utf8(Path(path), exc) from None
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+class _Refused(Exception):
+    """A document beyond the bounds (raised inside a parser, said as one line by `parse`)."""
+
+
+# YAML 1.1 (PyYAML) reads 1e-3 as a string: it wants a dot. YAML 1.2, and everyone writing a
+# learning rate, mean a float.
+_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """safe_load without aliases (refused before they are expanded) and at most MAX_DEPTH levels."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise _Refused(f"line {mark.line + 1}: a YAML alias (*name) is not accepted: write the value out")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _Refused(f"nested too deeply (more than {MAX_DEPTH} levels; no real file has)")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+_BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+
+
+_Trail = tuple  # (parent trail, key or index): the path to a node, spelled out only for a message
+
+
+def _spelled(trail: _Trail | None) -> str:
+    parts: list[str] = []
+    while trail:
+        trail, step = trail
+        parts.append(f"[{step}]" if isinstance(step, int) else f".{plain(step, 40)}")
+    return "".join(reversed(parts)).lstrip(".") or "a value"
+
+
+def _check_tree(value: object) -> None:
+    """Depth and integer bounds of a parsed document, walked without recursion."""
+    stack: list[tuple[object, int, _Trail | None]] = [(value, 1, None)]
+    while stack:
+        node, depth, trail = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _Refused(f"nested too deeply (more than {MAX_DEPTH} levels; no real file has)")
+        if isinstance(node, dict):
+            stack += [(v, depth + 1, (trail, k)) for k, v in node.items()]
+            stack += [(k, depth + 1, trail) for k in node]
+        elif isinstance(node, (list, tuple)):
+            stack += [(v, depth + 1, (trail, i)) for i, v in enumerate(node)]
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10**MAX_INT_DIGITS:
+            raise _Refused(f"{_spelled(trail)}: an integer of {len(str(abs(node)))} digits is not a value "
+                           "any field takes")
+
+
+def parse(text: str, fmt: str, where: str) -> object:
+    """`text` parsed as `fmt` ("json", "yaml" or "toml") within the bounds; one UsageError line if not."""
+    try:
+        if fmt == "json":
+            data = json.loads(text)
+        elif fmt == "yaml":
+            data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+        else:
+            data = tomllib.loads(text)
+        _check_tree(data)
+    except _Refused as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    except RecursionError:  # JSON or TOML nested thousands of levels deep
+        raise UsageError(f"{where}: nested too deeply (more than {MAX_DEPTH} levels; no real file has)") from None
+    except (json.JSONDecodeError, yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"{where} is not valid {fmt.upper()}: {first[:200]}") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's own bound)
+        raise UsageError(f"{where} is not valid {fmt.upper()}: {str(exc)[:200]}") from None
+    return data
+
+
+def load(path: str | os.PathLike, flag: str = "", fmt: str = "", limit: int = DEFAULT_LIMIT) -> object:
+    """A JSON, YAML or TOML file (`fmt`, else from its suffix: .json, .yaml/.yml, .toml), read
+    and parsed within the bounds. The caller validates what it holds."""
+    path = Path(path)
+    regular_file(path, flag)  # an unusable path is said first, whatever its suffix
+    fmt = fmt or {".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}.get(path.suffix.lower(), "")
+    if not fmt:
+        raise UsageError(f"{_where(path, flag)}: use a .json, .yaml, .yml or .toml file")
+    return parse(read_text(path, flag, limit), fmt, _where(path, flag))
