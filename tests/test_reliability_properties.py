@@ -157,7 +157,7 @@ def result_doc(changes: dict, as_plan: bool) -> object:
 @SETTINGS
 @given(changes=result_changes, as_plan=st.booleans())
 def test_any_result_or_plan_file_is_results_or_one_line(changes, as_plan):
-    from neuron_train.commands.report import load_results
+    from neuron_train.cost.plan_result import load_results
 
     doc = result_doc(changes, as_plan)
     with scratch() as d:
@@ -226,8 +226,8 @@ READERS = {
     "--prices": lambda p: __import__("neuron_train.cost.catalog", fromlist=["x"]).apply_price_file(
         __import__("neuron_train.cost.catalog", fromlist=["x"]).load_catalog(), p),
     "--reference": lambda p: __import__("neuron_train.cost.references", fromlist=["x"]).read_reference_csv(p),
-    "result": lambda p: __import__("neuron_train.commands.report", fromlist=["x"]).load_results(p),
-    "--calibrate": lambda p: __import__("neuron_train.commands.plan", fromlist=["x"])._load_calibration(
+    "result": lambda p: __import__("neuron_train.cost.plan_result", fromlist=["x"]).load_results(p),
+    "--calibrate": lambda p: __import__("neuron_train.cost.plan_calibrate", fromlist=["x"]).load_calibration(
         str(p), "train", "vit", {}),
     "checkpoint": lambda p: __import__("neuron_train.training.checkpoint", fromlist=["x"]).load(p),
 }

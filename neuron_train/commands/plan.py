@@ -9,7 +9,6 @@ import argparse
 import os
 import shlex
 
-from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import new_output, write_json_or_print
 from neuron_train.cost import plan_calibrate, plan_data
@@ -24,7 +23,7 @@ from neuron_train.cost.plan_model import (
     rank_by_price_performance,
 )
 from neuron_train.cost.plan_result import UNKNOWN, plan_document, table
-from neuron_train.cost.schema import MODES, RESULT_LIMIT, validate_result
+from neuron_train.cost.schema import MODES
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
@@ -89,21 +88,6 @@ def _processes(value: str, t: Target) -> int:
     if n < 1:
         raise UsageError(f"--nproc-per-instance must be >= 1, got {n}")
     return min(n, t.cores)
-
-
-def _load_calibration(path: str, mode: str, name: str, known: dict[str, Target]) -> dict:
-    """A bench result of this workload, measured on a Neuron instance type the plan knows."""
-    data = reader.load(path, "--calibrate", fmt="json", limit=RESULT_LIMIT)
-    r = validate_result(data, f"--calibrate {path}")
-    if r.get("source") == "estimated":
-        raise UsageError(f"--calibrate {path} is an estimate, not a measurement: give a bench result file")
-    if r["device"]["kind"] == "CPU" or r["instance_type"].lower() not in known:
-        raise UsageError(f"--calibrate {path} was measured on {r['instance_type']} ({r['device']['kind']}): "
-                         "give a bench result from a trn1/inf2 instance type")
-    if r["mode"] != mode or r["model"]["name"].lower() != name.lower():
-        raise UsageError(f"--calibrate {path} measures {r['mode']} of {r['model']['name']}, this plan "
-                         f"{mode} of {name}: calibrate with a bench result of the same workload")
-    return r
 
 
 def _too_large(cfg) -> tuple[bool, float]:
@@ -179,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         assert cfg is not None  # no COMMAND: _workload_source returned our loop's config
         name = cfg.model.name
-    bench = _load_calibration(args.calibrate, args.mode, name, known) if args.calibrate else None
+    bench = plan_calibrate.load_calibration(args.calibrate, args.mode, name, known) if args.calibrate else None
     if command:
         from neuron_train.cost.plan_measure import measure_script
 

@@ -20,12 +20,10 @@ import errno
 import os
 from pathlib import Path
 
-from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import publish_folder, recover_folder, refuse_unusable
-from neuron_train.common.values import shown
 from neuron_train.cost.catalog import Catalog, load_catalog, resolve_prices
-from neuron_train.cost.plan_result import ESTIMATED, PLAN_SCHEMA, plan_results
+from neuron_train.cost.plan_result import ESTIMATED, load_results
 from neuron_train.cost.references import ReferenceRow, read_reference_csv
 from neuron_train.cost.render import (
     Context,
@@ -36,31 +34,11 @@ from neuron_train.cost.render import (
     write_csv,
 )
 from neuron_train.cost.rows import Group, Row, device_text, precision_text
-from neuron_train.cost.schema import RESULT_LIMIT, validate_result
 
 OUTPUT_FILES = ("report.md", "report.csv", "report.html", "throughput.png", "price_performance.png",
                 "cost.png")
 DEFAULT_BASELINE = "trn1.2xlarge"  # the reference study's baseline
 # --- loading -------------------------------------------------------------------------------------
-
-def load_results(path: str | Path) -> list[dict]:
-    """The results of one file: a bench result, or the estimates of a plan file (plan_result.py)."""
-    path = Path(path)
-    data = reader.load(path, fmt="json", limit=RESULT_LIMIT)
-    if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
-        results = plan_results(data, str(path))
-        for i, r in enumerate(results):  # each row's origin must be the file's kind
-            if r.get("source") != ESTIMATED:
-                raise UsageError(f"{path} results[{i}]: a plan file holds estimates only, this row says "
-                                 f"source {shown(r.get('source', 'measured'))}: give measurements as bench "
-                                 "result files")
-        return results
-    result = validate_result(data, str(path))
-    if result.get("source") == ESTIMATED:
-        raise UsageError(f"{path}: an estimate outside a plan file (source 'estimated'): give the plan "
-                         "file that `neuron-train plan --output` wrote")
-    return [result]
-
 
 def check_same_workload(results: list[tuple[Path, dict]]) -> None:
     """Results of one mode and model must measure it at the same image size and on the same dataset

@@ -10,8 +10,11 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from neuron_train.common import reader
+from neuron_train.common.errors import UsageError
 from neuron_train.cost.plan_data import PublishedRow, load_published, published_workload, targets
 from neuron_train.cost.plan_model import Calibration, Target, WorkloadFigures, estimate
+from neuron_train.cost.schema import RESULT_LIMIT, validate_result
 
 MODES = ("train", "infer")
 BAND_PERCENTILE = 0.8     # the error band: 4 in 5 published rows, left out, fell within it
@@ -172,3 +175,18 @@ def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: flo
         warning = (f"the re-fit stopped at {fraction:.1%} of peak, a bound of its range: the bench on "
                    f"{t.instance_type} is not explained by device compute; treat the other types' figures with care")
     return calib, relative_error(first, measured), warning
+
+
+def load_calibration(path: str, mode: str, name: str, known: dict[str, Target]) -> dict:
+    """A bench result of this workload, measured on a Neuron instance type the plan knows."""
+    data = reader.load(path, "--calibrate", fmt="json", limit=RESULT_LIMIT)
+    r = validate_result(data, f"--calibrate {path}")
+    if r.get("source") == "estimated":
+        raise UsageError(f"--calibrate {path} is an estimate, not a measurement: give a bench result file")
+    if r["device"]["kind"] == "CPU" or r["instance_type"].lower() not in known:
+        raise UsageError(f"--calibrate {path} was measured on {r['instance_type']} ({r['device']['kind']}): "
+                         "give a bench result from a trn1/inf2 instance type")
+    if r["mode"] != mode or r["model"]["name"].lower() != name.lower():
+        raise UsageError(f"--calibrate {path} measures {r['mode']} of {r['model']['name']}, this plan "
+                         f"{mode} of {name}: calibrate with a bench result of the same workload")
+    return r

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from pathlib import Path
 from typing import cast
 
+from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
-from neuron_train.common.values import header_problem
+from neuron_train.common.values import header_problem, shown
 from neuron_train.cost.plan_model import Calibration, Estimate, WorkloadFigures
 from neuron_train.cost.rows import money
-from neuron_train.cost.schema import ESTIMATED, SCHEMA_NAME, SCHEMA_VERSION, validate_result
+from neuron_train.cost.schema import ESTIMATED, RESULT_LIMIT, SCHEMA_NAME, SCHEMA_VERSION, validate_result
 
 PLAN_SCHEMA = "neuron-train-plan"
 PLAN_VERSION = 1
@@ -122,3 +124,22 @@ def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]
         return " ".join([left, *(c.rjust(n) for c, n in zip(cells[1:-1], widths[1:], strict=True))]) + "  " + cells[-1]
     text = [line(head)]
     return [text[0], "-" * len(text[0]), *(line(r) for r in rows)]
+
+
+def load_results(path: str | Path) -> list[dict]:
+    """The results of one file: a bench result, or the estimates of a plan file (plan_result.py)."""
+    path = Path(path)
+    data = reader.load(path, fmt="json", limit=RESULT_LIMIT)
+    if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
+        results = plan_results(data, str(path))
+        for i, r in enumerate(results):  # each row's origin must be the file's kind
+            if r.get("source") != ESTIMATED:
+                raise UsageError(f"{path} results[{i}]: a plan file holds estimates only, this row says "
+                                 f"source {shown(r.get('source', 'measured'))}: give measurements as bench "
+                                 "result files")
+        return results
+    result = validate_result(data, str(path))
+    if result.get("source") == ESTIMATED:
+        raise UsageError(f"{path}: an estimate outside a plan file (source 'estimated'): give the plan "
+                         "file that `neuron-train plan --output` wrote")
+    return [result]
