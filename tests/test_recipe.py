@@ -219,3 +219,23 @@ def test_evaluating_the_ema_weights_reuses_the_raw_models_eval_graph():
         averaged = ema.module(x).argmax(-1).sum()
         torch_xla.sync()
     assert after_raw > 0 and compiles() == after_raw, (raw, averaged)
+
+
+# ----- the flags: train options, so bench and plan take them and hand them on ----------------
+
+@pytest.mark.parametrize("command", ["bench", "plan", "precompile"])
+def test_bench_plan_and_precompile_take_the_recipe_flags_and_hand_them_on(command):
+    import argparse
+    import importlib
+
+    from neuron_train.training.config_io import config_from_args, config_to_argv
+
+    flags = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8", "--cutmix", "1.0",
+             "--mixup-prob", "0.9", "--mixup-switch-prob", "0.4", "--smoothing", "0.1", "--model-ema",
+             "--model-ema-decay", "0.999"]
+    parser = argparse.ArgumentParser()
+    importlib.import_module(f"neuron_train.commands.{command}").configure_parser(parser)
+    cfg = config_from_args(parser.parse_args(["--model", "vit-nano", *flags]))
+    assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.model_ema, cfg.recipe.model_ema_decay) == (
+        "rand-m9-mstd0.5-inc1", 1.0, True, 0.999)
+    assert config_to_argv(cfg) == ["--model", "vit-nano", *flags]

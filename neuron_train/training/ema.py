@@ -45,7 +45,7 @@ class EmaUpdate:
         self.model_floats = [m for e, m in pairs if e.is_floating_point()]
         self.copies = [(e, m) for e, m in pairs if not e.is_floating_point()]
         self.weight = 1.0 - ema.decay
-        self.same_dtype = all(e.dtype == m.dtype for e, m in zip(self.ema_floats, self.model_floats))
+        self.same_dtype = all(e.dtype == m.dtype for e, m in pairs if e.is_floating_point())
 
     @torch.no_grad()
     def __call__(self) -> None:
