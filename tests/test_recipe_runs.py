@@ -87,3 +87,26 @@ def test_timms_stock_cutmix_on_the_device_is_caught_by_check_graphs(tmp_path):
 def test_check_graphs_names_timms_cutmix_slice_and_the_host_side_fix(tmp_path):
     out = check_stock_cutmix(tmp_path)
     assert "timm/data/mixup.py" in out and "in the data loader" in out
+
+
+@pytest.mark.slow
+def test_resume_continues_the_ema_and_refuses_a_checkpoint_without_one(tmp_path):
+    """A run resumed from step 2 ends with the uninterrupted run's EMA figures only if the checkpoint
+    held the EMA weights (a fresh EMA would start from the step-2 weights)."""
+    from neuron_train.training import checkpoint as ckpt
+
+    args = [*NANO, "--max-steps", "4", "--checkpoint-every", "2", "--eval-every", "100",
+            "--model-ema", "--model-ema-decay", "0.5"]
+    full = run_train(tmp_path / "full", *args)
+    assert full.returncode == 0, full.stderr[-3000:]
+    resumed = run_train(tmp_path / "resumed", *args, "--resume",
+                        str(ckpt.checkpoint_dir(tmp_path / "full") / "step-00000002.pt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = summary_of(tmp_path / "full"), summary_of(tmp_path / "resumed")
+    assert b["eval_ema_loss"] == pytest.approx(a["eval_ema_loss"], abs=1e-5), (a["eval_ema_loss"], b["eval_ema_loss"])
+    plain = run_train(tmp_path / "plain", *NANO, "--max-steps", "2")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    refused = run_train(tmp_path / "refused", *NANO, "--max-steps", "4", "--model-ema", "--resume",
+                        str(ckpt.checkpoint_dir(tmp_path / "plain") / "step-00000002.pt"))
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "holds no EMA weights (saved without --model-ema)" in refused.stderr
