@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 
 # (timm's line, the line(s) a timm user writes instead): the whole port to XLA
 XLA_CHANGES = [
-    ("        task.update_ema(step=num_updates)\n",
-     "        task.update_ema(step=num_updates)\n"
-     "        torch_xla.sync()  # XLA: cut the step's graph here, or it grows every step\n"),
+    ("        losses_m.update(loss.item() * accum_steps, batch_size)\n",
+     "        torch_xla.sync()  # XLA: cut the step's graph here (or it grows every step), then read the loss\n"
+     "        losses_m.update(loss.item() * accum_steps, batch_size)\n"),
     ("    with torch.inference_mode():\n",
      "    with torch.no_grad():  # XLA: an inference tensor has no version counter\n"),
     ("import torch\n", "import torch\nimport torch_xla\n"),
@@ -58,7 +58,7 @@ def test_timms_train_py_with_the_documented_changes_is_graph_stable(tmp_path):
     data = image_folder(tmp_path / "data")
     cmd = [sys.executable, "-m", "neuron_train", "check-graphs", "--", sys.executable, str(script),
            "--data-dir", str(data), "--device", "xla", "--model", "vit_tiny_patch16_224",
-           "--model-kwargs", "patch_size=8", "depth=1", "embed_dim=32", "num_heads=2",
+           "--model-kwargs", "img_size=32", "patch_size=8", "depth=1", "embed_dim=32", "num_heads=2",
            "--img-size", "32", "--num-classes", "2", "-b", "8", "--epochs", "2", "--workers", "0",
            "--no-prefetcher", "--opt", "sgd", "--lr", "0.01", "--warmup-epochs", "0",
            "--output", str(tmp_path / "out"), "--log-interval", "1"]
