@@ -226,16 +226,19 @@ def test_evaluating_the_ema_weights_reuses_the_raw_models_eval_graph():
 @pytest.mark.parametrize("command", ["bench", "plan", "precompile"])
 def test_bench_plan_and_precompile_take_the_recipe_flags_and_hand_them_on(command):
     import argparse
-    import importlib
 
+    from neuron_train.commands import bench, plan, precompile
     from neuron_train.training.config_io import config_from_args, config_to_argv
 
-    flags = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8", "--cutmix", "1.0",
-             "--mixup-prob", "0.9", "--mixup-switch-prob", "0.4", "--smoothing", "0.1", "--model-ema",
-             "--model-ema-decay", "0.999"]
-    parser = argparse.ArgumentParser()
-    importlib.import_module(f"neuron_train.commands.{command}").configure_parser(parser)
-    cfg = config_from_args(parser.parse_args(["--model", "vit-nano", *flags]))
+    flags = ["--model", "vit-nano", "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8",
+             "--cutmix", "1.0", "--mixup-prob", "0.9", "--mixup-switch-prob", "0.4", "--smoothing", "0.1",
+             "--model-ema", "--model-ema-decay", "0.999"]
+    if command == "precompile":  # `precompile [options] -- TRAIN_ARGS`
+        cfg = precompile._train_config(flags)
+    else:
+        parser = argparse.ArgumentParser()
+        {"bench": bench, "plan": plan}[command].configure_parser(parser)
+        cfg = config_from_args(parser.parse_args([*flags, "--output", "result.json"]))
     assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.model_ema, cfg.recipe.model_ema_decay) == (
         "rand-m9-mstd0.5-inc1", 1.0, True, 0.999)
-    assert config_to_argv(cfg) == ["--model", "vit-nano", *flags]
+    assert config_to_argv(cfg) == flags
