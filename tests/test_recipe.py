@@ -242,3 +242,12 @@ def test_bench_plan_and_precompile_take_the_recipe_flags_and_hand_them_on(comman
     assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.model_ema, cfg.recipe.model_ema_decay) == (
         "rand-m9-mstd0.5-inc1", 1.0, True, 0.999)
     assert config_to_argv(cfg) == flags
+
+
+def test_a_config_files_recipe_section_holds_the_same_keys():
+    from neuron_train.training.config_io import build_config
+
+    cfg = build_config({"recipe": {"aa": "original", "cutmix": 1, "smoothing": 0.1, "model_ema": True}})
+    assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.smoothing, cfg.recipe.model_ema) == ("original", 1.0, 0.1, True)
+    with pytest.raises(UsageError, match="--smoothing must be in"):
+        build_config({"recipe": {"smoothing": 1.5}})
