@@ -251,3 +251,21 @@ def test_a_config_files_recipe_section_holds_the_same_keys():
     assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.smoothing, cfg.recipe.model_ema) == ("original", 1.0, 0.1, True)
     with pytest.raises(UsageError, match="--smoothing must be in"):
         build_config({"recipe": {"smoothing": 1.5}})
+
+
+def test_another_ema_decay_is_the_same_graph():
+    """The decay is data, not a graph constant: precompile need not record it (config.py)."""
+    from timm.utils import ModelEmaV3
+
+    dev = torch_xla.device()
+    counts = []
+    for decay in (0.9, 0.99, 0.999):
+        host = tiny_model("cpu")
+        ema = ModelEmaV3(host, decay=decay, stochastic_rounding=False)
+        model = host.to(dev)
+        ema.module.to(dev)
+        update = EmaUpdate(ema, model)
+        update()
+        torch_xla.sync()
+        counts.append(compiles())
+    assert counts == [counts[0]] * 3, counts

@@ -296,8 +296,8 @@ class RecipeConfig:
     model_ema: bool = opt(False, "keep an exponential moving average of the weights (timm's "
                           "ModelEmaV3), updated in the step's graph, evaluated beside the raw weights",
                           graph=Graph("model EMA"))
-    model_ema_decay: float = opt(0.9998, "EMA decay per optimizer step",
-                                 graph=Graph("model EMA decay", when=lambda c: c.recipe.model_ema))
+    # no graph: the lerp weight 1 - decay reaches the graph as data (never 0 or 1: validated)
+    model_ema_decay: float = opt(0.9998, "EMA decay per optimizer step")
 
     def validate(self) -> None:
         for flag, value in (("--reprob", self.reprob), ("--mixup-prob", self.mixup_prob),
