@@ -57,6 +57,9 @@ class Graph:
     key: str | None = None                              # its key in the manifest (default: the field's name)
     when: Callable[[RunConfig], bool] | None = None     # otherwise not in play: recorded as None
     value: Callable[[Any], Any] | None = None           # what is recorded (default: the value itself)
+    # a setting added after manifests existed: left out (not None) while `when` is false, so the
+    # configurations precompiled before it keep their fingerprints
+    absent_when_off: bool = False
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None,
@@ -285,17 +288,20 @@ class RecipeConfig:
                          "augmix-m5-w3, original; applied per sample in the data loader", metavar="POLICY")
     reprob: float = opt(0.0, "random erasing probability per sample (timm's --reprob, pixel mode), "
                         "in the data loader")
+    # --mixup, --cutmix and --smoothing change the step's graphs one way: its targets become soft
     mixup: float = opt(0.0, "mixup alpha; > 0 enables mixup (timm's Mixup, on the host: soft targets)",
-                       graph=Graph("mixup", value=lambda v: "on" if v > 0 else "off"))
+                       graph=Graph("soft targets (--mixup, --cutmix, --smoothing)", key="soft_targets",
+                                   when=lambda c: c.recipe.mixup > 0 or c.recipe.cutmix > 0 or c.recipe.smoothing > 0,
+                                   value=lambda _: "on", absent_when_off=True))
     cutmix: float = opt(0.0, "cutmix alpha; > 0 enables cutmix (timm's Mixup, on the host: the "
-                        "device never sees the box)", graph=Graph("cutmix", value=lambda v: "on" if v > 0 else "off"))
+                        "device never sees the box)")
     mixup_prob: float = opt(1.0, "probability of mixing a batch when mixup or cutmix is on")
     mixup_switch_prob: float = opt(0.5, "probability of cutmix instead of mixup when both are on")
-    smoothing: float = opt(0.0, "label smoothing (timm's default is 0.1; 0 keeps hard labels)",
-                           graph=Graph("label smoothing", value=lambda v: "on" if v > 0 else "off"))
+    smoothing: float = opt(0.0, "label smoothing (timm's default is 0.1; 0 keeps hard labels)")
     model_ema: bool = opt(False, "keep an exponential moving average of the weights (timm's "
                           "ModelEmaV3), updated in the step's graph, evaluated beside the raw weights",
-                          graph=Graph("model EMA"))
+                          graph=Graph("model EMA", when=lambda c: c.recipe.model_ema, value=lambda _: "on",
+                                      absent_when_off=True))
     # no graph: the lerp weight 1 - decay reaches the graph as data (never 0 or 1: validated)
     model_ema_decay: float = opt(0.9998, "EMA decay per optimizer step")
 
@@ -371,6 +377,8 @@ def graph_settings(cfg: RunConfig) -> dict[str, Any]:
     for section, f, graph in _graph_fields(cfg):
         value = getattr(getattr(cfg, section), f.name)
         if graph.when is not None and not graph.when(cfg):
+            if graph.absent_when_off:
+                continue
             value = None
         elif graph.value is not None:
             value = graph.value(value)
