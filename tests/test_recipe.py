@@ -269,3 +269,19 @@ def test_another_ema_decay_is_the_same_graph():
         torch_xla.sync()
         counts.append(compiles())
     assert counts == [counts[0]] * 3, counts
+
+
+def test_a_run_with_the_recipe_against_a_manifest_without_it_names_the_recipe():
+    from neuron_train.precompile.coverage import differences
+    from neuron_train.training.cache_hook import config_labels, graph_config
+    from neuron_train.training.config_io import build_config
+
+    def config(recipe: dict) -> dict:
+        return graph_config(build_config({"recipe": recipe}), world_size=1, num_classes=10, device="CPU",
+                            env={}, versions={"torch": "2.9.0"})
+
+    assert differences(config({"cutmix": 1.0, "model_ema": True}), config({}), config_labels()) == [
+        "soft targets (--mixup, --cutmix, --smoothing) on here, (none) in the manifest",
+        "model EMA on here, (none) in the manifest"]
+    assert differences(config({"smoothing": 0.1, "aa": "original", "reprob": 0.5}), config({"mixup": 0.8}),
+                       config_labels()) == []  # host-side settings; any soft targets are one graph
