@@ -285,3 +285,26 @@ def test_a_run_with_the_recipe_against_a_manifest_without_it_names_the_recipe():
         "model EMA on here, (none) in the manifest"]
     assert differences(config({"smoothing": 0.1, "aa": "original", "reprob": 0.5}), config({"mixup": 0.8}),
                        config_labels()) == []  # host-side settings; any soft targets are one graph
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loader thread's, by design
+def test_a_batch_the_loader_fails_to_make_stops_the_epoch_with_one_line_not_silently():
+    """torch_xla's loader thread prints a fetch's exception and ends the epoch early; an augmentation
+    that raises on one sample (timm with a newer Pillow did) must not shorten training unnoticed."""
+    from torch.utils.data import DataLoader
+
+    from neuron_train.common.errors import RunError
+    from neuron_train.training.data import to_device
+
+    class Failing(list):
+        def __getitem__(self, i):
+            if i == 40:
+                raise ValueError("bits must be between or equal to 1 and 8")
+            return super().__getitem__(i)
+
+    loader = DataLoader(Failing(samples(64)), batch_size=4)
+    seen = []
+    with pytest.raises(RunError, match=r"the data loader failed to make a batch: ValueError: bits must be"):
+        for x, _ in to_device(loader, torch_xla.device()):
+            seen.append(x.shape[0])
+    assert len(seen) == 10  # the batches before the failing one were trained on
