@@ -11,9 +11,10 @@ The update is ours (EmaUpdate), timm's arithmetic: timm's `update(model)` walks
 `state_dict().values()` on every call, which torch.compile cannot guard ("'odict_values' object is
 not subscriptable"), so inside dynamo-full's captured update it fails. EmaUpdate makes the lists of
 tensor pairs once and runs the same `torch._foreach_lerp_` with the weight 1 - decay (the same value
-every step) and the same copies of integer buffers: traced into the update the step already runs
-(captured by dynamo-full, or traced lazily), no `.item()`, no Python decision on a device value, no
-host round trip. (timm's decay warm-up would give a new value each step; it is not offered.)
+every step) and the same copies of integer buffers, called from the step's update: traced lazily into
+the step's graph, or, under dynamo-full, one small graph of its own launched right after the captured
+update (measured: one graph more than without --model-ema, compiled at step 0, none later); no
+`.item()`, no Python decision on a device value, no host round trip. (timm's decay warm-up would give a new value each step; it is not offered.)
 """
 
 from __future__ import annotations

@@ -85,6 +85,6 @@ class StepPath:
         else:
             grad_norm = torch.zeros((), device=params[0].device)
         self.optimizer.step()
-        if self.ema_update is not None:  # --model-ema: a lerp per weight, in this update's graph (ema.py)
+        if self.ema_update is not None:  # --model-ema: a lerp per weight, no host read (ema.py)
             self.ema_update()
         return grad_norm
