@@ -32,15 +32,20 @@ def test_fingerprints_of_existing_manifests_are_unchanged(overrides, fp):
     assert fingerprint(config(overrides)) == fp
 
 
-def marked_fields() -> list[tuple[str, str]]:
+def recorded_by_default() -> list[tuple[str, str]]:
+    """(section, manifest key) of each field marked graph=, but those a default configuration leaves
+    out (absent_when_off: added after manifests existed)."""
     cfg = RunConfig()
-    return [(s, f.name) for s in sections(cfg) for f in dataclasses.fields(getattr(cfg, s)) if f.metadata["graph"]]
+    return [(s, f.metadata["graph"].key or f.name) for s in sections(cfg) for f in dataclasses.fields(getattr(cfg, s))
+            if f.metadata["graph"] and not f.metadata["graph"].absent_when_off]
 
 
 def test_the_configuration_holds_exactly_the_marked_fields_and_the_compile_environment():
     keys = set(config())
-    marked = {("model" if name == "name" else name) for _, name in marked_fields()}
+    marked = {key for _, key in recorded_by_default()}
     assert keys == marked | set(RUNTIME_LABELS) | {"device", "neuron_cc_flags", "versions"}
+    recipe = set(config({"recipe": {"cutmix": 1.0, "model_ema": True}}))
+    assert recipe - keys == {"soft_targets", "model_ema"}  # recorded once in play
     assert {"lr", "momentum", "weight_decay", "distill_alpha", "seed"}.isdisjoint(keys)  # data, not graph
 
 

@@ -43,7 +43,8 @@ class Checkpointer:
         every = self.cfg.checkpoint.checkpoint_every
         return bool((every and step % every == 0) or last or stopping)
 
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pos: Position) -> Path | None:
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
+             ema=None) -> Path | None:
         """Save at `pos` (all ranks call it); returns the file on rank 0, None elsewhere."""
         torch_xla.sync()  # closes the pending step: the same graph the loader would have cut
         self.watch.phase("checkpoint")  # after the sync: that step's graph still counts as train
@@ -58,12 +59,15 @@ class Checkpointer:
                                    else ckpt.to_cpu(optimizer.state_dict())),
                      "position": asdict(pos), "rng": ckpt.rng_state(),
                      "global_batch": self.global_batch, "config": self.cfg.to_dict()}
+            if ema is not None:  # --model-ema: its weights continue on resume
+                state["model_ema"] = ckpt.to_cpu(ema.module.state_dict())
             path = ckpt.save(self.run_dir, pos.step, state, self.cfg.checkpoint.keep_last)
         self.backend.barrier()
         self.watch.phase("train")
         return path
 
-    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Position, Path]:
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               ema=None) -> tuple[Position, Path]:
         """Load --resume into model and optimizer; returns the position to continue from."""
         path = ckpt.resolve(self.run_dir, self.cfg.checkpoint.resume)
         state = ckpt.load_resumable(path)  # checksum and structure checked: one line, never a KeyError
@@ -71,6 +75,11 @@ class Checkpointer:
             raise UsageError(f"{path} was trained with a global batch of {state['global_batch']}, "
                              f"this run has {self.global_batch}: the data position would not match")
         ckpt.load_model_state(model, state, path)  # a mismatch is one line naming the model
+        if ema is not None:
+            if "model_ema" not in state:
+                raise UsageError(f"{path} holds no EMA weights (saved without --model-ema): resume "
+                                 "without --model-ema, or start a new run with it")
+            ckpt.load_model_state(ema.module, {**state, "model": state["model_ema"]}, path)
         try:
             load_optimizer_state(optimizer, ckpt.optimizer_state(
                 path, state, zero1=self.cfg.optim.zero1, world_size=self.backend.world_size,

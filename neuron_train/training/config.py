@@ -57,6 +57,9 @@ class Graph:
     key: str | None = None                              # its key in the manifest (default: the field's name)
     when: Callable[[RunConfig], bool] | None = None     # otherwise not in play: recorded as None
     value: Callable[[Any], Any] | None = None           # what is recorded (default: the value itself)
+    # a setting added after manifests existed: left out (not None) while `when` is false, so the
+    # configurations precompiled before it keep their fingerprints
+    absent_when_off: bool = False
 
 
 def opt(default: Any, help: str, *, choices: tuple | None = None, flag: str | None = None,
@@ -278,6 +281,48 @@ class ProfileConfig:
 
 
 @dataclass
+class RecipeConfig:
+    """timm's training recipe (train.py's flag names and defaults), applied on the host by the loader
+    (training/augment.py). --smoothing defaults to 0, not timm's 0.1: the recipe is opt-in."""
+    aa: str | None = opt(None, "AutoAugment/RandAugment policy (timm's --aa), e.g. rand-m9-mstd0.5-inc1, "
+                         "augmix-m5-w3, original; applied per sample in the data loader", metavar="POLICY")
+    reprob: float = opt(0.0, "random erasing probability per sample (timm's --reprob, pixel mode), "
+                        "in the data loader")
+    # --mixup, --cutmix and --smoothing change the step's graphs one way: its targets become soft
+    mixup: float = opt(0.0, "mixup alpha; > 0 enables mixup (timm's Mixup, on the host: soft targets)",
+                       graph=Graph("soft targets (--mixup, --cutmix, --smoothing)", key="soft_targets",
+                                   when=lambda c: c.recipe.mixup > 0 or c.recipe.cutmix > 0 or c.recipe.smoothing > 0,
+                                   value=lambda _: "on", absent_when_off=True))
+    cutmix: float = opt(0.0, "cutmix alpha; > 0 enables cutmix (timm's Mixup, on the host: the "
+                        "device never sees the box)")
+    mixup_prob: float = opt(1.0, "probability of mixing a batch when mixup or cutmix is on")
+    mixup_switch_prob: float = opt(0.5, "probability of cutmix instead of mixup when both are on")
+    smoothing: float = opt(0.0, "label smoothing (timm's default is 0.1; 0 keeps hard labels)")
+    model_ema: bool = opt(False, "keep an exponential moving average of the weights (timm's "
+                          "ModelEmaV3), updated in the step's graph, evaluated beside the raw weights",
+                          graph=Graph("model EMA", when=lambda c: c.recipe.model_ema, value=lambda _: "on",
+                                      absent_when_off=True))
+    # no graph: the lerp weight 1 - decay reaches the graph as data (never 0 or 1: validated)
+    model_ema_decay: float = opt(0.9998, "EMA decay per optimizer step")
+
+    def validate(self) -> None:
+        for flag, value in (("--reprob", self.reprob), ("--mixup-prob", self.mixup_prob),
+                            ("--mixup-switch-prob", self.mixup_switch_prob)):
+            _need(0.0 <= value <= 1.0, f"{flag} must be in [0, 1], got {value}")
+        _need(self.mixup >= 0 and self.cutmix >= 0, "--mixup and --cutmix are alphas: >= 0 (0 is off)")
+        _need(0.0 <= self.smoothing < 1.0, f"--smoothing must be in [0, 1), got {self.smoothing}")
+        _need(0.0 < self.model_ema_decay < 1.0, f"--model-ema-decay must be in (0, 1), got {self.model_ema_decay}")
+        if self.aa:
+            from timm.data import create_transform
+
+            try:  # timm's own parser: the policies and options it accepts
+                create_transform(32, is_training=True, auto_augment=self.aa)
+            except Exception as exc:  # timm raises AssertionError, KeyError or ValueError on a bad policy
+                raise UsageError(f"--aa {self.aa}: not a policy timm knows ({type(exc).__name__}: "
+                                 f"{str(exc)[:80]}); e.g. rand-m9-mstd0.5-inc1, augmix-m5-w3, original") from None
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -289,6 +334,7 @@ class RunConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
     sift: SiftConfig = field(default_factory=SiftConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
     def validate(self) -> RunConfig:
         for section in sections(self):
@@ -307,6 +353,9 @@ class RunConfig:
               f"--batches-per-execution {self.data.batches_per_execution} joins lazily traced steps into "
               f"one execution; --step-compiler {self.train.step_compiler} runs each captured graph as "
               "it is called: add --step-compiler lazy")
+        _need(not (self.recipe.mixup or self.recipe.cutmix) or self.train.batch_size % 2 == 0,
+              f"--mixup/--cutmix pair each sample with another of its batch: --batch-size must be even, "
+              f"got {self.train.batch_size}")
         return self
 
     def to_dict(self) -> dict:
@@ -328,6 +377,8 @@ def graph_settings(cfg: RunConfig) -> dict[str, Any]:
     for section, f, graph in _graph_fields(cfg):
         value = getattr(getattr(cfg, section), f.name)
         if graph.when is not None and not graph.when(cfg):
+            if graph.absent_when_off:
+                continue
             value = None
         elif graph.value is not None:
             value = graph.value(value)

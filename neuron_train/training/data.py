@@ -23,12 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from neuron_train.common.errors import UsageError
+from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training.config import DataConfig
 
 _DIGITS_VAL = 300          # fixed validation split of the 1797 digits, independent of --seed
 _SYNTHETIC_POOL = 64       # distinct random images behind the synthetic dataset (loading stays cheap)
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# The mean and std each dataset's samples are normalised with (digits: (x - 0.5) / 0.5; synthetic
+# images are drawn from N(0, 1) and read the same way), for augmentations that undo it.
+NORMALISATION = {"digits": ((0.5,) * 3, (0.5,) * 3), "synthetic": ((0.5,) * 3, (0.5,) * 3),
+                 "folder": (_MEAN, _STD)}
 
 
 class DigitsDataset(Dataset):
@@ -212,26 +216,53 @@ def train_batches_per_epoch(n: int, world: int, batch_size: int) -> int:
     return (n // world) // batch_size
 
 
-def _loader(ds: Dataset, batch_size: int, num_workers: int, sampler=None) -> DataLoader:
+def _loader(ds: Dataset, batch_size: int, num_workers: int, sampler=None, collate=None) -> DataLoader:
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True,
-                      num_workers=num_workers, persistent_workers=False,
+                      num_workers=num_workers, persistent_workers=False, collate_fn=collate,
                       pin_memory=False, prefetch_factor=4 if num_workers else None)
 
 
 def train_loader(ds: Dataset, cfg: DataConfig, *, batch_size: int, accum: int, world: int, rank: int,
-                 seed: int, epoch: int, start_batch: int = 0) -> DataLoader:
-    """Full optimizer steps only (batch x accum); starts after `start_batch` batches (resume)."""
+                 seed: int, epoch: int, start_batch: int = 0, collate=None) -> DataLoader:
+    """Full optimizer steps only (batch x accum); starts after `start_batch` batches (resume).
+    `collate`: how samples become a batch (augment.SoftTargetCollate: Mixup/CutMix on the host)."""
     sampler = ShardSampler(len(ds), world, rank, shuffle=True, seed=seed, epoch=epoch,
                            batch_size=batch_size * accum, start=start_batch * batch_size)
-    return _loader(ds, batch_size, cfg.workers(), sampler)
+    return _loader(ds, batch_size, cfg.workers(), sampler, collate)
 
 
 def eval_loader(ds: Dataset, cfg: DataConfig, *, batch_size: int, world: int, rank: int) -> DataLoader:
     return _loader(PaddedEvalShard(ds, world, rank, batch_size), batch_size, cfg.workers())
 
 
+class _KeptError:
+    """`loader` as torch_xla's loader thread iterates it, keeping the exception a fetch raised: that
+    thread prints it and ends the epoch early, silently (measured: 10 of 16 batches, exit 0), and
+    a sample's augmentation (timm, Pillow) can raise."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader, self.error = loader, None
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        try:
+            yield from self.loader
+        except Exception as exc:
+            self.error = exc
+            raise
+
+
 def to_device(loader: DataLoader, device: torch.device, batches_per_execution: int = 1):
-    """Wrap a loader with MpDeviceLoader: background upload, and a graph boundary per batch."""
+    """Wrap a loader with MpDeviceLoader: background upload, and a graph boundary per batch. A batch
+    the loader failed to make ends the iteration with a RunError naming the exception."""
     import torch_xla.distributed.parallel_loader as pl
 
-    return pl.MpDeviceLoader(loader, device, batches_per_execution=batches_per_execution)
+    source = _KeptError(loader)
+    batches = pl.MpDeviceLoader(source, device, batches_per_execution=batches_per_execution)
+    yield from batches
+    if source.error is not None:
+        error = source.error
+        raise RunError(f"the data loader failed to make a batch: {type(error).__name__}: "
+                       f"{str(error).strip()[:200]} (its traceback is printed above)")

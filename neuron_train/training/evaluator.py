@@ -2,6 +2,9 @@
 
 The last batch is padded with masked samples (data.PaddedEvalShard), so evaluation compiles one
 graph whatever the validation set's size; the totals reach the host once, after the sync.
+With --model-ema the EMA weights are evaluated the same way beside the raw ones: the same program
+on other weights (device data, not constants), so it reuses the raw model's eval graphs and
+compiles none of its own.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from neuron_train.training.step import autocast
 
 class Evaluator:
     def __init__(self, cfg: RunConfig, val, backend: Backend, model: torch.nn.Module,
-                 watch: GraphWatch, *, input_dtype: torch.dtype, extracting: bool):
+                 watch: GraphWatch, *, input_dtype: torch.dtype, extracting: bool, ema=None):
         self.cfg, self.val, self.backend, self.model, self.watch = cfg, val, backend, model, watch
+        self.ema = ema  # timm ModelEmaV3 (--model-ema) or None
         self.input_dtype, self.extracting = input_dtype, extracting
 
     def should_evaluate(self, step: int, *, epoch_end: bool, last: bool) -> bool:
@@ -29,20 +33,27 @@ class Evaluator:
         return (every and step % every == 0) or (not every and epoch_end) or last
 
     def evaluate(self) -> dict[str, float]:
-        """Accuracy and loss over the whole validation set (all ranks); {} without one."""
+        """Accuracy and loss over the whole validation set (all ranks), of the raw weights and of the
+        EMA's (eval_ema_accuracy, eval_ema_loss); {} without a validation set."""
         if self.val is None:
             return {}
         torch_xla.sync()  # closes the pending train step (its graph is labelled train)
         self.watch.phase("eval")
         self.model.eval()
-        totals = self._totals()
-        torch_xla.sync()
-        correct, count, loss_sum = self.backend.all_sum(totals.cpu().tolist())  # host read, after sync
+        result = self._figures(self.model, "eval")
+        if self.ema is not None:
+            result.update(self._figures(self.ema.module, "eval_ema"))  # the module stays in eval mode
         self.model.train()
         self.watch.phase("train")
-        return {"eval_accuracy": correct / max(count, 1), "eval_loss": loss_sum / max(count, 1)}
+        return result
 
-    def _totals(self) -> torch.Tensor:
+    def _figures(self, model: torch.nn.Module, prefix: str) -> dict[str, float]:
+        totals = self._totals(model)
+        torch_xla.sync()
+        correct, count, loss_sum = self.backend.all_sum(totals.cpu().tolist())  # host read, after sync
+        return {f"{prefix}_accuracy": correct / max(count, 1), f"{prefix}_loss": loss_sum / max(count, 1)}
+
+    def _totals(self, model: torch.nn.Module) -> torch.Tensor:
         """(correct, count, loss sum) of this rank's shard, traced into one graph."""
         t, b = self.cfg.train, self.backend
         loader = to_device(eval_loader(self.val, self.cfg.data, batch_size=t.batch_size,
@@ -51,7 +62,7 @@ class Evaluator:
         with torch.no_grad():
             for n, (images, labels, valid) in enumerate(loader, 1):
                 with autocast(t.precision):
-                    logits = self.model(images.to(self.input_dtype))
+                    logits = model(images.to(self.input_dtype))
                 loss = F.cross_entropy(logits.float(), labels, reduction="none")
                 hit = (logits.argmax(-1) == labels).float()
                 totals = totals + torch.stack([(hit * valid).sum(), valid.sum(), (loss * valid).sum()])

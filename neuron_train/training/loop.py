@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 
+import numpy as np
 import torch
 import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
@@ -26,6 +27,7 @@ from neuron_train.common.fileio import write_json_atomic
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.graphs import GraphWatch
 from neuron_train.training import zero1
+from neuron_train.training.augment import recipe_training_set
 from neuron_train.training.cache_hook import CompileCacheHook
 from neuron_train.training.checkpoint import write_failed_in_run
 from neuron_train.training.checkpointer import Checkpointer, Position
@@ -33,6 +35,7 @@ from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import save_config
 from neuron_train.training.data import build_datasets, to_device, train_batches_per_epoch, train_loader
 from neuron_train.training.device import Backend
+from neuron_train.training.ema import build_ema
 from neuron_train.training.evaluator import Evaluator
 from neuron_train.training.metrics import MetricsWriter, Progress
 from neuron_train.training.models import build_model, count_parameters
@@ -52,25 +55,28 @@ class Trainer:
         t = cfg.train
         torch.manual_seed(t.seed)
         random.seed(t.seed)
+        np.random.seed(t.seed)  # timm's Mixup draws from numpy (workers are seeded by torch)
         xm.set_rng_state(t.seed)
         self.run_dir = open_run_dir(cfg, backend, self.extracting)  # training/rundir.py: lock, clean-up
         self.data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, t.seed)
+        self.train_set, self.collate = recipe_training_set(cfg, self.data)  # --aa, --reprob, --mixup ...
         # --compile-cache: records the graph manifest (graph tour) or checks against it; set up before
         # anything reaches the XLA device (torch_xla's cache must be initialised first)
         self.cache = CompileCacheHook(cfg, backend, num_classes=self.data.num_classes)
+        self.ema = None  # --model-ema: made by _build_model from the model still on the host
         self.model, self.params = self._build_model()
         self.input_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
         self.pos = Position()
         self.watch = GraphWatch(cfg.compile.graph_warmup_steps, cfg.compile.check_graphs)
         self.task = build_task(cfg, self.model, backend.device, step=lambda: self.pos.step,
                                mark_phase=self.watch.phase)
-        self.step_path = StepPath(cfg, self.task, self.model, backend)  # --step-compiler
+        self.step_path = StepPath(cfg, self.task, self.model, backend, ema=self.ema)  # --step-compiler
         self.optimizer = self.step_path.optimizer
         self.steps_per_epoch = self._steps_per_epoch()
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         if self.extracting:
             self.total_steps = min(self.total_steps, t.precompile_steps)
-        self.evaluator = Evaluator(cfg, self.data.val, backend, self.model, self.watch,
+        self.evaluator = Evaluator(cfg, self.data.val, backend, self.model, self.watch, ema=self.ema,
                                    input_dtype=self.input_dtype, extracting=self.extracting)
         self.checkpointer = Checkpointer(cfg, backend, self.run_dir, self.watch, writes=self.writes,
                                          extracting=self.extracting)
@@ -92,8 +98,13 @@ class Trainer:
         params = count_parameters(model)
         if t.precision == "bf16":
             model = model.to(torch.bfloat16)  # pure bf16 weights; Neuron rounds stochastically
+        self.ema = build_ema(cfg, model)  # before the move: timm's EMA cannot be made on XLA (ema.py)
         model = model.to(self.backend.device)
         self.backend.broadcast_parameters(model)
+        if self.ema is not None:
+            self.ema.module.to(self.backend.device)
+            if self.backend.world_size > 1:
+                self.ema.set(model)  # the broadcast weights: every rank's EMA starts the same
         return model, params
 
     def _steps_per_epoch(self) -> int:
@@ -124,6 +135,8 @@ class Trainer:
         set_lr(self.optimizer, lr)
         if self.cfg.optim.zero1:  # reduce-scatter, global-norm clip, shard update, all-gather
             self.optimizer.step()
+            if self.step_path.ema_update is not None:
+                self.step_path.ema_update()  # traced into this step's graph: no sync, no read
             grad_norm = zero1.grad_norm(self.optimizer)
             prof.mark("grad_sync")
         else:
@@ -180,15 +193,18 @@ class Trainer:
             if self.eval_result and self.metrics is not None:
                 self.metrics.write(step, self.eval_result, kind="eval")
             if self.eval_result and self.backend.is_main:
+                ema = self.eval_result.get("eval_ema_accuracy")
                 progress.write(f"step {step}: eval accuracy {self.eval_result['eval_accuracy']:.4f}, "
-                               f"loss {self.eval_result['eval_loss']:.4f}")
+                               f"loss {self.eval_result['eval_loss']:.4f}"
+                               + (f"; EMA accuracy {ema:.4f}, loss {self.eval_result['eval_ema_loss']:.4f}"
+                                  if ema is not None else ""))
         if self.nan_step is not None:
             raise RunError(f"loss is not finite at step {self.nan_step}; try a lower --lr, "
                            "--precision fp32 or bf16-autocast, or --grad-clip")
         self._check_metrics()
         # asked again, not reused from above: a stop signal may have arrived during the evaluation
         if self.checkpointer.should_save(step, last=last, stopping=self.stop_signal is not None):
-            path, acted = self.checkpointer.save(self.model, self.optimizer, self.pos), True
+            path, acted = self.checkpointer.save(self.model, self.optimizer, self.pos, self.ema), True
             if self.stop_signal:
                 raise RunError(f"stopped by {signal.Signals(self.stop_signal).name} at step {step}; checkpoint "
                                f"{path or 'saved by rank 0'}; continue with --resume")
@@ -198,7 +214,7 @@ class Trainer:
     def _start(self) -> Progress:
         """Resume, write the configuration, catch stop signals; returns the progress bar."""
         if self.cfg.checkpoint.resume is not None and not self.extracting:
-            self.pos, path = self.checkpointer.resume(self.model, self.optimizer)
+            self.pos, path = self.checkpointer.resume(self.model, self.optimizer, self.ema)
             self.resumed_from = str(path)
         if self.writes:
             name = "config.yaml" if not self.resumed_from else f"config.resume-{self.pos.step}.yaml"
@@ -212,9 +228,9 @@ class Trainer:
     def _epoch_batches(self):
         """This rank's batches for the rest of the current epoch, on the device (MpDeviceLoader)."""
         t, b = self.cfg.train, self.backend
-        loader = train_loader(self.data.train, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
+        loader = train_loader(self.train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
                               world=b.world_size, rank=b.rank, seed=t.seed, epoch=self.pos.epoch,
-                              start_batch=self.pos.batch)
+                              start_batch=self.pos.batch, collate=self.collate)
         return iter(to_device(loader, b.device, self.cfg.data.batches_per_execution))
 
     def run(self) -> dict:

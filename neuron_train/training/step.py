@@ -22,6 +22,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
+from neuron_train.training.ema import EmaUpdate
 from neuron_train.training.optim import build_optimizer, clip_grad_norm
 
 
@@ -63,7 +64,7 @@ def _captured(fn):
 class StepPath:
     """`forward(images, labels)` -> losses, and `update()` -> gradient norm (clip + optimizer step)."""
 
-    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, backend):
+    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, backend, *, ema=None):
         compiler, optim = cfg.train.step_compiler, cfg.optim
         # ZeRO-1 updates its own way. The legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 modes make every f32
         # tensor bf16 on the device, where a captured AdamW's bias correction 1 - 0.999**t rounds to 0
@@ -71,6 +72,7 @@ class StepPath:
         captured_update = (compiler == "dynamo-full" and not optim.zero1
                            and cfg.train.precision not in LEGACY_BF16_PRECISIONS)
         self.model, self.clip = model, optim.grad_clip
+        self.ema_update = EmaUpdate(ema, model) if ema is not None else None
         self.foreach = optim.optimizer_impl == "foreach"
         self.optimizer = build_optimizer(model, optim, backend, captured=captured_update)
         self.forward = _captured(task) if compiler in ("dynamo", "dynamo-full") else task
@@ -83,4 +85,6 @@ class StepPath:
         else:
             grad_norm = torch.zeros((), device=params[0].device)
         self.optimizer.step()
+        if self.ema_update is not None:  # --model-ema: a lerp per weight, no host read (ema.py)
+            self.ema_update()
         return grad_norm

@@ -1,0 +1,151 @@
+"""timm's training recipe on the host: AutoAugment/RandAugment, random erasing, Mixup/CutMix and label
+smoothing, all applied in the data loader (its worker processes, or the main process with
+--num-workers 0), never on the XLA device.
+
+Why on the host: the device then sees the same program every step. Mixup's weight and CutMix's box
+are drawn anew for every batch; applied on the device, the weight would reach the graph as a Python
+scalar (the values 0 and 1 become graph constants: another graph) and timm's CutMix slice
+`x[:, :, yl:yh, xl:xh]` has a new shape almost every batch: a new graph almost every step. Mixed
+on the host, the device receives a batch of fixed shape and soft targets of fixed shape, (batch,
+classes) float32, whatever the draw (tests/test_recipe.py counts the compiled graphs both ways).
+
+What is timm's and what is ours:
+- the image policies and random erasing are timm's `create_transform(..., separate=True)` stages
+  (its augmentation and its final tensor stage), used as they are;
+- Mixup/CutMix is timm's `Mixup`, applied to each collated batch (host tensors);
+- label smoothing without mixing is timm's `mixup_target` (a smoothed one-hot), so every recipe
+  gives the step the same kind of target, and the loss stays torch's `F.cross_entropy`, which takes
+  soft targets: per sample it equals timm's SoftTargetCrossEntropy / LabelSmoothingCrossEntropy
+  (tested), which give only batch means (sifting ranks samples by their own losses, distillation
+  adds a per-sample KL term).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from neuron_train.training.config import RecipeConfig, RunConfig
+from neuron_train.training.data import NORMALISATION, Datasets
+
+
+@dataclass(frozen=True)
+class ImageAugment:
+    """timm's augmentation stage (a PIL transform, or None) and final stage (to tensor, normalise,
+    random erasing) for images normalised with `mean` and `std`."""
+    policy: Callable | None
+    final: Callable
+
+
+def image_augment(cfg: RecipeConfig, img_size: int, mean: tuple, std: tuple) -> ImageAugment | None:
+    """timm's own stages for --aa / --reprob (None when neither is set).
+
+    create_transform's first stage (random-resized crop, flip) is left out: each dataset keeps its
+    own geometry (a flipped digit is another digit). The second stage is used only with --aa, where
+    timm leaves colour jitter out (except for its '3a' policy); this recipe has no jitter flag.
+    """
+    if not cfg.aa and cfg.reprob == 0:
+        return None
+    from timm.data import create_transform
+
+    _, secondary, final = create_transform(
+        img_size, is_training=True, auto_augment=cfg.aa or None, hflip=0.0,
+        re_prob=cfg.reprob, re_mode="pixel", re_count=1, mean=mean, std=std, separate=True)
+    if cfg.aa:
+        _posterize_zero_bits_as_black(secondary)
+    return ImageAugment(secondary if cfg.aa else None, final)
+
+
+def _posterize_zero_bits_as_black(policy) -> None:
+    """timm's RandAugment posterizes to 4 - int(level * 0.4) bits: 0 bits at magnitude 10, which
+    rand-m9-mstd0.5 reaches. Pillow 13 refuses 0 bits ("bits must be between or equal to 1 and 8",
+    the loader dies); older Pillow made the image black, which is what the policy means. Swaps that
+    op's function on this policy's own ops (timm's module is left alone)."""
+    from PIL import Image
+    from timm.data import auto_augment
+
+    def posterize(img, bits_to_keep, **kwargs):
+        if bits_to_keep <= 0:
+            return Image.new(img.mode, img.size)
+        return auto_augment.posterize(img, bits_to_keep, **kwargs)
+
+    for stage in getattr(policy, "transforms", [policy]):
+        nested = getattr(stage, "policy", None) or [getattr(stage, "ops", [])]  # AutoAugment: sub-policies
+        for op in (op for ops in nested for op in ops):
+            if op.aug_fn is auto_augment.posterize:
+                op.aug_fn = posterize
+
+
+class AugmentedTensors(Dataset):
+    """An in-memory dataset (samples are normalised tensors) through timm's image stages: the
+    tensor becomes an 8-bit RGB image, as a decoded file would be, for the policy's PIL ops."""
+
+    def __init__(self, ds: Any, aug: ImageAugment, mean: tuple, std: tuple):
+        self.ds, self.aug = ds, aug
+        self.num_classes = ds.num_classes
+        self.mean, self.std = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        from torchvision.transforms.functional import to_pil_image
+
+        x, y = self.ds[i]
+        pixels = (x * self.std + self.mean).clamp(0, 1)
+        image = to_pil_image((pixels * 255).round().to(torch.uint8))
+        if self.aug.policy is not None:
+            image = self.aug.policy(image)
+        return self.aug.final(image), y
+
+
+class SoftTargetCollate:
+    """Collates a batch, then mixes it with timm's Mixup/CutMix or smooths its labels (host tensors).
+
+    A picklable object, not a closure: DataLoader workers receive it. timm's Mixup draws from
+    numpy's global generator, which torch seeds in each worker (and the loop seeds in the main
+    process), so the draws are reproducible for a seed.
+    """
+
+    def __init__(self, cfg: RecipeConfig, num_classes: int):
+        from timm.data import Mixup
+
+        self.num_classes, self.smoothing = num_classes, cfg.smoothing
+        self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+                           switch_prob=cfg.mixup_switch_prob, mode="batch", label_smoothing=cfg.smoothing,
+                           num_classes=num_classes) if mixing(cfg) else None
+
+    def __call__(self, samples: list):
+        images, labels = default_collate(samples)
+        if self.mixup is not None:
+            return self.mixup(images, labels)  # mixes `images` in place, returns soft targets
+        from timm.data.mixup import mixup_target
+
+        return images, mixup_target(labels, self.num_classes, smoothing=self.smoothing)
+
+
+def mixing(cfg: RecipeConfig) -> bool:
+    """Is Mixup or CutMix on (timm train.py's `mixup_active`)?"""
+    return cfg.mixup > 0 or cfg.cutmix > 0
+
+
+def soft_targets(cfg: RecipeConfig) -> bool:
+    """Does the step train on soft targets, (batch, classes) float32, instead of class indices?"""
+    return mixing(cfg) or cfg.smoothing > 0
+
+
+def recipe_training_set(cfg: RunConfig, data: Datasets) -> tuple[Dataset, SoftTargetCollate | None]:
+    """The training set through --aa / --reprob, and the collate making soft targets (None: the
+    DataLoader's own, class indices). A folder's images pass through 8-bit RGB again after their
+    resize and crop, as timm's policies take PIL images: the augmented image is what a file of that
+    size would decode to."""
+    recipe, train = cfg.recipe, data.train
+    mean, std = NORMALISATION[cfg.data.dataset]
+    aug = image_augment(recipe, cfg.model.img_size, mean, std)
+    if aug is not None:
+        train = AugmentedTensors(train, aug, mean, std)
+    return train, SoftTargetCollate(recipe, data.num_classes) if soft_targets(recipe) else None

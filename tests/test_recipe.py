@@ -1,0 +1,310 @@
+"""timm's training recipe on XLA (training/augment.py, training/ema.py): each XLA-safety rule guarded.
+
+The fast tests run in-process on the CPU XLA device and count compiled graphs with torch_xla's own
+metric (CompileTime); each rule's test also runs the way the rule forbids and sees it recompile, so
+the counter is shown able to catch it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import torch_xla
+import torch_xla.debug.metrics as met
+
+from neuron_train.common.errors import UsageError
+from neuron_train.training.augment import AugmentedTensors, SoftTargetCollate, image_augment
+from neuron_train.training.config import RecipeConfig, RunConfig
+from neuron_train.training.ema import EmaUpdate
+
+CLASSES, BATCH, SIZE = 10, 8, 16
+FULL = dict(mixup=0.8, cutmix=1.0, mixup_prob=0.7, smoothing=0.1)  # mixes some batches, not others
+
+
+def compiles() -> int:
+    data = met.metric_data("CompileTime")
+    return data[0] if data else 0
+
+
+def samples(n: int = BATCH, seed: int = 0) -> list:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(3, SIZE, SIZE, generator=g), torch.tensor(i % CLASSES)) for i in range(n)]
+
+
+def tiny_model(dev) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * SIZE * SIZE, CLASSES)).to(dev)
+
+
+def train_steps(batches, *, on_device=None, model=None, after=None) -> list[int]:
+    """SGD steps on `batches` (host tensors); the compile count after each step.
+
+    `on_device(x, y)`: what a step does to the batch once it is on the device (the forbidden ways);
+    `after()`: run after the optimizer step, before the step's sync.
+    """
+    dev = torch_xla.device()
+    model = model if model is not None else tiny_model(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    counts = []
+    for x, y in batches:
+        x, y = x.to(dev), y.to(dev)
+        if on_device is not None:
+            x, y = on_device(x, y)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if after is not None:
+            after()
+        torch_xla.sync()
+        counts.append(compiles())
+    return counts
+
+
+def steady(counts: list[int], warm: int = 2) -> bool:
+    return counts[warm:] == [counts[warm]] * (len(counts) - warm)
+
+
+# ----- soft targets: the same values as timm's losses ----------------------------------------
+
+def test_cross_entropy_on_soft_targets_equals_timms_losses():
+    from timm.data import Mixup
+    from timm.data.mixup import mixup_target
+    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
+    np.random.seed(0)
+    logits = torch.randn(BATCH, CLASSES)
+    labels = torch.arange(BATCH) % CLASSES
+    smooth = mixup_target(labels, CLASSES, smoothing=0.1)
+    assert torch.allclose(F.cross_entropy(logits, smooth), LabelSmoothingCrossEntropy(0.1)(logits, labels))
+    x = torch.randn(BATCH, 3, SIZE, SIZE)
+    _, soft = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=CLASSES)(x, labels)
+    assert torch.allclose(F.cross_entropy(logits, soft), SoftTargetCrossEntropy()(logits, soft))
+    assert torch.allclose(F.cross_entropy(logits, soft, reduction="none").mean(),
+                          SoftTargetCrossEntropy()(logits, soft))
+
+
+def test_every_batch_has_the_same_target_shape_mixed_or_not():
+    np.random.seed(0)
+    collate = SoftTargetCollate(RecipeConfig(**FULL), CLASSES)
+    kinds = {tuple(collate(samples(seed=s))[1].shape) + (collate(samples(seed=s))[1].dtype,) for s in range(30)}
+    assert kinds == {(BATCH, CLASSES, torch.float32)}
+
+
+# ----- Mixup / CutMix: on the host, never a slice or a constant on the device -----------------
+
+def test_mixing_on_the_host_compiles_no_graph_after_warm_up():
+    np.random.seed(0)
+    collate = SoftTargetCollate(RecipeConfig(**FULL), CLASSES)
+    counts = train_steps([collate(samples(seed=s)) for s in range(8)])
+    assert steady(counts), f"compiles after each step: {counts}"
+
+
+def test_timms_cutmix_on_the_device_recompiles_each_step():
+    """The rule's other side: timm's stock Mixup on device tensors cuts a box of a new shape."""
+    from timm.data import Mixup
+
+    np.random.seed(0)
+    mix = Mixup(mixup_alpha=0.0, cutmix_alpha=1.0, num_classes=CLASSES)
+    counts = train_steps([(x, y) for x, y in (torch.utils.data.default_collate(samples(seed=s))
+                                              for s in range(8))], on_device=mix)
+    assert len(set(counts[2:])) >= 4, f"stock CutMix on the device stayed stable?: {counts}"
+
+
+def test_a_mixing_weight_baked_in_as_a_python_float_recompiles_at_1():
+    """Why the weight never reaches the device as a Python number: lam == 1 (an unmixed batch) is a
+    graph constant of its own. Our collate hands the device only tensors (tested above)."""
+    lams = iter([0.3, 0.6, 0.4, 1.0, 0.7, 0.5])
+
+    def mix(x, y):
+        lam = next(lams)
+        return x * lam + x.flip(0) * (1 - lam), y
+
+    counts = train_steps([torch.utils.data.default_collate(samples(seed=s)) for s in range(6)], on_device=mix)
+    assert not steady(counts), counts
+
+
+# ----- image policies and random erasing: host only, fixed shapes ----------------------------
+
+def test_randaugment_and_random_erasing_run_on_host_tensors_of_one_shape():
+    recipe = RecipeConfig(aa="rand-m9-mstd0.5-inc1", reprob=1.0)
+    aug = image_augment(recipe, SIZE, (0.5,) * 3, (0.5,) * 3)
+    base = [(torch.rand(3, SIZE, SIZE) * 2 - 1, torch.tensor(1)) for _ in range(40)]
+
+    class Base(list):
+        num_classes = CLASSES
+
+    ds = AugmentedTensors(Base(base), aug, (0.5,) * 3, (0.5,) * 3)
+    out = [ds[i][0] for i in range(len(base))]
+    assert {(t.device.type, tuple(t.shape), t.dtype) for t in out} == {("cpu", (3, SIZE, SIZE), torch.float32)}
+    assert all(not torch.equal(o, b) for o, (b, _) in zip(out, base, strict=True))  # reprob 1: every one erased
+
+
+def test_randaugment_at_magnitude_10_posterizes_to_black_instead_of_killing_the_loader():
+    from PIL import Image
+
+    aug = image_augment(RecipeConfig(aa="rand-m10-n1-inc1"), SIZE, (0.5,) * 3, (0.5,) * 3)
+    ops = aug.policy.transforms[0].ops
+    posterize = next(op for op in ops if op.name == "PosterizeIncreasing")
+    img = Image.new("RGB", (SIZE, SIZE), (200, 100, 50))
+    assert posterize.aug_fn(img, 0).getextrema() == ((0, 0),) * 3
+
+
+def test_a_policy_timm_does_not_know_is_one_line():
+    with pytest.raises(UsageError, match="--aa rand-x9: not a policy timm knows"):
+        RecipeConfig(aa="rand-x9").validate()
+
+
+def test_mixing_an_odd_batch_is_refused():
+    cfg = RunConfig()
+    cfg.recipe.cutmix, cfg.train.batch_size = 1.0, 7
+    with pytest.raises(UsageError, match="--batch-size must be even"):
+        cfg.validate()
+
+
+# ----- EMA: in the step's graph, no host read, evaluated with the raw model's graphs ---------
+
+def test_ema_update_adds_no_graph_and_no_host_read_per_step():
+    from timm.utils import ModelEmaV3
+
+    dev = torch_xla.device()
+    host = tiny_model("cpu")
+    start = {k: v.clone() for k, v in host.state_dict().items()}
+    ema = ModelEmaV3(host, decay=0.9, stochastic_rounding=False)  # made on the host (ema.py)
+    model = host.to(dev)
+    ema.module.to(dev)
+    reads = met.metric_data("TransferFromDeviceTime")
+    before = reads[0] if reads else 0
+    counts = train_steps([torch.utils.data.default_collate(samples(seed=s)) for s in range(6)],
+                         model=model, after=EmaUpdate(ema, model))
+    reads = met.metric_data("TransferFromDeviceTime")
+    assert steady(counts), counts
+    assert (reads[0] if reads else 0) == before, "the EMA update read a device value"
+    moved = {k: v.cpu() for k, v in ema.module.state_dict().items()}
+    assert any(not torch.allclose(moved[k], v) for k, v in start.items()), "the EMA never moved"
+
+
+def test_ema_values_equal_timms_update():
+    from timm.utils import ModelEmaV3
+
+    dev = torch_xla.device()
+    host = tiny_model("cpu")
+    ours, theirs = ModelEmaV3(host, decay=0.75), ModelEmaV3(host, decay=0.75)
+    with torch.no_grad():
+        for p in host.parameters():
+            p.add_(1.0)
+    theirs.update(host)  # timm, on the host
+    model = host.to(dev)
+    ours.module.to(dev)
+    EmaUpdate(ours, model)()
+    torch_xla.sync()
+    for k, v in theirs.module.state_dict().items():
+        assert torch.allclose(ours.module.state_dict()[k].cpu(), v), k
+
+
+def test_evaluating_the_ema_weights_reuses_the_raw_models_eval_graph():
+    from timm.utils import ModelEmaV3
+
+    dev = torch_xla.device()
+    host = tiny_model("cpu")
+    ema = ModelEmaV3(host, decay=0.9)
+    model = host.to(dev).eval()
+    ema.module.to(dev)
+    x = torch.randn(BATCH, 3, SIZE, SIZE).to(dev)
+    with torch.no_grad():
+        raw = model(x).argmax(-1).sum()
+        torch_xla.sync()
+        after_raw = compiles()
+        averaged = ema.module(x).argmax(-1).sum()
+        torch_xla.sync()
+    assert after_raw > 0 and compiles() == after_raw, (raw, averaged)
+
+
+# ----- the flags: train options, so bench and plan take them and hand them on ----------------
+
+@pytest.mark.parametrize("command", ["bench", "plan", "precompile"])
+def test_bench_plan_and_precompile_take_the_recipe_flags_and_hand_them_on(command):
+    import argparse
+
+    from neuron_train.commands import bench, plan, precompile
+    from neuron_train.training.config_io import config_from_args, config_to_argv
+
+    flags = ["--model", "vit-nano", "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8",
+             "--cutmix", "1.0", "--mixup-prob", "0.9", "--mixup-switch-prob", "0.4", "--smoothing", "0.1",
+             "--model-ema", "--model-ema-decay", "0.999"]
+    if command == "precompile":  # `precompile [options] -- TRAIN_ARGS`
+        cfg = precompile._train_config(flags)
+    else:
+        parser = argparse.ArgumentParser()
+        {"bench": bench, "plan": plan}[command].configure_parser(parser)
+        cfg = config_from_args(parser.parse_args([*flags, "--output", "result.json"]))
+    assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.model_ema, cfg.recipe.model_ema_decay) == (
+        "rand-m9-mstd0.5-inc1", 1.0, True, 0.999)
+    assert config_to_argv(cfg) == flags
+
+
+def test_a_config_files_recipe_section_holds_the_same_keys():
+    from neuron_train.training.config_io import build_config
+
+    cfg = build_config({"recipe": {"aa": "original", "cutmix": 1, "smoothing": 0.1, "model_ema": True}})
+    assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.smoothing, cfg.recipe.model_ema) == ("original", 1.0, 0.1, True)
+    with pytest.raises(UsageError, match="--smoothing must be in"):
+        build_config({"recipe": {"smoothing": 1.5}})
+
+
+def test_another_ema_decay_is_the_same_graph():
+    """The decay is data, not a graph constant: precompile need not record it (config.py)."""
+    from timm.utils import ModelEmaV3
+
+    dev = torch_xla.device()
+    counts = []
+    for decay in (0.9, 0.99, 0.999):
+        host = tiny_model("cpu")
+        ema = ModelEmaV3(host, decay=decay, stochastic_rounding=False)
+        model = host.to(dev)
+        ema.module.to(dev)
+        update = EmaUpdate(ema, model)
+        update()
+        torch_xla.sync()
+        counts.append(compiles())
+    assert counts == [counts[0]] * 3, counts
+
+
+def test_a_run_with_the_recipe_against_a_manifest_without_it_names_the_recipe():
+    from neuron_train.precompile.coverage import differences
+    from neuron_train.training.cache_hook import config_labels, graph_config
+    from neuron_train.training.config_io import build_config
+
+    def config(recipe: dict) -> dict:
+        return graph_config(build_config({"recipe": recipe}), world_size=1, num_classes=10, device="CPU",
+                            env={}, versions={"torch": "2.9.0"})
+
+    assert differences(config({"cutmix": 1.0, "model_ema": True}), config({}), config_labels()) == [
+        "soft targets (--mixup, --cutmix, --smoothing) on here, (none) in the manifest",
+        "model EMA on here, (none) in the manifest"]
+    assert differences(config({"smoothing": 0.1, "aa": "original", "reprob": 0.5}), config({"mixup": 0.8}),
+                       config_labels()) == []  # host-side settings; any soft targets are one graph
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loader thread's, by design
+def test_a_batch_the_loader_fails_to_make_stops_the_epoch_with_one_line_not_silently():
+    """torch_xla's loader thread prints a fetch's exception and ends the epoch early; an augmentation
+    that raises on one sample (timm with a newer Pillow did) must not shorten training unnoticed."""
+    from torch.utils.data import DataLoader
+
+    from neuron_train.common.errors import RunError
+    from neuron_train.training.data import to_device
+
+    class Failing(list):
+        def __getitem__(self, i):
+            if i == 40:
+                raise ValueError("bits must be between or equal to 1 and 8")
+            return super().__getitem__(i)
+
+    loader = DataLoader(Failing(samples(64)), batch_size=4)
+    seen = []
+    with pytest.raises(RunError, match=r"the data loader failed to make a batch: ValueError: bits must be"):
+        for x, _ in to_device(loader, torch_xla.device()):
+            seen.append(x.shape[0])
+    assert len(seen) == 10  # the batches before the failing one were trained on
