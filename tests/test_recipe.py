@@ -227,14 +227,14 @@ def test_evaluating_the_ema_weights_reuses_the_raw_models_eval_graph():
 def test_bench_plan_and_precompile_take_the_recipe_flags_and_hand_them_on(command):
     import argparse
 
-    from neuron_train.commands import bench, plan, precompile
-    from neuron_train.training.config_io import config_from_args, config_to_argv
+    from neuron_train.commands import bench, plan
+    from neuron_train.training.config_io import config_from_args, config_from_train_args, config_to_argv
 
     flags = ["--model", "vit-nano", "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8",
              "--cutmix", "1.0", "--mixup-prob", "0.9", "--mixup-switch-prob", "0.4", "--smoothing", "0.1",
              "--model-ema", "--model-ema-decay", "0.999"]
     if command == "precompile":  # `precompile [options] -- TRAIN_ARGS`
-        cfg = precompile._train_config(flags)
+        cfg = config_from_train_args(flags, prog="neuron-train precompile [options] --")
     else:
         parser = argparse.ArgumentParser()
         {"bench": bench, "plan": plan}[command].configure_parser(parser)

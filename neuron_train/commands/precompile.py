@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_train.common.cli_parser import CommandParser, add_cache_option
+from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3
 from neuron_train.common.neuron_env import EXTRACT_ENV
@@ -50,7 +50,7 @@ from neuron_train.precompile.script_precompile import (
 )
 from neuron_train.training.cache_hook import tour_steps
 from neuron_train.training.config import RunConfig
-from neuron_train.training.config_io import add_config_arguments, config_from_args
+from neuron_train.training.config_io import config_from_train_args
 
 RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
 USAGE = ("neuron-train precompile [options] -- TRAIN_ARGS ...   (neuron-train's own loop)\n"
@@ -142,13 +142,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 def is_command(train_args: list[str]) -> bool:
     """`-- python my_train.py ...` (a command) rather than `-- --model ...` (our loop's flags)."""
     return bool(train_args) and not train_args[0].startswith("-")
-
-
-def _train_config(train_args: list[str]) -> RunConfig:
-    parser = CommandParser(prog="neuron-train precompile [options] --", add_help=False,
-                           help_command="neuron-train train --help")
-    add_config_arguments(parser)
-    return config_from_args(parser.parse_args(train_args))
 
 
 def _resolve_cache(cli_dir: str | None, cfg: RunConfig | None) -> Path:
@@ -274,7 +267,7 @@ def main(args: argparse.Namespace) -> int:
     if is_command(args.train_args):
         return _main_script(args)
     train_args = _loop_args(args)
-    cfg = _train_config(train_args)
+    cfg = config_from_train_args(train_args, prog="neuron-train precompile [options] --")
     cache = _resolve_cache(args.compile_cache, cfg)
     plan = build_plan(cfg, train_args, cache=cache, target=_target(args), world=args.nproc_per_node,
                       num_parallel=args.num_parallel, retries=args.retries, retry_failed=args.retry_failed,

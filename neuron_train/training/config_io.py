@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from neuron_train.common import reader
+from neuron_train.common.cli_parser import CommandParser
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import write_failed, write_text_atomic
 from neuron_train.common.neuron_env import default_pjrt_device
@@ -153,6 +154,15 @@ def _warn_other_device_values(file_values: dict, overrides: dict, device_kind: s
                   f"the default is {default}; the file may come from a run on another device. Keep it with "
                   f"{flag} {shown(value)}, or use the default with {flag} {default} (or delete the line)",
                   file=sys.stderr, flush=True)
+
+
+
+def config_from_train_args(train_args: list[str], prog: str) -> RunConfig:
+    """The run configuration of a command's TRAIN_ARGS (`precompile [options] -- TRAIN_ARGS`): parsed
+    with train's own options, a usage error naming `neuron-train train --help`."""
+    parser = CommandParser(prog=prog, add_help=False, help_command="neuron-train train --help")
+    add_config_arguments(parser)
+    return config_from_args(parser.parse_args(train_args))
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
