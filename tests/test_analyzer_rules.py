@@ -257,3 +257,33 @@ def test_line_tracing_is_wanted_during_the_warmup_and_for_a_few_steps_after_a_ne
         run_site(analyzer, graph, start=step)
         wanted.append(analyzer.tracing_lines_wanted(3))
     assert wanted == [True, True, True, True, False, True, True, True, False]
+
+
+@pytest.mark.parametrize("optimizer_steps", [6, 30])
+def test_a_read_in_every_optimizer_step_fails_though_the_script_syncs_three_times_per_optimizer_step(
+        optimizer_steps):
+    """A Trainer syncs more than once per optimizer step: a callback's `.item()` on a fresh device
+    value at each optimizer step's end is in a third of the syncs but in every optimizer step. A step is
+    what the script repeats; the verdict is the same for a short and a long run. An occasional read
+    (an evaluation's, once) stays a report."""
+    analyzer = analyzer_of()
+    step = 0
+    for n in range(1, optimizer_steps + 1):
+        for micro in range(3):
+            step += 1
+            events = [*through("A", 10, SYNC, TRAINER, compiled=step == 1)]
+            extra: dict = {}
+            if micro == 2:
+                events += through("R", 40, cause=ACCESS, compiled=n == 1)
+                extra["optimizer_steps"] = [n]
+            if n == optimizer_steps and micro == 0:
+                events += through("E", 50, cause=ACCESS, compiled=True)
+            analyzer.observe(window(step, *events, **extra))
+    summary = analyzer.summary()
+    entries = {h["where"]: h for h in summary.host_syncs}
+    assert entries["/u/t.py:40"]["every_step"] and entries["/u/t.py:40"]["executes_graph"]
+    assert not entries["/u/t.py:50"]["every_step"]
+    steady = analyzer.steady_optimizer_steps
+    assert summary.problems == [
+        f"host access before sync: a tensor value read at /u/t.py:40 runs a graph before the step's sync in "
+        f"{steady} of {steady} optimizer steps after warm-up"]

@@ -134,6 +134,22 @@ def test_a_trainer_run_names_transformers_lines_and_the_users_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_trainer_callbacks_read_in_every_optimizer_step_fails_and_its_fix_passes(tmp_path):
+    """A TrainerCallback.on_step_end reading a fresh device value with `.item()` every optimizer step:
+    named at the callback's line, counted per optimizer step; read in a step closure (the fix the
+    report gives), the same run is stable."""
+    command = (sys.executable, str(HF), "--no-mask", "--drop-last")
+    code, report, output = check_graphs(tmp_path, *command, "--read-every-step", "--output-dir", str(tmp_path / "o"))
+    assert code == 1, output
+    [read] = [h for h in report["host_syncs"] if h["executes_graph"]]
+    assert (read["cause"], read["where"], read["every_step"]) == (records.HOST_ACCESS, label(HF, "READ"), True)
+    assert "xm.add_step_closure" in read["fix"]
+    code, report, output = check_graphs(tmp_path, *command, "--read-every-step", "closure",
+                                        "--output-dir", str(tmp_path / "o2"))
+    assert code == 0 and not [h for h in report["host_syncs"] if h["executes_graph"]], output
+
+
+@pytest.mark.slow
 def test_the_trainers_eval_loop_growing_its_outputs_is_named_with_its_fix(tmp_path):
     """Evaluation with compute_metrics (4 eval batches): transformers concatenates each batch's losses,
     logits and labels onto the last ones on the device, a new length and a new graph per batch; with

@@ -67,6 +67,8 @@ class Analyzer:
     executions_logged: bool = True
     steps: int = 0
     steady_steps: int = 0
+    optimizer_step: int = 0           # the highest optimizer step seen (any optimizer's n-th step())
+    steady_optimizer_steps: int = 0   # optimizer steps taken in steady windows
     last_step: int | None = None
     graphs: dict[str, Graph] = field(default_factory=dict)
     hlo: dict[str, hlo_diff.HloSummary] = field(default_factory=dict)  # graph hash -> its HLO
@@ -100,6 +102,8 @@ class Analyzer:
         index = self.steps if w.is_step else self.steps + 1
         steady = self._steady(index)
         self.steady_steps += steady and w.is_step
+        before, self.optimizer_step = self.optimizer_step, max([self.optimizer_step, *w.optimizer_steps])
+        self.steady_optimizer_steps += (self.optimizer_step - before) if steady else 0
         label = w.step if w.step is not None else self.last_step
         self.loaders.observe(w)
         reads = reads_by_line(w, self.is_internal, self.library_of)
@@ -126,7 +130,7 @@ class Analyzer:
             graph = self._unlogged_graph(w, label, index, next(times, None))
             if graph.kind == "recompile":
                 found.append(graph)
-        self.host.observe(w, reads, label, index, steady)
+        self.host.observe(w, reads, label, index, steady, self.optimizer_step)
         return found
 
     def _site_key(self, event: XlaEvent, phase: str) -> tuple:
@@ -275,9 +279,9 @@ class Analyzer:
 
     def summary(self, max_graphs: int | None = None) -> GraphReport:
         graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
-        host = self.host.entries(self.steady_steps)
+        host = self.host.entries(self.steady_steps, self.steady_optimizer_steps)
         problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
-                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host, self.steady_steps))
+                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host))
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         for h in host:
