@@ -35,13 +35,29 @@ def label(path: Path, name: str) -> str:
 
 
 # ----- torch.compile(backend="openxla") ------------------------------------------------------------
-@pytest.mark.parametrize("case", ["clean", "tensor_lr"])
+@pytest.mark.parametrize("case", ["clean", "tensor_lr", "item_after"])
 def test_a_compiled_loop_is_counted_by_its_calls_and_stable(tmp_path, case):
-    """Unmodified, and with the fix the report gives for a float-LR schedule: an LR tensor."""
+    """Unmodified, with the fix the report gives for a float-LR schedule (an LR tensor), and with the
+    fix for a read inside the compiled step (read the returned loss after the call's sync)."""
     code, report, output = check_script(tmp_path, "dynamo_loop.py", case)
     assert code == 0, output
     assert report["steps"] >= 12  # 4 epochs of 3 compiled calls, not one "step" for the whole loop
     assert not [d for d in report["dynamo"] if d["defect"]]
+
+
+@pytest.mark.slow
+def test_a_read_inside_a_compiled_step_is_a_host_sync_every_step_at_the_users_line(tmp_path):
+    """`.item()` inside a torch.compile(backend="openxla") step: dynamo breaks the step's graph there
+    and the device is waited for mid-step, every step. Named at the user's line (not at the checker's
+    own read hook, which dynamo meets when it traces the patched method)."""
+    code, report, output = check_script(tmp_path, "dynamo_loop.py", "item")
+    assert code == 1, output
+    [read] = report["host_syncs"]
+    assert (read["cause"], read["where"], read["every_step"], read["executes_graph"]) == (
+        records.COMPILED_READ, line_of("dynamo_loop.py", "ITEM"), True, True), output
+    assert "return the tensor from the compiled function" in read["fix"]
+    assert read["count"] >= 8  # every compiled call after the warm-up, not 0
+    assert "neuron_train/graphs" not in json.dumps(report["dynamo"]), output
 
 
 def test_a_float_lr_schedule_under_dynamo_is_named_with_dynamos_reason(tmp_path):

@@ -82,12 +82,13 @@ def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     def read(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
         where = None
-        if depth == 0 and self.device.type == "xla" and not in_dynamo(sys._getframe(1)):
-            analyzer = recorder.analyzer
+        analyzer = recorder.analyzer
+        if depth == 0 and self.device.type == "xla" and not in_dynamo(analyzer.is_internal, sys._getframe(1)):
             where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
                 recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
-                                                             sys._getframe(1)))
+                                                             sys._getframe(1)),
+                                   compiled=getattr(_state, "compiled_calls", 0) > 0)
         _state.depth = depth + 1
         try:
             return original(self, *args, **kwargs)

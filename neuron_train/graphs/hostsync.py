@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import HOST_ACCESS, HOST_READ, HOST_READS, READ_CAUSES, Window, fix_for
+from neuron_train.graphs.records import (
+    COMPILED_READ,
+    HOST_ACCESS,
+    HOST_READ,
+    HOST_READS,
+    READ_CAUSES,
+    Window,
+    fix_for,
+)
 from neuron_train.graphs.report import at, short
 
 
@@ -29,6 +37,9 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
         entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0, "phase": read.phase,
                                               "library": read.library})
         entry["hooked"] += 1
+        if read.compiled:
+            # dynamo broke the compiled step at the read: the part before it ran as a graph of its own
+            entry.update(compiled=True, runs=entry["runs"] + 1)
     for event, phase in w.events:
         if event.kind == "execute" and event.host_access and not in_closure(event):
             where = user_frames(event.frames, is_internal)[0].where
@@ -59,6 +70,8 @@ class HostSyncs:
             for where, read in reads.items():
                 entry = self._entry(where, read["kind"], read["phase"])
                 entry["_optimizer_steps"].add(optimizer_step)
+                if read.get("compiled"):
+                    entry["cause"] = COMPILED_READ
                 entry["library"] = entry["library"] or read.get("library", "")
                 entry["count"] += max(read["hooked"], read["runs"])
                 entry["executes_graph"] |= read["runs"] > 0

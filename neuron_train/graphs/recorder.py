@@ -96,9 +96,9 @@ class Recorder:
             self._marks.append((self.log_size(), name))
             self.current_phase = name
 
-    def note_read(self, kind: str, where: str, library: str = "") -> None:
+    def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> None:
         with self._lock:
-            self._reads.append(HostRead(kind, where, self.current_phase, library))
+            self._reads.append(HostRead(kind, where, self.current_phase, library, compiled))
 
     def note_scalar(self, change: dict) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ HOST_ACCESS = "host access before sync"
 VALUE_BRANCH = "value-dependent control flow"
 DATA_DEPENDENT = "data-dependent shape"
 HOST_READ = "host read after the sync"       # a copy that waits for the device; no extra graph
+COMPILED_READ = "host access inside torch.compile"  # a read in a compiled call: a graph break, a wait mid-step
 NEW_INPUT_SHAPE = hlo_diff.NEW_INPUT_SHAPE
 NEW_CONSTANT = hlo_diff.NEW_CONSTANT
 GRAPH_STRUCTURE = hlo_diff.GRAPH_STRUCTURE
@@ -41,6 +42,9 @@ FIXES = {
                   "above 0, or pass the value as a device tensor)",
     GRAPH_STRUCTURE: "make slice and loop lengths fixed (pad to the maximum length and mask)",
     HOST_READ: "fine once in a while; in every step, move it into xm.add_step_closure(...)",
+    COMPILED_READ: "return the tensor from the compiled function and read it after the call's sync "
+                   "(torch_xla.sync(), or in xm.add_step_closure(...)): inside the compiled step the read "
+                   "breaks its graph in two and waits for the device mid-step",
     UNKNOWN: "run `neuron-train check-graphs -- COMMAND` for the cause",
     DYNAMO_RECOMPILE: "keep what the failed guard checks constant: pass a changing Python number as a "
                       "tensor (e.g. the optimizer's lr=torch.tensor(0.01)), give every batch one shape",
@@ -104,6 +108,7 @@ class HostRead:
     where: str       # the innermost user line
     phase: str
     library: str = ""  # the library line that read it (`transformers/masking_utils.py:369`), if any
+    compiled: bool = False  # inside a torch.compile'd call: dynamo broke the step's graph there
 
 
 @dataclass
