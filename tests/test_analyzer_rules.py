@@ -287,3 +287,32 @@ def test_a_read_in_every_optimizer_step_fails_though_the_script_syncs_three_time
     assert summary.problems == [
         f"host access before sync: a tensor value read at /u/t.py:40 runs a graph before the step's sync in "
         f"{steady} of {steady} optimizer steps after warm-up"]
+
+
+def program(ops: int) -> hlo_diff.HloSummary:
+    """A graph of `ops` instructions (a step's ops repeated: what a loop that never syncs runs)."""
+    return hlo_diff.HloSummary([hlo_diff.Instr("parameter", "f32[8]", index=0)],
+                               [hlo_diff.Instr("add", "f32[8]", where="/u/t.py:12")] * ops, ["f32[]"])
+
+
+@pytest.mark.parametrize("sizes,grown", [
+    ((100, 200, 300, 400), ["G3", "G4"]),  # every step's graph holds all steps before it
+    ((100, 120, 120, 100), []),            # a first optimizer step and others: no steady growth
+    ((100, 101, 102, 103), []),            # a length or an op more: not a step's worth
+])
+def test_a_read_site_whose_graph_grows_step_over_step_is_a_loop_without_a_sync(sizes, grown):
+    """timm's train.py on XLA: `loss.item()` each step runs the pending graph, which holds every
+    earlier step's update. Growth in three consecutive steps is its own cause, named at the optimizer
+    step where the sync goes, with the ops by step; before it shows, the first graphs are warm-up."""
+    analyzer = analyzer_of(optimizer_where="/u/t.py:30")
+    found = []
+    for step, ops in enumerate(sizes, 1):
+        found += analyzer.observe(window(step, *through(f"G{step}", 33, cause=ACCESS), hlo={0: program(ops)},
+                                         optimizer_steps=[step]))
+    assert [g.hash for g in found if g.cause == records.GROWING_GRAPH] == grown
+    if grown:
+        first = analyzer.graphs["G3"]
+        assert (first.kind, first.where, first.fix) == ("recompile", "/u/t.py:30", FIXES[records.GROWING_GRAPH])
+        assert first.detail.startswith("ops by step: 1: 100, 2: 200, 3: 300;")
+        assert analyzer.graphs["G2"].kind == "warmup"
+        assert "torch_xla.sync()" in first.fix and "MpDeviceLoader" in first.fix

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, cpu_env
 from test_byos import nt
-from test_graphs import check_graphs, check_script, line_of
+from test_graphs import FIXTURES, check_graphs, check_script, line_of
 
 from neuron_train.graphs import records
 
@@ -84,6 +86,61 @@ def test_a_ragged_batch_under_dynamo_is_named_at_its_loader(tmp_path):
         assert (graph["cause"], graph["where"]) == (records.NEW_INPUT_SHAPE, line_of("dynamo_loop.py", "LOADER"))
         assert "size mismatch at index 0. expected 8, actual 6" in graph["detail"]
     assert all(g["cause"] != records.UNKNOWN for g in report["graphs"]) and "--xla_dump_to" not in output
+
+
+# ----- a loop that never syncs (timm's train.py on an XLA device) --------------------------------------
+NO_SYNC = "no_sync_timm.py"
+
+
+@pytest.mark.slow
+def test_a_loop_that_never_syncs_is_named_with_its_growing_graph_and_the_sync_fix_passes(tmp_path):
+    """A timm model trained as timm's train.py does on `--device xla`: no sync, a `loss.item()` every
+    step. The step is the optimizer step; its graph grows; named at the optimizer step where the
+    sync goes, with the ops by step. With `torch_xla.sync()` there (the fix) the run is stable."""
+    code, report, output = check_script(tmp_path, NO_SYNC, "nosync", "24")
+    assert code == 1, output
+    grown = [g for g in report["recompiles"] if g["cause"] == records.GROWING_GRAPH]
+    assert grown and all(g["where"] == line_of(NO_SYNC, "OPT_STEP") for g in grown), output
+    assert grown[0]["detail"].startswith("ops by step: 1: "), output
+    assert "torch_xla.sync()" in grown[0]["fix"]
+    assert report["steps"] >= 3, output  # optimizer steps, not "0 steps"
+    code, report, output = check_script(tmp_path, NO_SYNC, "sync", "24")
+    assert code == 0 and not report["recompiles"], output
+
+
+@pytest.mark.slow
+def test_a_check_stopped_by_a_signal_mid_compile_reports_what_it_saw(tmp_path):
+    """`timeout` ends check-graphs while the never-syncing loop compiles a long graph (a signal is
+    handled only after the compile): the process wrote its record at each new graph, so the report
+    still names the growing graph, and says it was interrupted."""
+    report = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "neuron_train", "check-graphs", "--json", str(report), "--",
+                             sys.executable, str(FIXTURES / NO_SYNC), "nosync", "80"], env=cpu_env(), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.strip() == "step 4":  # step 3's window has ended: the growth is recorded
+            proc.send_signal(signal.SIGTERM)
+            break
+    output = "".join(seen) + proc.communicate(timeout=300)[0]
+    assert proc.returncode == 1, output
+    result = json.loads(report.read_text())
+    assert result["interrupted_by"] == "SIGTERM", output
+    assert any(g["cause"] == records.GROWING_GRAPH for g in result["recompiles"]), output
+
+
+@pytest.mark.slow
+def test_inference_mode_on_xla_is_named_at_its_line_with_no_grad_as_the_fix(tmp_path):
+    """timm's validate() runs under torch.inference_mode(): torch_xla fails ("Cannot set version_counter
+    for inference tensor"). Named at the `with` line with torch.no_grad(), which then runs."""
+    code, report, output = check_script(tmp_path, NO_SYNC, "inference_mode", "16")
+    assert code == 1, output
+    [named] = [p for p in report["problems"] if p.startswith("torch.inference_mode()")]
+    assert f"at {line_of(NO_SYNC, 'EVAL').replace(str(ROOT) + '/', '')} " in named, named
+    assert "use torch.no_grad() there" in named
+    code, report, output = check_script(tmp_path, NO_SYNC, "no_grad", "16")
+    assert code == 0, output
 
 
 # ----- torch_xla eager mode ------------------------------------------------------------------------

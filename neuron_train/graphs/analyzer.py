@@ -30,6 +30,7 @@ from neuron_train.graphs.records import (
     DYNAMO_EAGER,
     DYNAMO_RECOMPILE,
     GRAPH_BREAK,
+    GROWING_GRAPH,
     NEW_CALL_SITE,
     NEW_INPUT_SHAPE,
     UNKNOWN,
@@ -45,6 +46,7 @@ from neuron_train.graphs.report import at, short
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
 WARMUP_GRAPHS = 3           # distinct graphs a site may run before it repeats one (first optimizer
                             # step, an accumulator's first value, a first LR of exactly 0)
+GROWTH_STEPS = 3            # consecutive steps whose graphs grow: a loop without a sync
 RUNS_KEPT = 64              # runs remembered per call site (for "input N by step")
 
 
@@ -56,6 +58,7 @@ class Site:
     late: bool = False                                        # first seen once the run was steady
     last: str = ""                                            # the graph it ran last
     runs: list[tuple[object, str]] = field(default_factory=list)  # (step, graph) of recent runs
+    sizes: list[tuple[int, object, int]] = field(default_factory=list)  # (step index, step, ops) per compile
 
 
 @dataclass
@@ -84,6 +87,8 @@ class Analyzer:
     library_of: Callable[[str], str] = field(default=lambda path: "")  # package-relative library file
     dynamo: list[dict] = field(default_factory=list)   # torch.compile's recompiles, limits, graph breaks
     phases: set[str] = field(default_factory=set)       # phases of the windows seen so far
+    notes: list[str] = field(default_factory=list)     # known errors named with their fix (hooks)
+    optimizer_where: str = ""   # the user's line of the first optimizer step (hooks): where a sync goes
 
     @property
     def steady(self) -> bool:
@@ -185,12 +190,17 @@ class Analyzer:
                 and (grown(self.hlo.get(site.last), hlo) is not None or kind == "warmup" and slice_made(
                     self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window)):
             kind = "recompile"  # a slice's new length, a tensor grown again: never warm-up, every shape counts
+        growth = self._growth(site, index, step, hlo)
+        kind = "recompile" if growth else kind
         graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds,
                       kind=kind, cause=WARMUP, detail="",
                       where=frames[0] if frames else "", trigger=_trigger(event), site=frames,
                       inputs=event.inputs, outputs=event.outputs,
                       library=library_frame(event.frames, self.is_internal, self.library_of))
-        if graph.kind == "recompile" and fresh_read is not None:
+        if growth:
+            graph.cause, graph.detail = GROWING_GRAPH, growth
+            graph.where, graph.library = self.optimizer_where or graph.where, ""
+        elif graph.kind == "recompile" and fresh_read is not None:
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause) = "late", fresh_read
             graph.library = ctx.reads.get(graph.where, {}).get("library", graph.library)
@@ -220,6 +230,21 @@ class Analyzer:
         site.graphs.append(event.graph_hash)
         self.graphs[event.graph_hash] = graph
         return graph
+
+    def _growth(self, site: Site, index: int, step, hlo) -> str:
+        """What shows a call site's graph growing step over step (a loop that never syncs: each step's
+        graph holds every step before it), or "". Three graphs in three consecutive steps, each larger
+        than the last by at least a tenth of the first."""
+        if hlo is None:
+            return ""
+        site.sizes.append((index, step, len(hlo.instrs)))
+        last = site.sizes[-GROWTH_STEPS:]
+        if len(last) < GROWTH_STEPS or any(b[0] != a[0] + 1 or b[2] - a[2] < max(1, last[0][2] // 10)
+                                           for a, b in zip(last, last[1:], strict=False)):
+            return ""
+        ops = ", ".join(f"{s}: {n}" for _, s, n in site.sizes[-6:])
+        return (f"ops by step: {ops}; no sync ends the step, so each step's graph holds every step before "
+                "it and is compiled again, longer every step")
 
     def _unlogged_graph(self, w: Window, step, index: int, seconds: float | None) -> Graph:
         site = self.sites.setdefault((w.phase,), Site(late=self._steady(index)))
@@ -281,7 +306,7 @@ class Analyzer:
         graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
         host = self.host.entries(self.steady_steps, self.steady_optimizer_steps)
         problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
-                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host))
+                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host) + self.notes)
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         for h in host:

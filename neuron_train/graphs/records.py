@@ -30,6 +30,7 @@ GRAPH_BREAK = "graph break"                  # torch.compile split a function (r
 PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a step traced
 SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
 GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run's result: a new length each run
+GROWING_GRAPH = "graph grows every step"     # no sync ends the step: each graph holds every step before it
 
 FIXES = {
     NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
@@ -58,6 +59,9 @@ FIXES = {
     GROWING_CONCAT: "collect per-step results without growing a device tensor: append each one to a "
                     "Python list and torch.cat once after the loop, or move each to the CPU after the step's "
                     "sync (in xm.add_step_closure)",
+    GROWING_GRAPH: "end every step with a sync: torch_xla.sync() (or xm.mark_step()) right after the "
+                   "optimizer step, or iterate the loader through torch_xla's MpDeviceLoader, which syncs at "
+                   "each step's end",
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 
