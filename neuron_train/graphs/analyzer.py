@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
-from neuron_train.graphs.explain import Context, Loaders, explain, grown, slice_made
+from neuron_train.graphs.explain import Context, Loaders, explain, grown, guarded_write, slice_made
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
@@ -242,7 +242,7 @@ class Analyzer:
         if len(last) < GROWTH_STEPS or any(b[0] != a[0] + 1 or b[2] - a[2] < max(1, last[0][2] // 10)
                                            for a, b in zip(last, last[1:], strict=False)):
             return ""
-        ops = ", ".join(f"{s}: {n}" for _, s, n in site.sizes[-6:])
+        ops = ", ".join(f"{i}: {n}" for i, _, n in site.sizes[-6:])
         return (f"ops by step: {ops}; no sync ends the step, so each step's graph holds every step before "
                 "it and is compiled again, longer every step")
 
@@ -297,6 +297,8 @@ class Analyzer:
                 entry.update(defect=note.kind == "limit" or not warm, count=1,
                              cause=DYNAMO_EAGER if note.kind == "limit" else DYNAMO_RECOMPILE)
             entry["fix"] = fix_for(entry["cause"], _compiled_library(note))
+            if note.kind != "graph_break":
+                guarded_write(entry)  # the user's line that wrote the guarded value, when it is one
             self.dynamo.append(entry)
             if entry["defect"] and note.kind == "recompile":
                 found.append(entry)
@@ -355,7 +357,7 @@ def _dynamo_cause(graph: Graph, note: dict, ctx: Context) -> None:
             graph.detail += (f"; the batches come from the DataLoader at {short(origin.where)} (batch_size "
                              f"{origin.batch_size}, drop_last=False, {origin.samples} samples: each pass "
                              f"ends with a batch of {origin.samples % origin.batch_size})")
-    graph.fix = fix_for(graph.cause, graph.library or _compiled_library(DynamoNote(**{
+    graph.fix = note["fix"] if note.get("detail") else fix_for(graph.cause, graph.library or _compiled_library(DynamoNote(**{
         k: note[k] for k in ("kind", "function", "reason", "where", "library")})))
 
 

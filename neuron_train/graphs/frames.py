@@ -36,7 +36,7 @@ def in_dynamo(is_internal: Callable[[str], bool], frame: FrameType | None) -> bo
         path = frame.f_code.co_filename
         if _DYNAMO in path:
             return True
-        if not is_internal(path):
+        if not is_internal(path) and not path.startswith("<"):  # `<string>`: code dynamo generated (guards)
             return False
         frame = frame.f_back
     return False
