@@ -93,6 +93,22 @@ def test_a_float_lr_written_into_param_groups_is_named_at_the_write_with_a_fix_t
     assert code == 0 and not report["host_syncs"], output  # dynamo's own generated code reads nothing of ours
 
 
+@pytest.mark.slow
+def test_a_python_int_passed_into_a_compiled_step_is_named_at_the_call(tmp_path):
+    """The step number, a Python int, handed to the compiled step: dynamo guards on its value and
+    recompiles every step. Named at the user's call that passes it (the graphs it makes too, whose
+    logged frames end inside torch_xla); passed as a device tensor (the fix), the run is stable."""
+    code, report, output = check_script(tmp_path, "dynamo_loop.py", "int_arg")
+    assert code == 1, output
+    call = line_of("dynamo_loop.py", "INT_ARG")
+    recompiles = [d for d in report["dynamo"] if d["cause"] == records.DYNAMO_RECOMPILE and d["defect"]]
+    assert recompiles and all(d["where"] == call for d in recompiles), output
+    assert "as a tensor" in recompiles[0]["fix"]
+    assert not [g for g in report["graphs"] if "dynamo_bridge.py" in (g["site"] or [""])[0]], output
+    code, report, output = check_script(tmp_path, "dynamo_loop.py", "tensor_arg")
+    assert code == 0, output
+
+
 def test_a_ragged_batch_under_dynamo_is_named_at_its_loader(tmp_path):
     code, report, output = check_script(tmp_path, "dynamo_loop.py", "ragged")
     assert code == 1, output

@@ -185,6 +185,8 @@ class Analyzer:
         if event.graph_hash in self.graphs:
             return None  # compiled again (cache eviction): not a new graph
         frames = [f.where for f in user_frames(event.frames, self.is_internal)]
+        if event.dynamo and ctx.window.compiled_at and all(map(self.is_internal, (f.file for f in event.frames))):
+            frames = [ctx.window.compiled_at]  # the log's few frames end inside torch: the user's compiled call
         kind = self._kind(site, index, ctx.window)
         if kind in ("warmup", "late") and self.executions_logged and index > self.warmup_steps and site.last \
                 and (grown(self.hlo.get(site.last), hlo) is not None or kind == "warmup" and slice_made(

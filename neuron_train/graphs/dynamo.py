@@ -16,6 +16,7 @@ frame outside the libraries) and the library line of the function dynamo compile
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 
@@ -57,10 +58,17 @@ def _first_line(reason: str) -> str:
     return line.split("  # ", 1)[0].strip()
 
 
+# A guard on a plain Python number the compiled function was given (`5/1: scale == 2`,
+# `L['step'] == 3`): the value comes from the user's call, which is the line to change.
+_NUMBER_GUARD = re.compile(r"^\d+/\d+: (?:L\['(?!___)\w+'\]|(?!___)\w+) == -?[\d.]+(?:e[-+]?\d+)?$")
+
+
 def _note(recorder, kind: str, code, reason: str) -> None:
     analyzer = recorder.analyzer
     frame = sys._getframe(2)
     where = caller_line(analyzer.is_internal, frame) or ""
+    if kind == "recompile" and recorder.compiled_at and _NUMBER_GUARD.match(_first_line(reason)):
+        where = recorder.compiled_at
     recorder.note_dynamo(DynamoNote(kind, _function(recorder, code), _first_line(reason), where,
                                     library_line(analyzer.is_internal, analyzer.library_of, frame)))
 

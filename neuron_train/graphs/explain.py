@@ -261,10 +261,12 @@ def guarded_write(note: dict) -> None:
     user's script writes as a Python number (`g["lr"] = lr`): named at that write, with a fix that
     survives it (an LR tensor alone is replaced by the next float written)."""
     key = _GUARDED_KEY.search(note["reason"])
-    written = source.key_written(note["where"].rpartition(":")[0], key.group(1)) if key and note["where"] else ""
-    if not written:
+    if key is None or not note["where"]:
         return
     name = key.group(1)
+    written = source.key_written(note["where"].rpartition(":")[0], name)
+    if not written:
+        return
     note["detail"] = f"the guarded value is written at {short(written)}, called from {short(note['where'])}"
     note["where"], note["library"] = written, ""
     note["fix"] = (f"create the optimizer with {name}=torch.tensor(...) and write the new value into it in place, "

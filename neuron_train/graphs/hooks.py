@@ -232,6 +232,8 @@ def _count_compiled_calls(recorder) -> Callable[[], None]:
     def enter() -> Callable[[], None]:
         depth = getattr(_state, "compiled_calls", 0)
         _state.compiled_calls = depth + 1
+        if depth == 0:
+            recorder.compiled_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         before = recorder.log_size()
 
         def leave() -> None:

@@ -83,6 +83,8 @@ class Recorder:
         self.sync_steps = 0         # syncs that ran a graph (the step count of a foreign script)
         self.syncs = 0              # syncs and compiled calls, ran a graph or not
         self.inference_mode_at = ""  # the user's line that first entered torch.inference_mode()
+        self.compiled_at = ""       # the user's line of the last torch.compile'd call: dynamo's graphs
+                                    # are logged with too few frames to reach it
         self.eager_mode = bool(self._xlac._get_use_eager_mode())  # hooks.install: ever turned on
         self._lock = threading.RLock()
         self.record_to: Path | None = None   # check-graphs' record folder: written during the run too
@@ -186,7 +188,7 @@ class Recorder:
                       hlo=hlo, reads=reads, fallbacks=fallbacks, scalar_reads=scalar_reads,
                       scalars=scalars, phase=self.current_phase, optimizer_steps=optimizer_steps,
                       loaders=loaders, batches=batches, refused=refused, dynamo=dynamo,
-                      eager=self.eager_mode)
+                      eager=self.eager_mode, compiled_at=self.compiled_at)
 
     def _read_events(self) -> list[tuple[XlaEvent, str]]:
         if self._log is None:

@@ -176,6 +176,7 @@ class Window:
     refused: list[Refused] = field(default_factory=list)
     dynamo: list[DynamoNote] = field(default_factory=list)      # dynamo recompiles, limits, graph breaks
     eager: bool = False                       # torch_xla's eager mode was on (each op compiles and runs)
+    compiled_at: str = ""                     # the user's line of the last torch.compile'd call (hooks)
 
 
 @dataclass

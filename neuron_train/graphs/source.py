@@ -98,8 +98,12 @@ def key_written(path: str, key: str) -> str:
         return ""
     lines = []
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AugAssign) else []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign):
+            targets = [node.target]
+        else:
+            continue
         for target in targets:
             if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) \
                     and target.slice.value == key:
