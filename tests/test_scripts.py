@@ -62,11 +62,16 @@ def test_a_read_inside_a_compiled_step_is_a_host_sync_every_step_at_the_users_li
     assert "neuron_train/graphs" not in json.dumps(report["dynamo"]), output
 
 
-def test_a_float_lr_schedule_under_dynamo_is_named_with_dynamos_reason(tmp_path):
-    code, report, output = check_script(tmp_path, "dynamo_loop.py", "exponential_lr")
+def dynamo_recompiles(tmp_path, case: str) -> tuple[list[dict], dict, str]:
+    """A dynamo_loop.py case that fails: its dynamo recompilations past the warm-up, report, output."""
+    code, report, output = check_script(tmp_path, "dynamo_loop.py", case)
     assert code == 1, output
+    return [d for d in report["dynamo"] if d["cause"] == records.DYNAMO_RECOMPILE and d["defect"]], report, output
+
+
+def test_a_float_lr_schedule_under_dynamo_is_named_with_dynamos_reason(tmp_path):
+    recompiles, report, output = dynamo_recompiles(tmp_path, "exponential_lr")
     step = line_of("dynamo_loop.py", "OPT_STEP")
-    recompiles = [d for d in report["dynamo"] if d["cause"] == records.DYNAMO_RECOMPILE and d["defect"]]
     assert recompiles and all(d["where"] == step for d in recompiles), output
     assert "self.param_groups[0]['lr'] ==" in recompiles[0]["reason"]
     assert recompiles[0]["function"].startswith("step (torch/optim/sgd.py:")
@@ -83,9 +88,7 @@ def test_a_float_lr_written_into_param_groups_is_named_at_the_write_with_a_fix_t
     """`g["lr"] = float` before each compiled step: dynamo recompiles SGD.step on the guard; named at the
     assignment, with the fix `g["lr"].fill_(...)` on a tensor LR (a tensor LR alone does not survive the
     assignment); with that fix applied the run is stable. The first count includes them."""
-    code, report, output = check_script(tmp_path, "dynamo_loop.py", "float_lr_write")
-    assert code == 1, output
-    recompiles = [d for d in report["dynamo"] if d["cause"] == records.DYNAMO_RECOMPILE and d["defect"]]
+    recompiles, report, output = dynamo_recompiles(tmp_path, "float_lr_write")
     assert recompiles and all(d["where"] == line_of("dynamo_loop.py", "LR_WRITE") for d in recompiles), output
     assert all('g["lr"].fill_(value)' in d["fix"] for d in recompiles)
     assert f"recompilations: {len(recompiles)} (" in output
@@ -98,10 +101,8 @@ def test_a_python_int_passed_into_a_compiled_step_is_named_at_the_call(tmp_path)
     """The step number, a Python int, handed to the compiled step: dynamo guards on its value and
     recompiles every step. Named at the user's call that passes it (the graphs it makes too, whose
     logged frames end inside torch_xla); passed as a device tensor (the fix), the run is stable."""
-    code, report, output = check_script(tmp_path, "dynamo_loop.py", "int_arg")
-    assert code == 1, output
+    recompiles, report, output = dynamo_recompiles(tmp_path, "int_arg")
     call = line_of("dynamo_loop.py", "INT_ARG")
-    recompiles = [d for d in report["dynamo"] if d["cause"] == records.DYNAMO_RECOMPILE and d["defect"]]
     assert recompiles and all(d["where"] == call for d in recompiles), output
     assert "as a tensor" in recompiles[0]["fix"]
     assert not [g for g in report["graphs"] if "dynamo_bridge.py" in (g["site"] or [""])[0]], output
