@@ -299,6 +299,7 @@ def program(ops: int) -> hlo_diff.HloSummary:
     ((100, 200, 300, 400), ["G3", "G4"]),  # every step's graph holds all steps before it
     ((100, 120, 120, 100), []),            # a first optimizer step and others: no steady growth
     ((100, 101, 102, 103), []),            # a length or an op more: not a step's worth
+    ((19, 31, 43, 55), []),                # eager ops left pending after a fall-back: not a whole step
 ])
 def test_a_read_site_whose_graph_grows_step_over_step_is_a_loop_without_a_sync(sizes, grown):
     """timm's train.py on XLA: `loss.item()` each step runs the pending graph, which holds every

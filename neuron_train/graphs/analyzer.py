@@ -88,6 +88,7 @@ class Analyzer:
     dynamo: list[dict] = field(default_factory=list)   # torch.compile's recompiles, limits, graph breaks
     phases: set[str] = field(default_factory=set)       # phases of the windows seen so far
     notes: list[str] = field(default_factory=list)     # known errors named with their fix (hooks)
+    scheduled: bool = False     # an LR scheduler was made (hooks): it, not a line of the script, writes the LR
     optimizer_where: str = ""   # the user's line of the first optimizer step (hooks): where a sync goes
 
     @property
@@ -236,12 +237,12 @@ class Analyzer:
     def _growth(self, site: Site, index: int, step, hlo) -> str:
         """What shows a call site's graph growing step over step (a loop that never syncs: each step's
         graph holds every step before it), or "". Three graphs in three consecutive steps, each larger
-        than the last by at least a tenth of the first."""
+        than the last by about a whole step (nine tenths of the first of them, at least)."""
         if hlo is None:
             return ""
         site.sizes.append((index, step, len(hlo.instrs)))
         last = site.sizes[-GROWTH_STEPS:]
-        if len(last) < GROWTH_STEPS or any(b[0] != a[0] + 1 or b[2] - a[2] < max(1, last[0][2] // 10)
+        if len(last) < GROWTH_STEPS or any(b[0] != a[0] + 1 or b[2] - a[2] < max(1, last[0][2] * 9 // 10)
                                            for a, b in zip(last, last[1:], strict=False)):
             return ""
         ops = ", ".join(f"{i}: {n}" for i, _, n in site.sizes[-6:])
@@ -299,7 +300,7 @@ class Analyzer:
                 entry.update(defect=note.kind == "limit" or not warm, count=1,
                              cause=DYNAMO_EAGER if note.kind == "limit" else DYNAMO_RECOMPILE)
             entry["fix"] = fix_for(entry["cause"], _compiled_library(note))
-            if note.kind != "graph_break":
+            if note.kind != "graph_break" and not self.scheduled:
                 guarded_write(entry)  # the user's line that wrote the guarded value, when it is one
             self.dynamo.append(entry)
             if entry["defect"] and note.kind == "recompile":

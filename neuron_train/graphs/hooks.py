@@ -126,6 +126,7 @@ def _watch_schedulers(recorder, made: weakref.WeakKeyDictionary) -> Callable[[],
 
     def __init__(self, optimizer, *args, **kwargs):
         where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        recorder.analyzer.scheduled = True
         original(self, optimizer, *args, **kwargs)
         try:
             made[optimizer] = (type(self).__name__, where)
