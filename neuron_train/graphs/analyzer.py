@@ -237,12 +237,12 @@ class Analyzer:
     def _growth(self, site: Site, index: int, step, hlo) -> str:
         """What shows a call site's graph growing step over step (a loop that never syncs: each step's
         graph holds every step before it), or "". Three graphs in three consecutive steps, each larger
-        than the last by about a whole step (nine tenths of the first of them, at least)."""
+        than the last by about a whole step (nine tenths of the site's first graph, at least)."""
         if hlo is None:
             return ""
         site.sizes.append((index, step, len(hlo.instrs)))
         last = site.sizes[-GROWTH_STEPS:]
-        if len(last) < GROWTH_STEPS or any(b[0] != a[0] + 1 or b[2] - a[2] < max(1, last[0][2] * 9 // 10)
+        if len(last) < GROWTH_STEPS or any(b[0] != a[0] + 1 or b[2] - a[2] < max(1, site.sizes[0][2] * 9 // 10)
                                            for a, b in zip(last, last[1:], strict=False)):
             return ""
         ops = ", ".join(f"{i}: {n}" for i, _, n in site.sizes[-6:])
