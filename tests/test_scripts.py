@@ -11,6 +11,7 @@ can apply from their own code, checked by running the script with that fix.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -141,25 +142,29 @@ def test_a_loop_that_never_syncs_is_named_with_its_growing_graph_and_the_sync_fi
 
 
 @pytest.mark.slow
-def test_a_check_stopped_by_a_signal_mid_compile_reports_what_it_saw(tmp_path):
-    """`timeout` ends check-graphs while the never-syncing loop compiles a long graph (a signal is
-    handled only after the compile): the process wrote its record at each new graph, so the report
-    still names the growing graph, and says it was interrupted."""
+def test_a_check_whose_process_is_killed_mid_compile_reports_what_it_saw(tmp_path):
+    """The never-syncing loop's process killed while it compiles a long graph (what `timeout` and the
+    SIGKILL escalation do to a process that handles a signal only after the compile): it wrote its
+    record at each new graph, so the report still names the growing graph, and says the process
+    ended without its final record."""
     report = tmp_path / "r.json"
     proc = subprocess.Popen([sys.executable, "-m", "neuron_train", "check-graphs", "--json", str(report), "--",
                              sys.executable, str(FIXTURES / NO_SYNC), "nosync", "80"], env=cpu_env(), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
+    seen, pid = [], 0
     for line in proc.stdout:
         seen.append(line)
+        pid = int(line.split()[1]) if line.startswith("pid ") else pid
         if line.strip() == "step 4":  # step 3's window has ended: the growth is recorded
-            proc.send_signal(signal.SIGTERM)
+            os.kill(pid, signal.SIGKILL)
             break
     output = "".join(seen) + proc.communicate(timeout=300)[0]
     assert proc.returncode == 1, output
     result = json.loads(report.read_text())
-    assert result["interrupted_by"] == "SIGTERM", output
+    assert result["killed_by"] == "SIGKILL", output
     assert any(g["cause"] == records.GROWING_GRAPH for g in result["recompiles"]), output
+    assert any(f"process {pid} (" in p and "ended without writing its record" in p and "until step" in p
+               for p in result["problems"]), output
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from neuron_train.graphs.log import Frame, XlaEvent, parse_debug_log
 from neuron_train.graphs.process import (
     ENV_DIR,
     ENV_WARMUP,
+    PARTIAL_PREFIX,
     RECORD_PREFIX,
     DebugFiles,
     internal_predicate,
@@ -297,10 +298,18 @@ def write_record(recorder: Recorder, folder: Path, final: bool = True) -> None:
     """One process's summary for check-graphs to merge (atomic: temp file + rename); during the run
     (`final` False) the steps so far, replaced by the next one and by the one written at exit."""
     recorder._written, recorder._graphs_written = time.monotonic(), len(recorder.analyzer.graphs)
-    record = replace(recorder.summary(final=final), pid=os.getpid(), argv=sys.argv, rank=os.environ.get("RANK"),
+    summary = recorder.summary(final=final)
+    if not final:  # read only if this process never writes its record at exit
+        summary.problems.append(
+            f"process {os.getpid()} ({' '.join(sys.argv)[:80]}) imported torch_xla but ended without writing its "
+            f"record (os._exit, or killed by a signal, maybe in a long compile): this report has what it "
+            f"recorded until step {recorder.analyzer.steps}")
+    record = replace(summary, pid=os.getpid(), argv=sys.argv, rank=os.environ.get("RANK"),
                      local_rank=os.environ.get("LOCAL_RANK"),
                      input_shapes={h: [p.shape for p in hlo.params] for h, hlo in _HLO.items()})
-    path = folder / f"{RECORD_PREFIX}{os.getpid()}.json"
+    path = folder / f"{RECORD_PREFIX if final else PARTIAL_PREFIX}{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record.to_json(), default=str))
     os.replace(tmp, path)
+    if final:
+        (folder / f"{PARTIAL_PREFIX}{os.getpid()}.json").unlink(missing_ok=True)
