@@ -271,3 +271,19 @@ def test_the_report_counts_executions_host_reads_and_the_graph_budget():
 def test_a_run_that_compiled_nothing_is_stable_and_reads_the_log():
     summary = Analyzer(0, LIBS).summary(max_graphs=0)
     assert (summary.problems, summary.graphs, summary.source, summary.stable) == ([], [], "pt_xla_debug", True)
+
+
+def test_the_first_count_includes_dynamos_recompilations_that_made_no_graph_of_their_own():
+    """Issue 30 case 9: "recompilations: 0" above a dynamo section listing 8 is a headline nobody can
+    trust. Those that made a new XLA graph are counted once, among the graphs."""
+    from neuron_train.graphs.report import recompile_headline
+
+    def note(graph: str = "", defect: bool = True, kind: str = "recompile") -> dict:
+        return {"kind": kind, "defect": defect, "graph": graph}
+
+    report = records.GraphReport(warmup_steps=0, steps=12, graphs=[], host_syncs=[], fallback_ops={},
+                                 dynamo=[note(), note(), note(defect=False), note("G"), note(kind="limit")],
+                                 problems=[], source="pt_xla_debug")
+    assert recompile_headline(report).startswith("recompilations: 2 (0 new graphs at warm call sites, 2 torch.compile")
+    report.dynamo = []
+    assert recompile_headline(report) == "recompilations (new graphs at warm call sites): 0"

@@ -257,3 +257,63 @@ def test_line_tracing_is_wanted_during_the_warmup_and_for_a_few_steps_after_a_ne
         run_site(analyzer, graph, start=step)
         wanted.append(analyzer.tracing_lines_wanted(3))
     assert wanted == [True, True, True, True, False, True, True, True, False]
+
+
+@pytest.mark.parametrize("optimizer_steps", [6, 30])
+def test_a_read_in_every_optimizer_step_fails_though_the_script_syncs_three_times_per_optimizer_step(
+        optimizer_steps):
+    """A Trainer syncs more than once per optimizer step: a callback's `.item()` on a fresh device
+    value at each optimizer step's end is in a third of the syncs but in every optimizer step. A step is
+    what the script repeats; the verdict is the same for a short and a long run. An occasional read
+    (an evaluation's, once) stays a report."""
+    analyzer = analyzer_of()
+    step = 0
+    for n in range(1, optimizer_steps + 1):
+        for micro in range(3):
+            step += 1
+            events = [*through("A", 10, SYNC, TRAINER, compiled=step == 1)]
+            extra: dict = {}
+            if micro == 2:
+                events += through("R", 40, cause=ACCESS, compiled=n == 1)
+                extra["optimizer_steps"] = [n]
+            if n == optimizer_steps and micro == 0:
+                events += through("E", 50, cause=ACCESS, compiled=True)
+            analyzer.observe(window(step, *events, **extra))
+    summary = analyzer.summary()
+    entries = {h["where"]: h for h in summary.host_syncs}
+    assert entries["/u/t.py:40"]["every_step"] and entries["/u/t.py:40"]["executes_graph"]
+    assert not entries["/u/t.py:50"]["every_step"]
+    steady = analyzer.steady_optimizer_steps
+    assert summary.problems == [
+        f"host access before sync: a tensor value read at /u/t.py:40 runs a graph before the step's sync in "
+        f"{steady} of {steady} optimizer steps after warm-up"]
+
+
+def program(ops: int) -> hlo_diff.HloSummary:
+    """A graph of `ops` instructions (a step's ops repeated: what a loop that never syncs runs)."""
+    return hlo_diff.HloSummary([hlo_diff.Instr("parameter", "f32[8]", index=0)],
+                               [hlo_diff.Instr("add", "f32[8]", where="/u/t.py:12")] * ops, ["f32[]"])
+
+
+@pytest.mark.parametrize("sizes,grown", [
+    ((100, 200, 300, 400), ["G3", "G4"]),  # every step's graph holds all steps before it
+    ((100, 120, 120, 100), []),            # a first optimizer step and others: no steady growth
+    ((100, 101, 102, 103), []),            # a length or an op more: not a step's worth
+    ((19, 31, 43, 55), []),                # eager ops left pending after a fall-back: not a whole step
+])
+def test_a_read_site_whose_graph_grows_step_over_step_is_a_loop_without_a_sync(sizes, grown):
+    """timm's train.py on XLA: `loss.item()` each step runs the pending graph, which holds every
+    earlier step's update. Growth in three consecutive steps is its own cause, named at the optimizer
+    step where the sync goes, with the ops by step; before it shows, the first graphs are warm-up."""
+    analyzer = analyzer_of(optimizer_where="/u/t.py:30")
+    found = []
+    for step, ops in enumerate(sizes, 1):
+        found += analyzer.observe(window(step, *through(f"G{step}", 33, cause=ACCESS), hlo={0: program(ops)},
+                                         optimizer_steps=[step]))
+    assert [g.hash for g in found if g.cause == records.GROWING_GRAPH] == grown
+    if grown:
+        first = analyzer.graphs["G3"]
+        assert (first.kind, first.where, first.fix) == ("recompile", "/u/t.py:30", FIXES[records.GROWING_GRAPH])
+        assert first.detail.startswith("ops by step: 1: 100, 2: 200, 3: 300;")
+        assert analyzer.graphs["G2"].kind == "warmup"
+        assert "torch_xla.sync()" in first.fix and "MpDeviceLoader" in first.fix

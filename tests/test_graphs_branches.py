@@ -68,6 +68,46 @@ def test_the_branch_is_the_if_around_the_line_or_an_early_exit_before_it_or_arou
     assert source.branch_at(f"{script}:999") == source.branch_at("<string>:1") == ""
 
 
+LOOPS = '''\
+for i, batch in enumerate(loader):
+    if batch is None:
+        continue
+    loss = step(batch)
+while True:
+    loss = step(batch)
+    if (i + 1) % 4 == 0:
+        opt.step()
+        if i > warmup:
+            sync()
+'''
+
+
+def test_a_line_after_an_if_that_continues_names_that_if_and_nested_ifs_around_the_sync_the_inner_one(tmp_path):
+    """Issue 31's surviving mutants: the `if` whose body continues chose whether the step ran at all;
+    of two nested `if`s holding the sync, the inner one decides how many iterations one graph holds."""
+    path = tmp_path / "loops.py"
+    path.write_text(LOOPS)
+    assert source.branch_at(f"{path}:4") == f"{path}:2"
+    assert source.branch_at(f"{path}:6", f"{path}:10") == f"{path}:9"
+
+
+def test_a_guard_on_an_optimizer_value_the_script_writes_is_named_at_the_write(tmp_path):
+    """Issue 30 case 4: dynamo's guard `self.param_groups[0]['lr'] == 0.09` traced to the user's
+    `g["lr"] = ...`; a guard on anything else, or a key the script never writes, keeps its line."""
+    from neuron_train.graphs.explain import guarded_write
+
+    path = tmp_path / "train.py"
+    path.write_text("for g in opt.param_groups:\n    g['momentum'] = 0.9\n    g[\"lr\"] = lr\nloss = step(x)\n")
+    note = {"reason": "5/1: self.param_groups[0]['lr'] == 0.09", "where": f"{path}:4", "library": "torch/optim",
+            "fix": "old"}
+    guarded_write(note)
+    assert (note["where"], note["library"]) == (f"{path}:3", "") and 'g["lr"].fill_(value)' in note["fix"]
+    for reason in ("5/1: self.param_groups[0]['weight_decay'] == 0.1", "5/1: L['x'].size()[0] == 8"):
+        kept = {"reason": reason, "where": f"{path}:4", "library": "", "fix": "old"}
+        guarded_write(kept)
+        assert (kept["where"], kept["fix"]) == (f"{path}:4", "old")
+
+
 def test_a_slice_with_a_computed_length_is_told_from_a_fixed_one(script):
     assert source.slice_at(f"{script}:8")
     assert not source.slice_at(f"{script}:9") and not source.slice_at(f"{script}:2")

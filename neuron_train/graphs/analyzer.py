@@ -23,13 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
-from neuron_train.graphs.explain import Context, Loaders, explain, grown, slice_made
+from neuron_train.graphs.explain import Context, Loaders, explain, grown, guarded_write, slice_made
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
     DYNAMO_EAGER,
     DYNAMO_RECOMPILE,
     GRAPH_BREAK,
+    GROWING_GRAPH,
     NEW_CALL_SITE,
     NEW_INPUT_SHAPE,
     UNKNOWN,
@@ -45,6 +46,7 @@ from neuron_train.graphs.report import at, short
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
 WARMUP_GRAPHS = 3           # distinct graphs a site may run before it repeats one (first optimizer
                             # step, an accumulator's first value, a first LR of exactly 0)
+GROWTH_STEPS = 3            # consecutive steps whose graphs grow: a loop without a sync
 RUNS_KEPT = 64              # runs remembered per call site (for "input N by step")
 
 
@@ -56,6 +58,7 @@ class Site:
     late: bool = False                                        # first seen once the run was steady
     last: str = ""                                            # the graph it ran last
     runs: list[tuple[object, str]] = field(default_factory=list)  # (step, graph) of recent runs
+    sizes: list[tuple[int, object, int]] = field(default_factory=list)  # (step index, step, ops) per compile
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Analyzer:
     executions_logged: bool = True
     steps: int = 0
     steady_steps: int = 0
+    optimizer_step: int = 0           # the highest optimizer step seen (any optimizer's n-th step())
+    steady_optimizer_steps: int = 0   # optimizer steps taken in steady windows
     last_step: int | None = None
     graphs: dict[str, Graph] = field(default_factory=dict)
     hlo: dict[str, hlo_diff.HloSummary] = field(default_factory=dict)  # graph hash -> its HLO
@@ -82,6 +87,9 @@ class Analyzer:
     library_of: Callable[[str], str] = field(default=lambda path: "")  # package-relative library file
     dynamo: list[dict] = field(default_factory=list)   # torch.compile's recompiles, limits, graph breaks
     phases: set[str] = field(default_factory=set)       # phases of the windows seen so far
+    notes: list[str] = field(default_factory=list)     # known errors named with their fix (hooks)
+    scheduled: bool = False     # an LR scheduler was made (hooks): it, not a line of the script, writes the LR
+    optimizer_where: str = ""   # the user's line of the first optimizer step (hooks): where a sync goes
 
     @property
     def steady(self) -> bool:
@@ -100,6 +108,8 @@ class Analyzer:
         index = self.steps if w.is_step else self.steps + 1
         steady = self._steady(index)
         self.steady_steps += steady and w.is_step
+        before, self.optimizer_step = self.optimizer_step, max([self.optimizer_step, *w.optimizer_steps])
+        self.steady_optimizer_steps += (self.optimizer_step - before) if steady else 0
         label = w.step if w.step is not None else self.last_step
         self.loaders.observe(w)
         reads = reads_by_line(w, self.is_internal, self.library_of)
@@ -126,7 +136,7 @@ class Analyzer:
             graph = self._unlogged_graph(w, label, index, next(times, None))
             if graph.kind == "recompile":
                 found.append(graph)
-        self.host.observe(w, reads, label, index, steady)
+        self.host.observe(w, reads, label, index, steady, self.optimizer_step)
         return found
 
     def _site_key(self, event: XlaEvent, phase: str) -> tuple:
@@ -176,17 +186,24 @@ class Analyzer:
         if event.graph_hash in self.graphs:
             return None  # compiled again (cache eviction): not a new graph
         frames = [f.where for f in user_frames(event.frames, self.is_internal)]
+        if event.dynamo and ctx.window.compiled_at and all(map(self.is_internal, (f.file for f in event.frames))):
+            frames = [ctx.window.compiled_at]  # the log's few frames end inside torch: the user's compiled call
         kind = self._kind(site, index, ctx.window)
         if kind in ("warmup", "late") and self.executions_logged and index > self.warmup_steps and site.last \
                 and (grown(self.hlo.get(site.last), hlo) is not None or kind == "warmup" and slice_made(
                     self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window)):
             kind = "recompile"  # a slice's new length, a tensor grown again: never warm-up, every shape counts
+        growth = self._growth(site, index, step, hlo)
+        kind = "recompile" if growth else kind
         graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds,
                       kind=kind, cause=WARMUP, detail="",
                       where=frames[0] if frames else "", trigger=_trigger(event), site=frames,
                       inputs=event.inputs, outputs=event.outputs,
                       library=library_frame(event.frames, self.is_internal, self.library_of))
-        if graph.kind == "recompile" and fresh_read is not None:
+        if growth:
+            graph.cause, graph.detail = GROWING_GRAPH, growth
+            graph.where, graph.library = self.optimizer_where or graph.where, ""
+        elif graph.kind == "recompile" and fresh_read is not None:
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause) = "late", fresh_read
             graph.library = ctx.reads.get(graph.where, {}).get("library", graph.library)
@@ -216,6 +233,21 @@ class Analyzer:
         site.graphs.append(event.graph_hash)
         self.graphs[event.graph_hash] = graph
         return graph
+
+    def _growth(self, site: Site, index: int, step, hlo) -> str:
+        """What shows a call site's graph growing step over step (a loop that never syncs: each step's
+        graph holds every step before it), or "". Three graphs in three consecutive steps, each larger
+        than the last by about a whole step (nine tenths of the site's first graph, at least)."""
+        if hlo is None:
+            return ""
+        site.sizes.append((index, step, len(hlo.instrs)))
+        last = site.sizes[-GROWTH_STEPS:]
+        if len(last) < GROWTH_STEPS or any(b[0] != a[0] + 1 or b[2] - a[2] < max(1, site.sizes[0][2] * 9 // 10)
+                                           for a, b in zip(last, last[1:], strict=False)):
+            return ""
+        ops = ", ".join(f"{i}: {n}" for i, _, n in site.sizes[-6:])
+        return (f"ops by step: {ops}; no sync ends the step, so each step's graph holds every step before "
+                "it and is compiled again, longer every step")
 
     def _unlogged_graph(self, w: Window, step, index: int, seconds: float | None) -> Graph:
         site = self.sites.setdefault((w.phase,), Site(late=self._steady(index)))
@@ -268,6 +300,8 @@ class Analyzer:
                 entry.update(defect=note.kind == "limit" or not warm, count=1,
                              cause=DYNAMO_EAGER if note.kind == "limit" else DYNAMO_RECOMPILE)
             entry["fix"] = fix_for(entry["cause"], _compiled_library(note))
+            if note.kind != "graph_break" and not self.scheduled:
+                guarded_write(entry)  # the user's line that wrote the guarded value, when it is one
             self.dynamo.append(entry)
             if entry["defect"] and note.kind == "recompile":
                 found.append(entry)
@@ -275,9 +309,9 @@ class Analyzer:
 
     def summary(self, max_graphs: int | None = None) -> GraphReport:
         graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
-        host = self.host.entries(self.steady_steps)
+        host = self.host.entries(self.steady_steps, self.steady_optimizer_steps)
         problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
-                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host, self.steady_steps))
+                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host) + self.notes)
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         for h in host:
@@ -326,7 +360,7 @@ def _dynamo_cause(graph: Graph, note: dict, ctx: Context) -> None:
             graph.detail += (f"; the batches come from the DataLoader at {short(origin.where)} (batch_size "
                              f"{origin.batch_size}, drop_last=False, {origin.samples} samples: each pass "
                              f"ends with a batch of {origin.samples % origin.batch_size})")
-    graph.fix = fix_for(graph.cause, graph.library or _compiled_library(DynamoNote(**{
+    graph.fix = note["fix"] if note.get("detail") else fix_for(graph.cause, graph.library or _compiled_library(DynamoNote(**{
         k: note[k] for k in ("kind", "function", "reason", "where", "library")})))
 
 

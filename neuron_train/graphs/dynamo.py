@@ -16,10 +16,11 @@ frame outside the libraries) and the library line of the function dynamo compile
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 
-from neuron_train.graphs.frames import caller_line, library_line
+from neuron_train.graphs.frames import HERE, caller_line, library_line
 from neuron_train.graphs.records import DynamoNote
 
 
@@ -57,10 +58,17 @@ def _first_line(reason: str) -> str:
     return line.split("  # ", 1)[0].strip()
 
 
+# A guard on a plain Python number the compiled function was given (`5/1: scale == 2`,
+# `L['step'] == 3`): the value comes from the user's call, which is the line to change.
+_NUMBER_GUARD = re.compile(r"^\d+/\d+: (?:L\['(?!___)\w+'\]|(?!___)\w+) == -?[\d.]+(?:e[-+]?\d+)?$")
+
+
 def _note(recorder, kind: str, code, reason: str) -> None:
     analyzer = recorder.analyzer
     frame = sys._getframe(2)
     where = caller_line(analyzer.is_internal, frame) or ""
+    if kind == "recompile" and recorder.compiled_at and _NUMBER_GUARD.match(_first_line(reason)):
+        where = recorder.compiled_at
     recorder.note_dynamo(DynamoNote(kind, _function(recorder, code), _first_line(reason), where,
                                     library_line(analyzer.is_internal, analyzer.library_of, frame)))
 
@@ -93,10 +101,15 @@ def _limit(recorder, original: Callable) -> Callable:
 def _graph_break(recorder, original: Callable) -> Callable:
     def log_graph_break(code_options, reason="", *args, **kwargs):
         original(code_options, reason, *args, **kwargs)
+        if str(code_options.get("co_filename", "")).startswith(HERE):
+            return  # dynamo met the checker's read hook: the user's line breaks there too, noted as theirs
         stack = kwargs.get("user_stack") or (args[1] if len(args) > 1 else None) or []
         analyzer = recorder.analyzer
         mine = [f for f in reversed(stack) if not analyzer.is_internal(f.filename)]
-        where = f"{mine[0].filename}:{mine[0].lineno}" if mine else ""
+        # a break inside a library function dynamo inlined: the user's line that called it, from the
+        # real stack (the compiled user frame is running it)
+        where = (f"{mine[0].filename}:{mine[0].lineno}" if mine
+                 else caller_line(analyzer.is_internal, sys._getframe(1)) or "")
         library = next((f"{analyzer.library_of(f.filename)}:{f.lineno}" for f in reversed(stack)
                         if analyzer.library_of(f.filename)), "")
         function = f"{code_options.get('co_name', '?')} ({code_options.get('co_filename', '?')})"

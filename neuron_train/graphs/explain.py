@@ -251,3 +251,24 @@ def _per_step(index: int, new: hlo_diff.HloSummary, step, ctx: Context) -> str:
             groups.append([s, s, shape])
     text = ", ".join(f"{a} {shape}" if a == b else f"{a}-{b} {shape}" for a, b, shape in groups)
     return f"input {index} by step: {text}"
+
+
+_GUARDED_KEY = re.compile(r"param_groups\[\d+\]\[['\"](\w+)['\"]\]")
+
+
+def guarded_write(note: dict) -> None:
+    """A dynamo guard on an optimizer hyperparameter (`self.param_groups[0]['lr'] == 0.09`) that the
+    user's script writes as a Python number (`g["lr"] = lr`): named at that write, with a fix that
+    survives it (an LR tensor alone is replaced by the next float written)."""
+    key = _GUARDED_KEY.search(note["reason"])
+    if key is None or not note["where"]:
+        return
+    name = key.group(1)
+    written = source.key_written(note["where"].rpartition(":")[0], name)
+    if not written:
+        return
+    note["detail"] = f"the guarded value is written at {short(written)}, called from {short(note['where'])}"
+    note["where"], note["library"] = written, ""
+    note["fix"] = (f"create the optimizer with {name}=torch.tensor(...) and write the new value into it in place, "
+                   f"g[\"{name}\"].fill_(value), at this line: assigning a Python number (g[\"{name}\"] = value) "
+                   "changes what dynamo guards on, so the optimizer step recompiles every time")

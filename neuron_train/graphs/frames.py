@@ -27,11 +27,17 @@ def caller_line(is_internal: Callable[[str], bool], frame: FrameType | None) -> 
 _DYNAMO = os.path.join("torch", "_dynamo") + os.sep
 
 
-def in_dynamo(frame: FrameType | None) -> bool:
-    """Called by torch.compile's dynamo itself (its guards, its error messages): not the user's read."""
+def in_dynamo(is_internal: Callable[[str], bool], frame: FrameType | None) -> bool:
+    """Called by torch.compile's dynamo itself (its tracing, guards, error messages): not the user's
+    read. Only frames below the innermost user frame count: a compiled call's own frames (dynamo's
+    `_fn` wrapper in eval_frame.py) sit above the user's function, whose reads run eagerly at a graph
+    break and are the user's."""
     while frame is not None:
-        if _DYNAMO in frame.f_code.co_filename:
+        path = frame.f_code.co_filename
+        if _DYNAMO in path:
             return True
+        if not is_internal(path) and not path.startswith("<"):  # `<string>`: code dynamo generated (guards)
+            return False
         frame = frame.f_back
     return False
 

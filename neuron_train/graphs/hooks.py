@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from neuron_train.graphs import dynamo, loaders, syncs
 from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
+from neuron_train.graphs.report import short
 
 __all__ = ["caller_line", "install"]
 
@@ -56,8 +57,10 @@ def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
     undo.append(_watch_eager_mode(recorder))
     if count_syncs:
         undo.append(syncs.subscribe(_StepAtSync(recorder)))
+        undo.append(_step_at_unsynced_optimizer_steps(recorder))
         undo.append(_count_compiled_calls(recorder))
-        undo.append(_own_errors_only())
+        undo.append(_watch_inference_mode(recorder))
+        undo.append(_own_errors_only(recorder))
 
     def remove() -> None:
         for step in reversed(undo):
@@ -82,12 +85,13 @@ def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     def read(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
         where = None
-        if depth == 0 and self.device.type == "xla" and not in_dynamo(sys._getframe(1)):
-            analyzer = recorder.analyzer
+        analyzer = recorder.analyzer
+        if depth == 0 and self.device.type == "xla" and not in_dynamo(analyzer.is_internal, sys._getframe(1)):
             where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
                 recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
-                                                             sys._getframe(1)))
+                                                             sys._getframe(1)),
+                                   compiled=getattr(_state, "compiled_calls", 0) > 0)
         _state.depth = depth + 1
         try:
             return original(self, *args, **kwargs)
@@ -122,6 +126,7 @@ def _watch_schedulers(recorder, made: weakref.WeakKeyDictionary) -> Callable[[],
 
     def __init__(self, optimizer, *args, **kwargs):
         where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        recorder.analyzer.scheduled = True
         original(self, optimizer, *args, **kwargs)
         try:
             made[optimizer] = (type(self).__name__, where)
@@ -140,6 +145,8 @@ def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callab
 
     def before_step(optimizer, args, kwargs) -> None:
         steps[id(optimizer)] = steps.get(id(optimizer), 0) + 1
+        if not recorder.analyzer.optimizer_where:  # where a sync goes when the loop has none
+            recorder.analyzer.optimizer_where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         recorder.note_optimizer_step(steps[id(optimizer)])
         for g, group in enumerate(optimizer.param_groups):
             for key, value in group.items():
@@ -184,6 +191,7 @@ class _StepAtSync:
         return self.recorder.log_size()
 
     def after_sync(self, before: int, caller) -> None:
+        self.recorder.syncs += 1
         if getattr(_state, "compiled_calls", 0):
             return  # a sync inside a torch.compile'd call: the call is the step (_count_compiled_calls)
         _end_step_if_ran(self.recorder, before)
@@ -195,6 +203,22 @@ def _end_step_if_ran(recorder, log_size_before: int) -> None:
     if recorder.log_size() > log_size_before and not recorder.loop_steps:
         recorder.sync_steps += 1
         recorder.step_end(recorder.sync_steps)
+
+
+def _step_at_unsynced_optimizer_steps(recorder) -> Callable[[], None]:
+    """A loop that never syncs (timm's train.py on an XLA device) still repeats its optimizer step:
+    an optimizer step with no sync since the one before ends a step, so what each step runs (a
+    `loss.item()` that runs the whole pending graph) is judged step by step."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    last = {"syncs": -1, "log": 0}
+
+    def after_step(optimizer, args, kwargs) -> None:
+        if recorder.syncs == last["syncs"] and not recorder.loop_steps:
+            _end_step_if_ran(recorder, last["log"])
+        last.update(syncs=recorder.syncs, log=recorder.log_size())
+
+    return register_optimizer_step_post_hook(after_step).remove
 
 
 def _count_compiled_calls(recorder) -> Callable[[], None]:
@@ -209,10 +233,13 @@ def _count_compiled_calls(recorder) -> Callable[[], None]:
     def enter() -> Callable[[], None]:
         depth = getattr(_state, "compiled_calls", 0)
         _state.compiled_calls = depth + 1
+        if depth == 0:
+            recorder.compiled_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         before = recorder.log_size()
 
         def leave() -> None:
             _state.compiled_calls = depth
+            recorder.syncs += 1  # the openxla backend synced inside the call
             if depth == 0:
                 _end_step_if_ran(recorder, before)
 
@@ -226,12 +253,38 @@ def _count_compiled_calls(recorder) -> Callable[[], None]:
     return lambda: setattr(OptimizeContext, "__init__", original)
 
 
-def _own_errors_only() -> Callable[[], None]:
+INFERENCE_TENSOR = "Cannot set version_counter for inference tensor"  # torch_xla under inference_mode
+
+
+def _watch_inference_mode(recorder) -> Callable[[], None]:
+    """Note the user's line that entered torch.inference_mode(): torch_xla cannot run every model
+    under it (timm's validate(): `RuntimeError: Cannot set version_counter for inference tensor`)."""
+    import torch
+
+    cls = torch.inference_mode
+    original = cls.__enter__
+
+    def __enter__(self):
+        if getattr(self, "mode", True) and not recorder.inference_mode_at:
+            recorder.inference_mode_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        return original(self)
+
+    cls.__enter__ = __enter__
+    return lambda: setattr(cls, "__enter__", original)
+
+
+def _own_errors_only(recorder) -> Callable[[], None]:
     """Print an uncaught error without the checker's frames (a host read hook sits between the
-    user's line and torch_xla): the traceback the user sees is the one their program makes."""
+    user's line and torch_xla): the traceback the user sees is the one their program makes. An
+    error whose cause is known is named with its fix in the process's record."""
     previous = sys.excepthook
 
     def excepthook(kind, value, tb) -> None:
+        if INFERENCE_TENSOR in str(value):
+            where = recorder.inference_mode_at
+            recorder.analyzer.notes.append(
+                f"torch.inference_mode() at {short(where) if where else 'an unknown line'} on an XLA device: "
+                f"torch_xla cannot run this model under it ({INFERENCE_TENSOR}); fix: use torch.no_grad() there")
         previous(kind, value, _strip(value, tb))
 
     sys.excepthook = excepthook

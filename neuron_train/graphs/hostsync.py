@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import HOST_ACCESS, HOST_READ, HOST_READS, READ_CAUSES, Window, fix_for
+from neuron_train.graphs.records import (
+    COMPILED_READ,
+    HOST_ACCESS,
+    HOST_READ,
+    HOST_READS,
+    READ_CAUSES,
+    Window,
+    fix_for,
+)
 from neuron_train.graphs.report import at, short
 
 
@@ -29,6 +37,9 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
         entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0, "phase": read.phase,
                                               "library": read.library})
         entry["hooked"] += 1
+        if read.compiled:
+            # dynamo broke the compiled step at the read: the part before it ran as a graph of its own
+            entry.update(compiled=True, runs=entry["runs"] + 1)
     for event, phase in w.events:
         if event.kind == "execute" and event.host_access and not in_closure(event):
             where = user_frames(event.frames, is_internal)[0].where
@@ -51,10 +62,16 @@ class HostSyncs:
     fallback: dict[str, dict] = field(default_factory=dict)
     scalar_reads: int = 0
 
-    def observe(self, w: Window, reads: dict, step, index: int, steady: bool) -> None:
+    def observe(self, w: Window, reads: dict, step, index: int, steady: bool, optimizer_step: int = 0) -> None:
+        """`index` numbers the window; `optimizer_step` is the optimizer step the window is in (0
+        before any): a Trainer syncs more than once per optimizer step, so a read in every optimizer
+        step may be in a minority of the syncs."""
         if steady:
             for where, read in reads.items():
                 entry = self._entry(where, read["kind"], read["phase"])
+                entry["_optimizer_steps"].add(optimizer_step)
+                if read.get("compiled"):
+                    entry["cause"] = COMPILED_READ
                 entry["library"] = entry["library"] or read.get("library", "")
                 entry["count"] += max(read["hooked"], read["runs"])
                 entry["executes_graph"] |= read["runs"] > 0
@@ -73,6 +90,7 @@ class HostSyncs:
         return self.host.setdefault(where, {"where": where, "kind": kind, "what": HOST_READS[kind],
                                             "cause": read_cause(kind), "phase": phase, "count": 0,
                                             "steps": [], "executes_graph": False, "_windows": set(),
+                                            "_optimizer_steps": set(),
                                             "library": ""})
 
     def _fallbacks(self, w: Window, reads: dict, step) -> None:
@@ -84,28 +102,35 @@ class HostSyncs:
                 if where not in entry["where"] and len(entry["where"]) < 5:
                     entry["where"].append(where)
 
-    def entries(self, steady_steps: int) -> list[dict]:
+    def entries(self, steady_steps: int, steady_optimizer_steps: int = 0) -> list[dict]:
         out = []
         for entry in self.host.values():
-            h = {k: v for k, v in entry.items() if k != "_windows"}
+            h = {k: v for k, v in entry.items() if not k.startswith("_")}
             if not h["executes_graph"]:
                 h["cause"] = HOST_READ
             h["fix"] = fix_for(h["cause"], h["library"])
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
-            h["every_step"] = steady_steps > 0 and len(entry["_windows"]) * 2 >= steady_steps
-            h["steps_seen"] = len(entry["_windows"])
+            # A step is what the script repeats: a sync, or an optimizer step (a Trainer syncs more
+            # than once per optimizer step), whichever the read is in most of.
+            by_sync = (len(entry["_windows"]), steady_steps)
+            by_optimizer = (min(len(entry["_optimizer_steps"]), steady_optimizer_steps), steady_optimizer_steps)
+            seen, total = max(by_sync, by_optimizer, key=lambda r: r[0] / r[1] if r[1] else 0.0)
+            h["every_step"] = total > 0 and seen * 2 >= total
+            h["steps_seen"] = (seen, total, "optimizer steps" if (seen, total) == by_optimizer
+                               and by_optimizer != by_sync else "steps")
             out.append(h)
         return out
 
     @staticmethod
-    def problems(entries: list[dict], steady_steps: int) -> list[str]:
+    def problems(entries: list[dict]) -> list[str]:
         out = []
         for h in entries:
             if h.get("refused"):
                 out.append(f"{h['cause']}: {h['what']} at {short(h['where'])} inside torch_xla.compile"
                            f"(full_graph=True): torch_xla refused to run it ({h['refused']})")
             elif h["executes_graph"] and h["every_step"]:
+                seen, total, unit = h["steps_seen"]
                 out.append(f"{h['cause']}: {h['what']} at {at(h['where'], h['library'])} runs a graph before the step's "
-                           f"sync in {min(h['steps_seen'], steady_steps)} of {steady_steps} steps after warm-up")
+                           f"sync in {min(seen, total)} of {total} {unit} after warm-up")
         return out
 

@@ -39,6 +39,7 @@ ENV_DIR = "NEURON_TRAIN_GRAPHS_DIR"          # set by check-graphs: every proces
 ENV_WARMUP = "NEURON_TRAIN_GRAPHS_WARMUP"    # check-graphs --warmup-steps
 ENV_XLA_FLAGS = "NEURON_TRAIN_GRAPHS_XLA_FLAGS"  # XLA_FLAGS as the user set them, before our dump
 RECORD_PREFIX = "record."                    # <dir>/record.<pid>.json: one process's summary
+PARTIAL_PREFIX = "partial."                   # <dir>/partial.<pid>.json: the same, during the run
 
 
 @dataclass

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from neuron_train.graphs.log import Frame, XlaEvent, parse_debug_log
 from neuron_train.graphs.process import (
     ENV_DIR,
     ENV_WARMUP,
+    PARTIAL_PREFIX,
     RECORD_PREFIX,
     DebugFiles,
     internal_predicate,
@@ -46,6 +48,7 @@ from neuron_train.graphs.records import (
     Window,
 )
 
+RECORD_EVERY_S = 10.0      # during the run a record is rewritten after a new graph, or after this long
 LINES_AFTER_NEW_GRAPH = 3  # steps traced with Python lines after a graph compiled past the warm-up
 
 
@@ -79,8 +82,15 @@ class Recorder:
         self.lines = False          # hooks.install: trace ops with their Python line
         self.loop_steps = False     # True once a GraphWatch numbers the steps
         self.sync_steps = 0         # syncs that ran a graph (the step count of a foreign script)
+        self.syncs = 0              # syncs and compiled calls, ran a graph or not
+        self.inference_mode_at = ""  # the user's line that first entered torch.inference_mode()
+        self.compiled_at = ""       # the user's line of the last torch.compile'd call: dynamo's graphs
+                                    # are logged with too few frames to reach it
         self.eager_mode = bool(self._xlac._get_use_eager_mode())  # hooks.install: ever turned on
         self._lock = threading.RLock()
+        self.record_to: Path | None = None   # check-graphs' record folder: written during the run too
+        self._written = time.monotonic()
+        self._graphs_written = 0
 
     def take_over_steps(self) -> None:
         """Our loop numbers the steps from now on; syncs before it (set-up) were not steps."""
@@ -96,9 +106,9 @@ class Recorder:
             self._marks.append((self.log_size(), name))
             self.current_phase = name
 
-    def note_read(self, kind: str, where: str, library: str = "") -> None:
+    def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> None:
         with self._lock:
-            self._reads.append(HostRead(kind, where, self.current_phase, library))
+            self._reads.append(HostRead(kind, where, self.current_phase, library, compiled))
 
     def note_scalar(self, change: dict) -> None:
         with self._lock:
@@ -133,16 +143,23 @@ class Recorder:
     def step_end(self, step: int | None, is_step: bool = True) -> list[Graph]:
         with self._lock:
             found = self.analyzer.observe(self._window(step, is_step))
+            if self.record_to is not None and (len(self.analyzer.graphs) != self._graphs_written
+                                               or time.monotonic() - self._written > RECORD_EVERY_S):
+                # A process stopped in the middle of a long compile (a signal is handled only after
+                # it) never reaches its exit: what it saw so far is on disk already.
+                write_record(self, self.record_to, final=False)
             if self.lines:
                 # Python lines on every traced op cost ~20% of tracing time: pay it while graphs
                 # change (the warm-up, and a few steps after any later new graph), not in a stable run.
                 self._xlac._set_ir_debug(self.analyzer.tracing_lines_wanted(LINES_AFTER_NEW_GRAPH))
             return found
 
-    def summary(self, max_graphs: int | None = None) -> GraphReport:
-        """Everything so far (events after the last step end count as a trailing window)."""
+    def summary(self, max_graphs: int | None = None, final: bool = True) -> GraphReport:
+        """Everything so far (events after the last step end count as a trailing window, when `final`;
+        otherwise the steps ended so far, the recorder unchanged)."""
         with self._lock:
-            self.analyzer.observe(self._window(None, False))
+            if final:
+                self.analyzer.observe(self._window(None, False))
             return replace(self.analyzer.summary(max_graphs), compile_count=self._compiles - self._compiles0,
                            compile_time_s=xla_metric("CompileTime")[1] - self._compile_s0)
 
@@ -172,7 +189,7 @@ class Recorder:
                       hlo=hlo, reads=reads, fallbacks=fallbacks, scalar_reads=scalar_reads,
                       scalars=scalars, phase=self.current_phase, optimizer_steps=optimizer_steps,
                       loaders=loaders, batches=batches, refused=refused, dynamo=dynamo,
-                      eager=self.eager_mode)
+                      eager=self.eager_mode, compiled_at=self.compiled_at)
 
     def _read_events(self) -> list[tuple[XlaEvent, str]]:
         if self._log is None:
@@ -272,16 +289,27 @@ def start_instrumented_process() -> Recorder:
     files = prepare_process(check=True)
     _RECORDER = Recorder(files, int(os.environ.get(ENV_WARMUP, "0")), phase="main")
     hooks.install(_RECORDER, count_syncs=True)
-    atexit.register(write_record, _RECORDER, Path(os.environ[ENV_DIR]))
+    _RECORDER.record_to = Path(os.environ[ENV_DIR])
+    atexit.register(write_record, _RECORDER, _RECORDER.record_to)
     return _RECORDER
 
 
-def write_record(recorder: Recorder, folder: Path) -> None:
-    """One process's summary for check-graphs to merge (atomic: temp file + rename)."""
-    record = replace(recorder.summary(), pid=os.getpid(), argv=sys.argv, rank=os.environ.get("RANK"),
+def write_record(recorder: Recorder, folder: Path, final: bool = True) -> None:
+    """One process's summary for check-graphs to merge (atomic: temp file + rename); during the run
+    (`final` False) the steps so far, replaced by the next one and by the one written at exit."""
+    recorder._written, recorder._graphs_written = time.monotonic(), len(recorder.analyzer.graphs)
+    summary = recorder.summary(final=final)
+    if not final:  # read only if this process never writes its record at exit
+        summary.problems.append(
+            f"process {os.getpid()} ({' '.join(sys.argv)[:80]}) imported torch_xla but ended without writing its "
+            f"record (os._exit, or killed by a signal, maybe in a long compile): this report has what it "
+            f"recorded until step {recorder.analyzer.steps}")
+    record = replace(summary, pid=os.getpid(), argv=sys.argv, rank=os.environ.get("RANK"),
                      local_rank=os.environ.get("LOCAL_RANK"),
                      input_shapes={h: [p.shape for p in hlo.params] for h, hlo in _HLO.items()})
-    path = folder / f"{RECORD_PREFIX}{os.getpid()}.json"
+    path = folder / f"{RECORD_PREFIX if final else PARTIAL_PREFIX}{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record.to_json(), default=str))
     os.replace(tmp, path)
+    if final:
+        (folder / f"{PARTIAL_PREFIX}{os.getpid()}.json").unlink(missing_ok=True)

@@ -19,6 +19,7 @@ HOST_ACCESS = "host access before sync"
 VALUE_BRANCH = "value-dependent control flow"
 DATA_DEPENDENT = "data-dependent shape"
 HOST_READ = "host read after the sync"       # a copy that waits for the device; no extra graph
+COMPILED_READ = "host access inside torch.compile"  # a read in a compiled call: a graph break, a wait mid-step
 NEW_INPUT_SHAPE = hlo_diff.NEW_INPUT_SHAPE
 NEW_CONSTANT = hlo_diff.NEW_CONSTANT
 GRAPH_STRUCTURE = hlo_diff.GRAPH_STRUCTURE
@@ -29,6 +30,7 @@ GRAPH_BREAK = "graph break"                  # torch.compile split a function (r
 PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a step traced
 SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
 GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run's result: a new length each run
+GROWING_GRAPH = "graph grows every step"     # no sync ends the step: each graph holds every step before it
 
 FIXES = {
     NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
@@ -41,6 +43,9 @@ FIXES = {
                   "above 0, or pass the value as a device tensor)",
     GRAPH_STRUCTURE: "make slice and loop lengths fixed (pad to the maximum length and mask)",
     HOST_READ: "fine once in a while; in every step, move it into xm.add_step_closure(...)",
+    COMPILED_READ: "return the tensor from the compiled function and read it after the call's sync "
+                   "(torch_xla.sync(), or in xm.add_step_closure(...)): inside the compiled step the read "
+                   "breaks its graph in two and waits for the device mid-step",
     UNKNOWN: "run `neuron-train check-graphs -- COMMAND` for the cause",
     DYNAMO_RECOMPILE: "keep what the failed guard checks constant: pass a changing Python number as a "
                       "tensor (e.g. the optimizer's lr=torch.tensor(0.01)), give every batch one shape",
@@ -54,6 +59,9 @@ FIXES = {
     GROWING_CONCAT: "collect per-step results without growing a device tensor: append each one to a "
                     "Python list and torch.cat once after the loop, or move each to the CPU after the step's "
                     "sync (in xm.add_step_closure)",
+    GROWING_GRAPH: "end every step with a sync: torch_xla.sync() (or xm.mark_step()) right after the "
+                   "optimizer step, or iterate the loader through torch_xla's MpDeviceLoader, which syncs at "
+                   "each step's end",
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 
@@ -104,6 +112,7 @@ class HostRead:
     where: str       # the innermost user line
     phase: str
     library: str = ""  # the library line that read it (`transformers/masking_utils.py:369`), if any
+    compiled: bool = False  # inside a torch.compile'd call: dynamo broke the step's graph there
 
 
 @dataclass
@@ -167,6 +176,7 @@ class Window:
     refused: list[Refused] = field(default_factory=list)
     dynamo: list[DynamoNote] = field(default_factory=list)      # dynamo recompiles, limits, graph breaks
     eager: bool = False                       # torch_xla's eager mode was on (each op compiles and runs)
+    compiled_at: str = ""                     # the user's line of the last torch.compile'd call (hooks)
 
 
 @dataclass

@@ -19,7 +19,7 @@ def format_report(r: GraphReport) -> str:
         if not g.hash:
             lines.append(f"      {g.detail}")
     recompiles, late = r.recompiles, r.late_graphs
-    lines.append(f"recompilations (new graphs at warm call sites): {len(recompiles)}")
+    lines.append(recompile_headline(r))
     for g in recompiles:
         site = g.site[0] if g.site else ""
         compiled = f" (graph compiled at {short(site)})" if site and site != g.where else ""
@@ -61,6 +61,17 @@ def format_report(r: GraphReport) -> str:
     verdict = "graph-stable" if r.stable else "NOT graph-stable"
     lines.append(f"verdict: {verdict}" + "".join(f"\n  - {p}" for p in r.problems))
     return "\n".join(lines)
+
+
+def recompile_headline(r: GraphReport) -> str:
+    """The first count: every recompilation, the dynamo ones that made no XLA graph of their own too
+    (those that did are among the graphs already), so it never contradicts the dynamo section."""
+    graphs = len(r.recompiles)
+    dynamo = sum(d["defect"] and d["kind"] == "recompile" and not d.get("graph") for d in r.dynamo)
+    if not dynamo:
+        return f"recompilations (new graphs at warm call sites): {graphs}"
+    return (f"recompilations: {graphs + dynamo} ({graphs} new graphs at warm call sites, {dynamo} torch.compile "
+            "(dynamo) recompilations after warm-up, listed under torch.compile below)")
 
 
 def at(where: str, library: str = "") -> str:

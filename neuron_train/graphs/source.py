@@ -87,3 +87,25 @@ def slice_at(where: str) -> bool:
 def _constant(node: ast.expr) -> bool:
     """`8`, `-1`: a bound written as a number (the same length every step)."""
     return isinstance(node, ast.Constant) or (isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant))
+
+
+def key_written(path: str, key: str) -> str:
+    """`file:line` of the first statement that writes `key` into a dict by subscript (`g["lr"] = ...`,
+    `opt.param_groups[0]["lr"] *= ...`) in the script at `path` ("" when none): the line that sets a
+    value a compiled function's guard checks."""
+    tree = _tree(path)
+    if tree is None:
+        return ""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant) \
+                    and target.slice.value == key:
+                lines.append(node.lineno)
+    return f"{path}:{min(lines)}" if lines else ""

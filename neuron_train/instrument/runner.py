@@ -10,7 +10,7 @@ import signal
 from dataclasses import replace
 from pathlib import Path
 
-from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, RECORD_PREFIX
+from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, PARTIAL_PREFIX, RECORD_PREFIX
 from neuron_train.graphs.records import CommandRun, Graph, GraphReport
 from neuron_train.instrument import proc
 
@@ -60,8 +60,12 @@ def instrumented_env(folder: Path, warmup_steps: int) -> dict[str, str]:
 
 
 def load_records(folder: Path) -> list[GraphReport]:
-    """Each instrumented process's summary, written at its exit."""
-    return [GraphReport.from_json(json.loads(p.read_text())) for p in sorted(folder.glob(RECORD_PREFIX + "*.json"))]
+    """Each instrumented process's summary, written at its exit; for a process that never reached its
+    exit (killed in a long compile), the one it wrote during the run, which says so in its problems."""
+    final = [GraphReport.from_json(json.loads(p.read_text())) for p in sorted(folder.glob(RECORD_PREFIX + "*.json"))]
+    ended = {r.pid for r in final}
+    partial = [GraphReport.from_json(json.loads(p.read_text())) for p in sorted(folder.glob(PARTIAL_PREFIX + "*.json"))]
+    return final + [r for r in partial if r.pid not in ended]
 
 
 def merge_records(records: list[GraphReport], command: list[str], ended: proc.Ended, warmup_steps: int,
