@@ -347,3 +347,20 @@ def test_plan_on_our_loop_then_report_and_calibrate(tmp_path):
               "--calibrate", str(bench), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "the first estimate for trn1.2xlarge was +" in proc.stdout and "off the bench" in proc.stdout
+
+
+def test_a_shapes_only_plan_counts_the_datasets_classes_as_the_run_would():
+    """--from-shapes with --num-classes 0 (the default: the dataset's) built a timm model without a head
+    (0 classes) and plan --output then refused its own plan file (issue 31, bad row 5): the head is
+    counted with the dataset's classes, exactly as with --num-classes given."""
+    import dataclasses
+
+    from neuron_train.cost import plan_measure
+    from neuron_train.training.config import RunConfig
+
+    cfg = RunConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="vit-nano", num_classes=0))
+    given = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=10))  # digits: 10
+    (w, details), (w10, details10) = plan_measure.from_shapes(cfg), plan_measure.from_shapes(given)
+    assert cfg.data.dataset == "digits" and details["num_classes"] == details10["num_classes"] == 10
+    assert (w.flops_per_step, details["parameters"]) == (w10.flops_per_step, details10["parameters"])

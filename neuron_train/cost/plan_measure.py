@@ -177,10 +177,14 @@ def from_shapes(cfg, mode: str = "train", execution: str | None = None) -> tuple
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from neuron_train.training.data import build_datasets
     from neuron_train.training.models import build_model
 
+    # --num-classes 0 means "the dataset's": a model built with 0 classes has no head (timm), so the
+    # head's FLOPs would be missing and the plan file would refuse its own num_classes.
+    classes = cfg.model.num_classes or build_datasets(cfg.data, cfg.model.img_size, 0, cfg.train.seed).num_classes
     with torch.device("meta"):
-        model = build_model(cfg.model.name, num_classes=cfg.model.num_classes, img_size=cfg.model.img_size)
+        model = build_model(cfg.model.name, num_classes=classes, img_size=cfg.model.img_size)
         images = torch.empty(cfg.train.batch_size, 3, cfg.model.img_size, cfg.model.img_size)
     train = mode == "train"
     with FlopCounterMode(display=False) as counter:
@@ -199,7 +203,7 @@ def from_shapes(cfg, mode: str = "train", execution: str | None = None) -> tuple
         activation_bytes=activations if train else 0.0,
         execution=execution or default_execution(mode, cfg.train.step_compiler),
         measured_by="estimated from shapes on the meta device (nothing allocated; traced instructions not counted)")
-    return figures, {"parameters": n, "num_classes": cfg.model.num_classes, "train_samples": None}
+    return figures, {"parameters": n, "num_classes": classes, "train_samples": None}
 
 
 def steady_graph(dump_dir: Path) -> tuple[HloFigures, int]:
