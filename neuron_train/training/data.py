@@ -263,7 +263,8 @@ class _KeptError:
     a sample's augmentation (timm, Pillow) can raise."""
 
     def __init__(self, loader: DataLoader):
-        self.loader, self.error = loader, None
+        self.loader = loader
+        self.error: Exception | None = None
 
     def __len__(self) -> int:
         return len(self.loader)
