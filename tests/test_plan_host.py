@@ -183,7 +183,7 @@ def test_of_two_types_rated_equal_the_one_with_more_vcpus_per_core_is_named_fast
 
 
 def test_the_report_names_an_estimate_over_2x_from_a_measurement_and_never_counts_it_as_a_bench():
-    from neuron_train.cost.render import Context, estimates_off, report_blocks
+    from neuron_train.cost.render import Context, Para, estimates_off, report_blocks
 
     measured = json.loads((REPORT_FIXTURES / "cpu_train_vit_digits.json").read_text())
     measured.update(instance_type="trn1.2xlarge")
@@ -200,8 +200,8 @@ def test_the_report_names_an_estimate_over_2x_from_a_measurement_and_never_count
             assert "plan.json" in lines[0] and "bench.json" in lines[0] and "--calibrate" in lines[0]
     ctx = Context("now", [(Path("bench.json"), measured), (Path("plan.json"), plan_row(250.0))], [], [], True)
     blocks = report_blocks([], ctx, {})
-    assert "from 1 bench result(s), 1 plan estimate(s)" in str(blocks[1][1])
-    assert any(kind == "warn" and "ESTIMATE OFF" in str(text) for kind, text in blocks)
+    assert isinstance(blocks[1], Para) and "from 1 bench result(s), 1 plan estimate(s)" in blocks[1].text
+    assert any(isinstance(b, Para) and b.warn and "ESTIMATE OFF" in b.text for b in blocks)
 
 
 def test_an_input_bound_step_ranks_the_cheapest_core_last_unlike_the_price_list():

@@ -371,11 +371,11 @@ def main(args: argparse.Namespace) -> int:
 
     rows, runs, (nproc, bs) = _measure(plan, cfg, instance[0], num_classes, measured, args.sweep, log)
     cfg.train.batch_size = bs
-    command = shlex.join(["neuron-train", "bench", "--mode", plan.mode, "--nproc", str(nproc),
-                          "--repeats", str(plan.repeats), *config_to_argv(cfg)])
+    line = shlex.join(["neuron-train", "bench", "--mode", plan.mode, "--nproc", str(nproc),
+                       "--repeats", str(plan.repeats), *config_to_argv(cfg)])
     result = build_result(workload=loop_workload(cfg, parameters, num_classes, train_samples), mode=plan.mode,
                           instance=instance, runs=runs, sweep_rows=rows if args.sweep else None,
-                          warmup=cfg.train.warmup_measure_steps, command=command)
+                          warmup=cfg.train.warmup_measure_steps, command=line)
     return _finish(result, output)
 
 

@@ -33,7 +33,7 @@ from neuron_train.cost.render import (
     report_blocks,
     write_csv,
 )
-from neuron_train.cost.rows import Group, Row, device_text, precision_text
+from neuron_train.cost.rows import Group, Row, device_text, precision_text, priced_rows
 
 OUTPUT_FILES = ("report.md", "report.csv", "report.html", "throughput.png", "price_performance.png",
                 "cost.png")
@@ -153,24 +153,24 @@ def build_groups(rows: list[Row], baseline: str | None, epoch_samples: int | Non
 
 
 def _choose_baseline(group: Group, wanted: str | None) -> None:
-    priced = [r for r in group.rows if r.samples_per_dollar]
+    priced = priced_rows(group.rows)
     if not priced:
         group.baseline_note = "no priced row: relative price-performance not computed"
         return
     for name in [n for n in (wanted, DEFAULT_BASELINE) if n]:
-        same = [r for r in priced if r.instance_type == name]
+        same = [p for p in priced if p.row.instance_type == name]
         if same:
-            group.baseline = max(same, key=lambda r: r.samples_per_dollar)
+            baseline = max(same, key=lambda p: p.per_dollar)
             break
     else:
-        cheapest = min(r.usd_per_hour for r in priced)
-        group.baseline = max((r for r in priced if r.usd_per_hour == cheapest),
-                             key=lambda r: r.samples_per_dollar)
+        cheapest = min(p.per_hour for p in priced)
+        baseline = max((p for p in priced if p.per_hour == cheapest), key=lambda p: p.per_dollar)
         group.baseline_note = (f"{wanted or DEFAULT_BASELINE} not in this workload: baseline is the "
                                "cheapest instance here")
-    group.baseline.is_baseline = True
-    for r in priced:
-        r.relative = r.samples_per_dollar / group.baseline.samples_per_dollar
+    group.baseline = baseline.row
+    baseline.row.is_baseline = True
+    for p in priced:
+        p.row.relative = p.per_dollar / baseline.per_dollar
 
 
 def _epoch_costs(group: Group, epoch_samples: int | None) -> None:

@@ -12,6 +12,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.failures import MeasureFailed, classify_failure
@@ -192,7 +193,9 @@ class InferBench:
         self.warmed.add(batch)
         graphs = (met.counter_value("UncachedCompile") or 0) - compiles0
         ctime = ((met.metric_data("CompileTime") or (0, 0, []))[1] - ctime0) / 1e9
-        return Measurement(sps, step_ms, ctime, graphs, steps, 1, batch, xr.device_type(),
+        # cast: device_type() is None only while PJRT_DEVICE is unset, and torch_xla.device() above
+        # has set it (torch_xla defaults it to CPU)
+        return Measurement(sps, step_ms, ctime, graphs, steps, 1, batch, cast(str, xr.device_type()),
                            {"tracer": self.tracer})
 
     def _measure_neuron(self, batch: int, steps: int, warmup: int) -> Measurement:

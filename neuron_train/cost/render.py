@@ -9,10 +9,11 @@ import html
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from neuron_train import __version__
 from neuron_train.cost.catalog import Price
-from neuron_train.cost.rows import Group, Row, device_text, money
+from neuron_train.cost.rows import Group, Row, device_text, money, priced_rows
 
 
 def _fmt(value: float | None, spec: str = ",.1f", prefix: str = "") -> str:
@@ -47,15 +48,16 @@ def table_cells(row: Row) -> list[str]:
 
 
 def group_summary(group: Group) -> str:
-    ok = [r for r in group.rows if r.samples_per_sec]
-    fastest = max(ok, key=lambda r: r.samples_per_sec)
-    text = (f"fastest: {fastest.instance_type} ({fastest.samples_per_sec:,.1f} {group.unit}/s, "
-            f"{fastest.origin})")
-    priced = [r for r in ok if r.samples_per_dollar]
+    ok = [(r, r.samples_per_sec) for r in group.rows if r.samples_per_sec]
+    fastest, speed = max(ok, key=lambda pair: pair[1])
+    text = f"fastest: {fastest.instance_type} ({speed:,.1f} {group.unit}/s, {fastest.origin})"
+    priced = priced_rows(r for r, _ in ok)
     if priced:
-        best = max(priced, key=lambda r: r.samples_per_dollar)
-        text += (f"; most {group.unit} per dollar: {best.instance_type} ({best.samples_per_dollar:,.0f} "
-                 f"per $, {best.relative:.2f}x the baseline {group.baseline.instance_type})")
+        best = max(priced, key=lambda p: p.per_dollar)
+        # cast: a group with a priced row has a baseline (report's build_groups chose it)
+        baseline = cast(Row, group.baseline)
+        text += (f"; most {group.unit} per dollar: {best.row.instance_type} ({best.per_dollar:,.0f} "
+                 f"per $, {best.row.relative:.2f}x the baseline {baseline.instance_type})")
     return text
 
 
@@ -196,6 +198,38 @@ METHOD = ("Throughput is the median over repeats of steady-state samples/s (warm
           "/ (samples/s x 3600) x 1e6. $ per epoch = epoch samples / (samples/s x 3600) x USD per hour.")
 
 
+@dataclass(frozen=True)
+class Heading:
+    level: int                  # 1 or 2
+    text: str
+
+
+@dataclass(frozen=True)
+class Para:
+    text: str
+    warn: bool = False          # a warning, set apart
+
+
+@dataclass(frozen=True)
+class Bullets:
+    items: list[tuple[str, str]]   # (lead, text); an empty lead: the text alone
+
+
+@dataclass(frozen=True)
+class Table:
+    header: tuple[str, ...]
+    rows: list[list[str]]
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str                   # the chart's file name
+    title: str
+
+
+Block = Heading | Para | Bullets | Table | Image
+
+
 SWEEP_HEADER = ("Batch per device", "Processes", "Status", "Throughput /s", "Reason")
 
 
@@ -212,59 +246,56 @@ def sweep_tables(ctx: Context) -> list[tuple[str, list[list[str]]]]:
     return tables
 
 
-def report_blocks(groups: list[Group], ctx: Context, charts: dict[str, str]) -> list[tuple[str, object]]:
-    """The report as a list of (kind, content) blocks, rendered to Markdown and to HTML alike."""
+def report_blocks(groups: list[Group], ctx: Context, charts: dict[str, str]) -> list[Block]:
+    """The report as a list of blocks, rendered to Markdown and to HTML alike."""
     estimated = sum(r.get("source") == "estimated" for _, r in ctx.results)   # never counted as bench results
-    blocks: list[tuple[str, object]] = [
-        ("h1", "Price-performance report"),
-        ("p", f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results) - estimated} bench "
-              f"result(s), {estimated} plan estimate(s) and {len(ctx.references)} reference table(s)."
-              if estimated else f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results)} "
-              f"bench result(s) and {len(ctx.references)} reference table(s).")]
+    blocks: list[Block] = [
+        Heading(1, "Price-performance report"),
+        Para(f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results) - estimated} bench "
+             f"result(s), {estimated} plan estimate(s) and {len(ctx.references)} reference table(s)."
+             if estimated else f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results)} "
+             f"bench result(s) and {len(ctx.references)} reference table(s).")]
     if ctx.cpu_measured:
-        blocks.append(("warn", CPU_WARNING))
+        blocks.append(Para(CPU_WARNING, warn=True))
     if estimated:
-        blocks.append(("warn", ESTIMATE_WARNING))
-        blocks += [("warn", line) for line in estimates_off(ctx)]
-    blocks += [("h2", "Summary"), ("ul", [(g.title, group_summary(g)) for g in groups
-                                          if any(r.samples_per_sec for r in g.rows)])]
+        blocks.append(Para(ESTIMATE_WARNING, warn=True))
+        blocks += [Para(line, warn=True) for line in estimates_off(ctx)]
+    blocks += [Heading(2, "Summary"), Bullets([(g.title, group_summary(g)) for g in groups
+                                               if any(r.samples_per_sec for r in g.rows)])]
     for g in groups:
         facts = [f"baseline: {g.baseline.instance_type}" if g.baseline else "no baseline"]
         if g.baseline_note:
             facts.append(g.baseline_note)
         facts.append(f"epoch: {g.epoch_samples:,} {g.unit}" if g.epoch_samples
                      else "epoch size unknown (pass --epoch-samples)")
-        blocks += [("h2", g.title), ("p", "; ".join(facts) + "."),
-                   ("table", (TABLE_HEADER, [table_cells(r) for r in g.rows]))]
-    blocks.append(("h2", "Charts"))
-    blocks += [("img", (name, title)) for name, title in charts.items()]
+        blocks += [Heading(2, g.title), Para("; ".join(facts) + "."),
+                   Table(TABLE_HEADER, [table_cells(r) for r in g.rows])]
+    blocks.append(Heading(2, "Charts"))
+    blocks += [Image(name, title) for name, title in charts.items()]
     sweeps = sweep_tables(ctx)
     if sweeps:
-        blocks.append(("h2", "Configurations tried (--sweep)"))
+        blocks.append(Heading(2, "Configurations tried (--sweep)"))
         for caption, rows in sweeps:
-            blocks += [("p", caption), ("table", (SWEEP_HEADER, rows))]
-    blocks += [("h2", "Provenance"), ("ul", [("", line) for line in provenance_lines(ctx)]),
-               ("h2", "Method"), ("p", METHOD)]
+            blocks += [Para(caption), Table(SWEEP_HEADER, rows)]
+    blocks += [Heading(2, "Provenance"), Bullets([("", line) for line in provenance_lines(ctx)]),
+               Heading(2, "Method"), Para(METHOD)]
     return blocks
 
 
-def render_markdown(blocks: list[tuple[str, object]]) -> str:
+def render_markdown(blocks: list[Block]) -> str:
     out: list[str] = []
-    for kind, content in blocks:
-        if kind in ("h1", "h2"):
-            out += [f"{'#' * int(kind[1])} {_md(content)}", ""]
-        elif kind == "p":
-            out += [_md(content), ""]
-        elif kind == "warn":
-            out += [f"> {_md(content)}", ""]
-        elif kind == "ul":
-            out += [f"- **{_md(lead)}**: {_md(text)}." if lead else f"- {_md(text)}" for lead, text in content] + [""]
-        elif kind == "table":
-            header, rows = content
-            out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            out += ["| " + " | ".join(_md(c).replace("|", "/") for c in row) + " |" for row in rows] + [""]
-        elif kind == "img":
-            out += [f"![{content[1]}]({content[0]})", ""]
+    for b in blocks:
+        if isinstance(b, Heading):
+            out += [f"{'#' * b.level} {_md(b.text)}", ""]
+        elif isinstance(b, Para):
+            out += [f"> {_md(b.text)}" if b.warn else _md(b.text), ""]
+        elif isinstance(b, Bullets):
+            out += [f"- **{_md(lead)}**: {_md(text)}." if lead else f"- {_md(text)}" for lead, text in b.items] + [""]
+        elif isinstance(b, Table):
+            out += ["| " + " | ".join(b.header) + " |", "|" + "---|" * len(b.header)]
+            out += ["| " + " | ".join(_md(c).replace("|", "/") for c in row) + " |" for row in b.rows] + [""]
+        else:
+            out += [f"![{b.title}]({b.name})", ""]
     return "\n".join(out)
 
 
@@ -280,29 +311,28 @@ _CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;
         "img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}")
 
 
-def render_html(blocks: list[tuple[str, object]], images: dict[str, bytes]) -> str:
+def render_html(blocks: list[Block], images: dict[str, bytes]) -> str:
     """One self-contained page: the charts are inlined as base64 PNGs, no external file or link."""
     import base64
 
     e = lambda text: html.escape(str(text).replace("`", ""))  # noqa: E731
     out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>Price-performance report</title>",
            f"<style>{_CSS}</style></head><body>"]
-    for kind, content in blocks:
-        if kind in ("h1", "h2", "p"):
-            out.append(f"<{kind}>{e(content)}</{kind}>")
-        elif kind == "warn":
-            out.append(f"<p class='warn'>{e(content)}</p>")
-        elif kind == "ul":
+    for b in blocks:
+        if isinstance(b, Heading):
+            out.append(f"<h{b.level}>{e(b.text)}</h{b.level}>")
+        elif isinstance(b, Para):
+            out.append(f"<p class='warn'>{e(b.text)}</p>" if b.warn else f"<p>{e(b.text)}</p>")
+        elif isinstance(b, Bullets):
             out.append("<ul>" + "".join(f"<li><b>{e(lead)}</b>: {e(text)}.</li>" if lead
-                                        else f"<li>{e(text)}</li>" for lead, text in content) + "</ul>")
-        elif kind == "table":
-            header, rows = content
-            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"
+                                        else f"<li>{e(text)}</li>" for lead, text in b.items) + "</ul>")
+        elif isinstance(b, Table):
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in b.header) + "</tr>"
                        + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
-                                 for row in rows) + "</table>")
-        elif kind == "img":
-            data = base64.b64encode(images[content[0]]).decode()
-            out.append(f"<figure><img alt='{e(content[1])}' src='data:image/png;base64,{data}'>"
-                       f"<figcaption>{e(content[1])}</figcaption></figure>")
+                                 for row in b.rows) + "</table>")
+        else:
+            data = base64.b64encode(images[b.name]).decode()
+            out.append(f"<figure><img alt='{e(b.title)}' src='data:image/png;base64,{data}'>"
+                       f"<figcaption>{e(b.title)}</figcaption></figure>")
     out += ["</body></html>", ""]
     return "\n".join(out)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from neuron_train.cost.catalog import Price
 
@@ -58,6 +60,20 @@ class Row:
             parts.append(f"{self.nodes} instances")
         parts += [p for p in (self.precision, self.framework) if p]
         return ", ".join(parts)
+
+
+class Priced(NamedTuple):
+    """A row with a price-performance figure, and its figures as numbers."""
+
+    row: Row
+    per_dollar: float       # samples per dollar
+    per_hour: float         # USD per hour, all instances
+
+
+def priced_rows(rows: Iterable[Row]) -> list[Priced]:
+    """The rows with samples per dollar (price_rows sets it together with a non-zero USD per hour)."""
+    return [Priced(r, r.samples_per_dollar, r.usd_per_hour) for r in rows
+            if r.samples_per_dollar and r.usd_per_hour]
 
 
 @dataclass

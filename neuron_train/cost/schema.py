@@ -73,7 +73,7 @@ def validate_result(data: object, where: str) -> dict:
     """Check a parsed result file against the schema; raise UsageError naming the file and the
     first bad field (every number of it: type, finite, range)."""
     problem = header_problem(data, "schema", SCHEMA_NAME, "schema_version", SCHEMA_VERSION)
-    if problem:
+    if problem or not isinstance(data, dict):  # (header_problem names a non-object too)
         raise UsageError(f"{where}: not a bench result ({problem})")
     for dotted, kind in {**RESULT_FIELDS, **OPTIONAL_FIELDS}.items():
         value = _lookup(data, dotted)

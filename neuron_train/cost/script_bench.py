@@ -70,7 +70,7 @@ def process_steps(probe: dict) -> ProcessSteps | None:
     if main is None or not main[1].steady:
         return None
     site, state = main
-    shapes = Counter(tuple(windows[i].batch) for i, _ in state.steady if windows[i].batch)
+    shapes = Counter(tuple(shape) for i, _ in state.steady if (shape := windows[i].batch))
     if not shapes:  # a prefetching loader (MpDeviceLoader) copied the first batches during the warm-up
         shapes = Counter(tuple(w.batch) for w in windows if w.batch)
     batch = list(shapes.most_common(1)[0][0]) if shapes else None

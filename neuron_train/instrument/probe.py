@@ -225,7 +225,8 @@ def _watch_copies(probe: Probe) -> None:
         return out
 
     copy_to.__doc__ = to.__doc__
-    torch.Tensor.to = copy_to
+    # setattr: a deliberate patch of a method, which mypy refuses as an assignment (method-assign)
+    setattr(torch.Tensor, "to", copy_to)  # noqa: B010
     from_aten = torch_xla._XLAC._xla_tensors_from_aten
 
     def tensors_from_aten(tensors, *args, **kwargs):

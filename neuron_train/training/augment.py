@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import default_collate
 
 from neuron_train.training.config import RecipeConfig, RunConfig
-from neuron_train.training.data import NORMALISATION, Datasets
+from neuron_train.training.data import NORMALISATION, ClassDataset, Datasets
 
 
 @dataclass(frozen=True)
@@ -80,11 +79,11 @@ def _posterize_zero_bits_as_black(policy) -> None:
                 op.aug_fn = posterize
 
 
-class AugmentedTensors(Dataset):
+class AugmentedTensors(ClassDataset):
     """An in-memory dataset (samples are normalised tensors) through timm's image stages: the
     tensor becomes an 8-bit RGB image, as a decoded file would be, for the policy's PIL ops."""
 
-    def __init__(self, ds: Any, aug: ImageAugment, mean: tuple, std: tuple):
+    def __init__(self, ds: ClassDataset, aug: ImageAugment, mean: tuple, std: tuple):
         self.ds, self.aug = ds, aug
         self.num_classes = ds.num_classes
         self.mean, self.std = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
@@ -138,7 +137,7 @@ def soft_targets(cfg: RecipeConfig) -> bool:
     return mixing(cfg) or cfg.smoothing > 0
 
 
-def recipe_training_set(cfg: RunConfig, data: Datasets) -> tuple[Dataset, SoftTargetCollate | None]:
+def recipe_training_set(cfg: RunConfig, data: Datasets) -> tuple[ClassDataset, SoftTargetCollate | None]:
     """The training set through --aa / --reprob, and the collate making soft targets (None: the
     DataLoader's own, class indices). A folder's images pass through 8-bit RGB again after their
     resize and crop, as timm's policies take PIL images: the augmented image is what a file of that

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch_xla
@@ -69,7 +70,8 @@ class Checkpointer:
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                ema=None) -> tuple[Position, Path]:
         """Load --resume into model and optimizer; returns the position to continue from."""
-        path = ckpt.resolve(self.run_dir, self.cfg.checkpoint.resume)
+        # cast: callers resume only with --resume given (TrainLoop._start checks it is not None)
+        path = ckpt.resolve(self.run_dir, cast(str, self.cfg.checkpoint.resume))
         state = ckpt.load_resumable(path)  # checksum and structure checked: one line, never a KeyError
         if state["global_batch"] != self.global_batch:
             raise UsageError(f"{path} was trained with a global batch of {state['global_batch']}, "

@@ -18,6 +18,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training.config import DataConfig
+
+if TYPE_CHECKING:
+    from torchvision.datasets import ImageFolder
 
 _DIGITS_VAL = 300          # fixed validation split of the 1797 digits, independent of --seed
 _SYNTHETIC_POOL = 64       # distinct random images behind the synthetic dataset (loading stays cheap)
@@ -35,7 +39,19 @@ NORMALISATION = {"digits": ((0.5,) * 3, (0.5,) * 3), "synthetic": ((0.5,) * 3, (
                  "folder": (_MEAN, _STD)}
 
 
-class DigitsDataset(Dataset):
+class ClassDataset(Dataset):
+    """(image, label) samples that know their count and their number of classes (torch's Dataset
+    declares neither): what `build_datasets` makes. An image folder is torchvision's ImageFolder
+    (typed Any: torchvision ships no type information), which has both once `_folder` sets
+    num_classes."""
+
+    num_classes: int
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class DigitsDataset(ClassDataset):
     """scikit-learn's 8x8 handwritten digits (ships with the package: real data, offline), upscaled."""
 
     def __init__(self, split: str, img_size: int):
@@ -59,7 +75,7 @@ class DigitsDataset(Dataset):
         return self.images[i].expand(3, -1, -1), self.labels[i]
 
 
-class SyntheticDataset(Dataset):
+class SyntheticDataset(ClassDataset):
     """Random images and labels, for throughput benchmarks (the numbers mean nothing to learn)."""
 
     def __init__(self, size: int, img_size: int, num_classes: int, seed: int = 0):
@@ -74,7 +90,7 @@ class SyntheticDataset(Dataset):
         return self.pool[i % _SYNTHETIC_POOL], torch.tensor(i % self.num_classes)
 
 
-def _folder(path: Path, img_size: int, train: bool) -> Dataset:
+def _folder(path: Path, img_size: int, train: bool) -> ImageFolder:
     from torchvision import datasets, transforms
 
     resize = [transforms.Resize(img_size), transforms.CenterCrop(img_size)]
@@ -89,7 +105,7 @@ def _folder(path: Path, img_size: int, train: bool) -> Dataset:
 
 
 @functools.lru_cache(maxsize=2)  # scanned once per process: checked before start-up, used after
-def _folders(root: Path, img_size: int) -> tuple[Dataset, Dataset | None]:
+def _folders(root: Path, img_size: int) -> tuple[ImageFolder, ImageFolder | None]:
     """train/ and val/ (or the root itself as train), val's labels matched to train's by name."""
     has_split = (root / "train").is_dir()
     train = _folder(root / "train" if has_split else root, img_size, train=True)
@@ -137,7 +153,10 @@ def image_problem(path: str) -> str | None:
 
 def check_images(data: Datasets, root: Path) -> None:
     """Refuse a folder dataset holding an unreadable image, naming the first few (one line)."""
-    paths = [p for ds in (data.train, data.val) if ds is not None for p, _ in ds.samples]
+    from torchvision.datasets import ImageFolder
+
+    # a folder dataset's train and val are ImageFolders (val may be absent)
+    paths = [p for ds in (data.train, data.val) if isinstance(ds, ImageFolder) for p, _ in ds.samples]
     with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
         problems = [(p, why) for p, why in zip(paths, pool.map(image_problem, paths), strict=True) if why]
     if problems:
@@ -148,12 +167,14 @@ def check_images(data: Datasets, root: Path) -> None:
 
 @dataclass
 class Datasets:
-    train: Dataset
-    val: Dataset | None
+    train: ClassDataset
+    val: ClassDataset | None
     num_classes: int
 
 
 def build_datasets(cfg: DataConfig, img_size: int, num_classes: int, seed: int) -> Datasets:
+    train: ClassDataset
+    val: ClassDataset | None
     if cfg.dataset == "digits":
         train, val = DigitsDataset("train", img_size), DigitsDataset("val", img_size)
     elif cfg.dataset == "synthetic":
@@ -161,7 +182,8 @@ def build_datasets(cfg: DataConfig, img_size: int, num_classes: int, seed: int) 
         train = SyntheticDataset(cfg.synthetic_size, img_size, classes, seed)
         val = SyntheticDataset(max(256, cfg.synthetic_size // 8), img_size, classes, seed + 1)
     else:
-        train, val = _folders(Path(cfg.data_dir).resolve(), img_size)
+        # cast: DataConfig.validate refuses --dataset folder without --data-dir
+        train, val = _folders(Path(cast(str, cfg.data_dir)).resolve(), img_size)
     if num_classes and num_classes < train.num_classes:
         raise UsageError(f"--num-classes {num_classes} is smaller than the {train.num_classes} "
                          f"classes in the {cfg.dataset} dataset")
@@ -199,7 +221,7 @@ class ShardSampler(Sampler[int]):
 class PaddedEvalShard(Dataset):
     """This rank's evaluation samples, padded to whole batches; padding has valid=0."""
 
-    def __init__(self, ds: Dataset, world: int, rank: int, batch_size: int):
+    def __init__(self, ds: ClassDataset, world: int, rank: int, batch_size: int):
         self.ds, self.indices = ds, list(range(rank, len(ds), world))
         self.padded = max(1, math.ceil(len(self.indices) / batch_size)) * batch_size
 
@@ -222,7 +244,7 @@ def _loader(ds: Dataset, batch_size: int, num_workers: int, sampler=None, collat
                       pin_memory=False, prefetch_factor=4 if num_workers else None)
 
 
-def train_loader(ds: Dataset, cfg: DataConfig, *, batch_size: int, accum: int, world: int, rank: int,
+def train_loader(ds: ClassDataset, cfg: DataConfig, *, batch_size: int, accum: int, world: int, rank: int,
                  seed: int, epoch: int, start_batch: int = 0, collate=None) -> DataLoader:
     """Full optimizer steps only (batch x accum); starts after `start_batch` batches (resume).
     `collate`: how samples become a batch (augment.SoftTargetCollate: Mixup/CutMix on the host)."""
@@ -231,7 +253,7 @@ def train_loader(ds: Dataset, cfg: DataConfig, *, batch_size: int, accum: int, w
     return _loader(ds, batch_size, cfg.workers(), sampler, collate)
 
 
-def eval_loader(ds: Dataset, cfg: DataConfig, *, batch_size: int, world: int, rank: int) -> DataLoader:
+def eval_loader(ds: ClassDataset, cfg: DataConfig, *, batch_size: int, world: int, rank: int) -> DataLoader:
     return _loader(PaddedEvalShard(ds, world, rank, batch_size), batch_size, cfg.workers())
 
 
@@ -241,7 +263,8 @@ class _KeptError:
     a sample's augmentation (timm, Pillow) can raise."""
 
     def __init__(self, loader: DataLoader):
-        self.loader, self.error = loader, None
+        self.loader = loader
+        self.error: Exception | None = None
 
     def __len__(self) -> int:
         return len(self.loader)

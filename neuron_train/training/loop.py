@@ -81,7 +81,6 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, backend, self.run_dir, self.watch, writes=self.writes,
                                          extracting=self.extracting)
         self.profiler = build_profiler(cfg, self.run_dir if self.writes else None)
-        self.clock: Throughput | None = None        # started by run(), after resuming
         self.metrics: MetricsWriter | None = None   # rank 0's metrics.jsonl / TensorBoard
         self.resumed_from: str | None = None
         self.live: tuple = ()                        # the last step's logged tensors (graph outputs)
@@ -235,7 +234,7 @@ class Trainer:
 
     def run(self) -> dict:
         progress = self._start()
-        self.clock = clock = Throughput(self.pos.step, self.cfg.train.warmup_measure_steps)
+        clock = Throughput(self.pos.step, self.cfg.train.warmup_measure_steps)
         accum, epoch_batches = self.cfg.train.grad_accum, self.steps_per_epoch * self.cfg.train.grad_accum
         self.model.train()
         while self.pos.step < self.total_steps:
@@ -253,10 +252,10 @@ class Trainer:
                 self.pos.epoch, self.pos.batch = self.pos.epoch + 1, 0
         clock.stop()
         progress.close()
-        return self._finish()
+        return self._finish(clock)
 
     # ----- the end ---------------------------------------------------------------------------
-    def _finish(self) -> dict:
+    def _finish(self, clock: Throughput) -> dict:
         profile = self.profiler.finish()  # writes profile.json and prints its table (rank 0)
         checksums = self._check_replicas()
         graphs = self.watch.summary()
@@ -267,7 +266,7 @@ class Trainer:
             "precision": t.precision, "world_size": self.backend.world_size,
             "batch_size": t.batch_size, "global_batch_size": self._global_batch(),
             "steps": self.pos.step, "epochs": round(self.pos.step / self.steps_per_epoch, 3),
-            **self.clock.figures(self._global_batch()),
+            **clock.figures(self._global_batch()),
             "compile_count": graphs.compile_count, "compile_time_s": graphs.compile_time_s,
             "precompile_coverage": coverage,
             "xla_execute_ms_median": _median_ms(met.metric_data("ExecuteTime")),
@@ -277,8 +276,9 @@ class Trainer:
             **self._optimizer_memory(),
             **({"bottleneck": profile.get("bottleneck")} if profile else {}),
         }
-        if self.writes:
+        if self.metrics is not None:  # made by _start on the rank that writes
             self.metrics.close()
+        if self.writes:
             self._check_metrics()
             # summary.json last: it marks the run complete. Each file is whole or absent.
             for name, data in (("graphs.json", graphs.to_json()), ("summary.json", summary)):

@@ -1,8 +1,8 @@
 """The task contract and the plain classification task.
 
 A task is what a training step computes from a batch: `task(images, labels)` returns a dict of
-scalar losses; 'loss' is back-propagated, every other entry is logged. `per_sample(...)` gives the
-same losses one value per sample (sifting ranks them) and `info()` gives figures merged into the
+scalar losses; 'loss' is back-propagated, every other entry is logged. `per_sample(...)` (a
+`PerSampleTask`) gives the same losses one value per sample (sifting ranks them) and `info()` gives figures merged into the
 run summary. Distillation and sifting are tasks built around another task, by composition.
 """
 
@@ -15,11 +15,15 @@ import torch.nn.functional as F
 
 
 class Task(Protocol):
-    def per_sample(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]: ...
-
     def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]: ...
 
     def info(self) -> dict: ...
+
+
+class PerSampleTask(Task, Protocol):
+    """A task that also gives its losses per sample: what sifting wraps (classification, distillation)."""
+
+    def per_sample(self, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]: ...
 
 
 def batch_mean(per_sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

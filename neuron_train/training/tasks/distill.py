@@ -14,6 +14,8 @@ no_grad with requires_grad off, in the same XLA graph as the student's step.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
@@ -53,8 +55,10 @@ def _shape_mismatches(model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
 
 def load_teacher(cfg: DistillConfig, *, num_classes: int, img_size: int) -> torch.nn.Module:
     """Build the teacher and load every one of its weights from the checkpoint, or refuse."""
-    teacher = create_model(cfg.teacher_model, num_classes=num_classes, img_size=img_size)
-    state = read_state_dict(cfg.teacher_checkpoint)
+    # cast: build_task calls this only with --teacher-model set, and DistillConfig.validate has
+    # refused --teacher-model without --teacher-checkpoint before start-up
+    teacher = create_model(cast(str, cfg.teacher_model), num_classes=num_classes, img_size=img_size)
+    state = read_state_dict(cast(str, cfg.teacher_checkpoint))
     problems = _shape_mismatches(teacher, state)
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""

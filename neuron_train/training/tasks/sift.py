@@ -28,7 +28,7 @@ import torch
 from neuron_train.common.errors import UsageError
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.training.config import SiftConfig
-from neuron_train.training.tasks.base import batch_mean
+from neuron_train.training.tasks.base import PerSampleTask, batch_mean
 
 _EPS = 1e-6  # keeps every keep-probability > 0, so a draw of k always finds k candidates
 
@@ -129,7 +129,7 @@ class SiftingTask:
 
     SWITCH_PHASE = "train (sifted)"
 
-    def __init__(self, inner, cfg: SiftConfig, batch_size: int, grad_accum: int,
+    def __init__(self, inner: PerSampleTask, cfg: SiftConfig, batch_size: int, grad_accum: int,
                  step: Callable[[], int], mark_phase: Callable[[str], None], device: torch.device):
         self.inner, self.cfg, self.step, self.mark_phase = inner, cfg, step, mark_phase
         self.batch_size, self.grad_accum = batch_size, grad_accum
