@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
+from test_graphs import ACCESS, CLEAR, LIBS, STEP, ran, run_site, sync_event, window
 
 from neuron_train.graphs import hlo_diff, records
 from neuron_train.graphs.analyzer import Analyzer
-from neuron_train.graphs.log import Frame, XlaEvent, library_namer
+from neuron_train.graphs.log import Frame, XlaEvent, internal_file_predicate, library_namer
 from neuron_train.graphs.records import FIXES, LIBRARY_FIXES
 
 SITE_PACKAGES = "/lib/site"  # under LIBS: not the user's code
@@ -317,3 +317,59 @@ def test_a_read_site_whose_graph_grows_step_over_step_is_a_loop_without_a_sync(s
         assert first.detail.startswith("ops by step: 1: 100, 2: 200, 3: 300;")
         assert analyzer.graphs["G2"].kind == "warmup"
         assert "torch_xla.sync()" in first.fix and "MpDeviceLoader" in first.fix
+
+
+def sliced(rows: int, length: int, at: str, full: int = 32) -> hlo_diff.HloSummary:
+    """A graph that cuts an input of `full` tokens to `length` at `at` (no op at all at the full length)."""
+    cut = [hlo_diff.Instr("slice", f"s64[{rows},{length}]", op_type="xla__select", where=at)] if length < full else []
+    return hlo_diff.HloSummary([hlo_diff.Instr("parameter", f"s64[{rows},{full}]", index=0)], cut,
+                               [f"s64[{rows},{length}]"])
+
+
+def test_a_slice_on_the_device_before_a_compiled_step_counts_every_new_length_from_the_second(tmp_path):
+    """pytorch/xla's decoder-only example with a sequence-length warm-up (`data[:, :seq]` on device data,
+    then a torch_xla.compile'd step): torch_xla.compile runs the slice as a graph of its own, then the
+    step's graph takes its output. Each new length after the first is a recompilation of both, named at
+    the slice (not a line inside the step function, not the call), even before either site repeats."""
+    script = tmp_path / "decoder.py"
+    script.write_text("for step, data in enumerate(loader):\n    seq = 8 * (step + 1)\n"
+                      "    inputs = data[:, :seq]\n    step_fn(inputs[:, :-1], inputs[:, 1:])\n")
+    cut = f"{script}:3"
+    analyzer = analyzer_of()
+    for n, length in enumerate((8, 16, 24, 32)):
+        step_graph = hlo_diff.HloSummary([hlo_diff.Instr("parameter", f"s64[8,{length}]", index=0)],
+                                         [hlo_diff.Instr("dot", "f32[8,50]", where=f"{script}:4")], ["f32[]"])
+        analyzer.observe(window(2 * n + 1, *through(f"S{length}", 4, CLEAR), hlo={0: sliced(8, length, cut)}))
+        analyzer.observe(window(2 * n + 2, *through(f"G{length}", 4, STEP), hlo={0: step_graph}))
+    graphs = analyzer.graphs
+    assert [graphs[h].kind for h in ("S8", "G8")] == ["warmup", "warmup"]
+    found = [graphs[h] for n in (16, 24, 32) for h in (f"S{n}", f"G{n}")]
+    assert [(g.kind, g.cause, g.where) for g in found] == [("recompile", records.SLICE_SHAPE, cut)] * 6
+    assert all(g.fix == FIXES[records.SLICE_SHAPE] for g in found)
+    assert f"the slice at {cut} cut a tensor to another length" in graphs["S16"].detail
+    assert analyzer.summary().problems == [
+        f"6 recompilations at step 3, 4, 5, 6, 7, ... (train): {records.SLICE_SHAPE} at {cut}"]
+
+
+def test_timms_cutmix_on_the_device_is_named_in_timm_with_the_host_side_fix(tmp_path):
+    """timm's stock Mixup/CutMix called on device tensors cuts a new box each batch inside
+    timm/data/mixup.py: the HLO's first differing op carries timm's line, no user line. Every new box
+    counts from the second batch, named at timm's line (then the user's sync that ran it), with the fix
+    that works: mix on the host."""
+    site = tmp_path / "site"
+    mixup = site / "timm" / "data" / "mixup.py"
+    mixup.parent.mkdir(parents=True)
+    mixup.write_text("\n" * 210 + "x[:, :, yl:yh, xl:xh] = x.flip(0)[:, :, yl:yh, xl:xh]\n")
+    analyzer = Analyzer(0, internal_file_predicate(("/lib/", f"{site}/")),
+                        library_of=library_namer((str(site),), ("torch", "torch_xla")))
+    for step, rows in enumerate((11, 8, 13, 11), 1):
+        box = hlo_diff.Instr("pad", f"pred[8,3,{rows},16]", op_type="xla__unselect", where=f"{mixup}:211")
+        hlo = hlo_diff.HloSummary([hlo_diff.Instr("parameter", "f32[8,3,16,16]", index=0)],
+                                  [box, hlo_diff.Instr("dot", "f32[8,10]")], ["f32[]"])
+        analyzer.observe(window(step, *ran(f"C{step}", 17), hlo={0: hlo}))
+    found = [analyzer.graphs[f"C{n}"] for n in (2, 3, 4)]
+    assert analyzer.graphs["C1"].kind == "warmup"
+    assert [(g.kind, g.cause, g.where, g.library) for g in found] == [
+        ("recompile", records.SLICE_SHAPE, "/u/t.py:17", "timm/data/mixup.py:211")] * 3
+    assert all(g.fix == records.HOST_MIXUP for g in found)
+    assert "on the host, in the data loader" in records.HOST_MIXUP and "--cutmix" in records.HOST_MIXUP

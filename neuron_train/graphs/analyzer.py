@@ -191,7 +191,7 @@ class Analyzer:
         kind = self._kind(site, index, ctx.window)
         if kind in ("warmup", "late") and self.executions_logged and index > self.warmup_steps and site.last \
                 and (grown(self.hlo.get(site.last), hlo) is not None or kind == "warmup" and slice_made(
-                    self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window)):
+                    self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window, ctx.follows)):
             kind = "recompile"  # a slice's new length, a tensor grown again: never warm-up, every shape counts
         growth = self._growth(site, index, step, hlo)
         kind = "recompile" if growth else kind

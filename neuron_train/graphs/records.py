@@ -65,6 +65,11 @@ FIXES = {
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 
+HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing factor) every batch, so every "
+              "batch is a new graph: apply Mixup/CutMix on the host, in the data loader (the DataLoader's "
+              "collate_fn, e.g. timm's FastCollateMixup), or `neuron-train train --mixup/--cutmix`, which "
+              "mixes on the host; the device then gets one batch shape and soft targets as data")
+
 # Patterns confirmed on real runs inside libraries (tests/test_scripts.py): (library file, cause) -> a
 # fix the user can apply from their own code. The library line alone is not actionable.
 LIBRARY_FIXES = {
@@ -83,6 +88,9 @@ LIBRARY_FIXES = {
     ("accelerate/", NEW_INPUT_SHAPE):
         "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
         "pad/bucket to fixed sizes",
+    ("timm/data/mixup.py", SLICE_SHAPE): HOST_MIXUP,
+    ("timm/data/mixup.py", NEW_CONSTANT): HOST_MIXUP,   # a box clipped to nothing: lam exactly 1
+    ("timm/data/mixup.py", GRAPH_STRUCTURE): HOST_MIXUP,
     ("torch/optim/", DYNAMO_RECOMPILE):
         "dynamo guards on the optimizer's Python hyperparameters: a scheduler that changes a float LR "
         "recompiles the optimizer step every step; create the optimizer with lr=torch.tensor(LR) "
