@@ -245,6 +245,21 @@ def test_a_trainer_run_names_transformers_lines_and_the_users_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_masking_read_on_padded_batches_gets_a_fix_that_keeps_the_mask_and_passes(tmp_path):
+    """Batches padded to one fixed length (zeros in the attention mask): transformers' `padding_mask.all()`
+    answers False, so the fix is not to leave the mask out but a prepared 4D mask; applied, stable."""
+    command = (sys.executable, str(HF), "--padded", "--drop-last")
+    code, report, output = check_graphs(tmp_path, *command, "--output-dir", str(tmp_path / "o"))
+    assert code == 1, output
+    [mask] = [h for h in report["host_syncs"] if h["executes_graph"]]
+    assert (mask["cause"], mask["where"]) == (records.VALUE_BRANCH, label(HF, "TRAIN")) and mask["every_step"]
+    assert "keep `attention_mask`" in mask["fix"] and "4D mask" in mask["fix"], mask["fix"]
+    assert "leave `attention_mask` out" not in output
+    code, report, output = check_graphs(tmp_path, *command, "--mask-4d", "--output-dir", str(tmp_path / "o2"))
+    assert code == 0 and not [h for h in report["host_syncs"] if h["executes_graph"]], output
+
+
+@pytest.mark.slow
 def test_a_trainer_callbacks_read_in_every_optimizer_step_fails_and_its_fix_passes(tmp_path):
     """A TrainerCallback.on_step_end reading a fresh device value with `.item()` every optimizer step:
     named at the callback's line, counted per optimizer step; read in a step closure (the fix the

@@ -206,7 +206,9 @@ class Analyzer:
         elif graph.kind == "recompile" and fresh_read is not None:
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause) = "late", fresh_read
-            graph.library = ctx.reads.get(graph.where, {}).get("library", graph.library)
+            read = ctx.reads.get(graph.where, {})
+            graph.library = read.get("library", graph.library)
+            graph.fix = fix_for(graph.cause, graph.library, read.get("padded", False))
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
         elif graph.kind == "recompile" and dynamo:
             _dynamo_cause(graph, dynamo[0], ctx)  # dynamo recompiled: its guard says why
@@ -225,6 +227,7 @@ class Analyzer:
             read = ctx.reads.get(graph.where, {}) if event.host_access else {}
             graph.cause = read_cause(read.get("kind")) if event.host_access else NEW_CALL_SITE
             graph.library = read.get("library") or graph.library
+            graph.fix = fix_for(graph.cause, graph.library, read.get("padded", False)) if read else ""
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:

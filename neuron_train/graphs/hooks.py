@@ -84,17 +84,20 @@ def _wrap_reads(recorder) -> list[Callable[[], None]]:
 def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     def read(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
-        where = None
+        where, noted = None, None
         analyzer = recorder.analyzer
         if depth == 0 and self.device.type == "xla" and not in_dynamo(analyzer.is_internal, sys._getframe(1)):
             where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
-                recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
-                                                             sys._getframe(1)),
-                                   compiled=getattr(_state, "compiled_calls", 0) > 0)
+                noted = recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
+                                                                     sys._getframe(1)),
+                                           compiled=getattr(_state, "compiled_calls", 0) > 0)
         _state.depth = depth + 1
         try:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
+            if noted is not None and kind == "bool":
+                noted.answer = bool(result)  # False from transformers' `padding_mask.all()`: padded batches
+            return result
         except RuntimeError as exc:
             if where and REFUSED in str(exc):
                 recorder.note_refused(kind, where, str(exc).strip().splitlines()[0])

@@ -106,9 +106,11 @@ class Recorder:
             self._marks.append((self.log_size(), name))
             self.current_phase = name
 
-    def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> None:
+    def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> HostRead:
+        read = HostRead(kind, where, self.current_phase, library, compiled)
         with self._lock:
-            self._reads.append(HostRead(kind, where, self.current_phase, library, compiled))
+            self._reads.append(read)
+        return read
 
     def note_scalar(self, change: dict) -> None:
         with self._lock:

@@ -98,9 +98,21 @@ LIBRARY_FIXES = {
 }
 
 
-def fix_for(cause: str, library: str) -> str:
-    """The fix for a finding: the library-aware one when the library line matches a known pattern."""
-    for (prefix, known), text in LIBRARY_FIXES.items():
+# The same library lines when the read answered False: transformers' `padding_mask.all()` on padded batches.
+# Verified on transformers 5.24 (BertModel, sdpa): a 4D bool mask gives the same outputs and no read.
+PADDED_FIXES = {
+    ("transformers/masking_utils.py", VALUE_BRANCH):
+        "transformers asks `padding_mask.all()` in every forward to skip the mask when nothing is padded; these "
+        "batches are padded (the mask it read has zeros), so keep `attention_mask` (leaving it out would attend "
+        "to the padding): hand the model a prepared 4D mask, which masking_utils uses as is without reading it "
+        "(attention_mask[:, None, None, :].bool() for the sdpa attention), in your collator or before the forward",
+}
+
+
+def fix_for(cause: str, library: str, padded: bool = False) -> str:
+    """The fix for a finding: the library-aware one when the library line matches a known pattern (the
+    padded-batch one when the library's read answered False)."""
+    for (prefix, known), text in [*(PADDED_FIXES.items() if padded else ()), *LIBRARY_FIXES.items()]:
         if known == cause and library.startswith(prefix):
             return text
     return FIXES.get(cause, FIXES[UNKNOWN])
@@ -121,6 +133,7 @@ class HostRead:
     phase: str
     library: str = ""  # the library line that read it (`transformers/masking_utils.py:369`), if any
     compiled: bool = False  # inside a torch.compile'd call: dynamo broke the step's graph there
+    answer: bool | None = None  # what a bool() read answered (False from `padding_mask.all()`: padded)
 
 
 @dataclass
