@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_graphs import ACCESS, CLEAR, LIBS, STEP, ran, run_site, sync_event, window
+from test_graphs import ACCESS, CLEAR, LIBS, STEP, ran, run_site, summary_of_shapes, sync_event, window
 
 from neuron_train.graphs import hlo_diff, records
 from neuron_train.graphs.analyzer import Analyzer
@@ -397,3 +397,23 @@ def test_timms_cutmix_on_the_device_is_named_in_timm_with_the_host_side_fix(tmp_
         ("recompile", records.SLICE_SHAPE, "/u/t.py:17", "timm/data/mixup.py:211")] * 3
     assert all(g.fix == records.HOST_MIXUP for g in found)
     assert "on the host, in the data loader" in records.HOST_MIXUP and "--cutmix" in records.HOST_MIXUP
+
+
+def test_a_trainers_dynamic_padding_is_named_at_its_collator_with_a_fixed_length_fix():
+    """transformers' Trainer makes the DataLoader (at trainer.train()) with the user's
+    DataCollatorWithPadding: each batch is padded to its own longest sample. Named at the user's line
+    with the collator's library line (not trainer.py's) and the collator's fix."""
+    collator = f"{SITE_PACKAGES}/transformers/data/data_collator.py:280"
+    loader = records.LoaderOrigin("L1", "/u/t.py:50", batch_size=4, drop_last=False, samples=48,
+                                  collate="DataCollatorWithPadding", collate_where=collator,
+                                  library="transformers/trainer.py:1098")
+    analyzer = analyzer_of()
+    analyzer.observe(window(1, *ran("A", 50), hlo={0: summary_of_shapes("s64[4,32]")}, loaders=[loader],
+                            batches=[records.Batch("L1", ["s64[4,32]", "s64[4,29]"])]))
+    run_site(analyzer, "A", start=2)
+    analyzer.observe(window(3, *ran("A", 50)))
+    [found] = analyzer.observe(window(4, *ran("B", 50), hlo={0: summary_of_shapes("s64[4,29]")}))
+    assert (found.cause, found.where, found.library) == (
+        records.NEW_INPUT_SHAPE, "/u/t.py:50", "transformers/data/data_collator.py:280")
+    assert 'padding="max_length"' in found.fix and "pad_to_multiple_of" in found.fix
+    assert "collate_fn DataCollatorWithPadding" in found.detail

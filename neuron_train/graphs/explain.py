@@ -32,6 +32,7 @@ from neuron_train.graphs.report import short
 SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N by step"
 SHAPES_KEPT = 256          # distinct batch shapes remembered per loader
 _DIMS = re.compile(r"\[.*\]$")
+COLLATED = "the shape is made by collate_fn"  # the detail's words when the loader's collate_fn made it
 
 
 @dataclass
@@ -105,6 +106,8 @@ def explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, w
     if line != where or cause == NEW_INPUT_SHAPE:  # a loader's line: its library line is the loader's
         origin = ctx.loaders.made_at(line)
         library = origin.library if origin is not None else "" if line != where else library
+        if origin is not None and COLLATED in detail and ctx.is_internal(origin.collate_where.rpartition(":")[0]):
+            library = _named(origin.collate_where, ctx)  # a library's collator (DataCollatorWithPadding)
     if line == where and not library and why.library:
         library = _named(why.library, ctx)  # the op was traced inside a library: its line, then the user's
     return cause, detail, line, library
@@ -245,7 +248,7 @@ def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str
     ragged = remainder and any(_first_dim(new.params[i].shape) == remainder for i in changed)
     if origin.collate and not ragged:
         mine = origin.collate_where and not ctx.is_internal(origin.collate_where.rpartition(":")[0])
-        return (f"{detail}; the shape is made by collate_fn {origin.collate} ({short(origin.collate_where)}) "
+        return (f"{detail}; {COLLATED} {origin.collate} ({short(origin.collate_where)}) "
                 f"of the DataLoader at {short(origin.where)}; {per_step}",
                 origin.collate_where if mine else origin.where)
     sizes = f"batch_size {origin.batch_size}, drop_last={origin.drop_last}"

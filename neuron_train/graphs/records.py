@@ -85,6 +85,10 @@ LIBRARY_FIXES = {
         "last ones on the device (a new length, so a new graph, per batch): TrainingArguments("
         "eval_accumulation_steps=1) moves each batch's results to the CPU after its step and concatenates "
         "there; prediction_loss_only=True does not help (the losses are still concatenated)",
+    ("transformers/data/data_collator.py", NEW_INPUT_SHAPE):
+        "the collator pads each batch to its own longest sample (dynamic padding: a new length, so a new "
+        "graph, per batch): DataCollatorWithPadding(tokenizer, padding=\"max_length\", max_length=N) for one "
+        "length, or pad_to_multiple_of=M for a few (each compiled once: precompile them)",
     ("accelerate/", NEW_INPUT_SHAPE):
         "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
         "pad/bucket to fixed sizes",
