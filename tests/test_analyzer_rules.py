@@ -417,3 +417,22 @@ def test_a_trainers_dynamic_padding_is_named_at_its_collator_with_a_fixed_length
         records.NEW_INPUT_SHAPE, "/u/t.py:50", "transformers/data/data_collator.py:280")
     assert 'padding="max_length"' in found.fix and "pad_to_multiple_of" in found.fix
     assert "collate_fn DataCollatorWithPadding" in found.detail
+
+
+def test_a_trainers_loader_is_known_by_the_collator_it_wraps_and_its_batchencoding_shapes():
+    """The Trainer wraps the user's collator in RemoveColumnsCollator and a tokenizer's collator returns
+    a BatchEncoding (a UserDict, not a dict): the loader's collate_fn is the wrapped collator, and the
+    batch's tensors are seen, so a new shape is traced to that collator."""
+    import torch
+    from transformers import BatchEncoding, DataCollatorWithPadding
+    from transformers.trainer_utils import RemoveColumnsCollator
+
+    from neuron_train.graphs import loaders
+
+    batch = BatchEncoding({"input_ids": torch.zeros(8, 15, dtype=torch.long), "labels": torch.zeros(8)})
+    assert loaders.shapes(batch) == ["s64[8,15]", "f32[8]"]
+    padder = DataCollatorWithPadding(tokenizer=None)
+    wrapped = RemoveColumnsCollator(padder, signature_columns=["input_ids"])
+    made = loaders.origin(torch.utils.data.DataLoader([1, 2], batch_size=2, collate_fn=wrapped), "/u/t.py:50")
+    assert made.collate == "DataCollatorWithPadding"
+    assert made.collate_where.endswith(f"transformers/data/data_collator.py:{type(padder).__call__.__code__.co_firstlineno}")

@@ -260,6 +260,23 @@ def test_the_masking_read_on_padded_batches_gets_a_fix_that_keeps_the_mask_and_p
 
 
 @pytest.mark.slow
+def test_a_trainers_dynamic_padding_is_named_at_the_collator_and_its_fix_removes_the_recompilations(tmp_path):
+    """DataCollatorWithPadding pads each batch to its longest sample: named at the user's trainer.train()
+    with the collator's library line (not trainer.py's) and padding="max_length"; applied, no recompilation
+    is left (the masking read padded batches bring is the other test's)."""
+    command = (sys.executable, str(HF), "--drop-last", "--samples", "40")
+    code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding", "--output-dir", str(tmp_path / "o"))
+    assert code == 1, output
+    found = report["recompiles"]
+    assert found and all((g["cause"], g["where"]) == (records.NEW_INPUT_SHAPE, label(HF, "TRAIN")) for g in found)
+    assert all(re.fullmatch(r"transformers/data/data_collator\.py:\d+", g["library"]) for g in found), output
+    assert 'padding="max_length"' in found[0]["fix"] and "DataCollatorWithPadding" in found[0]["detail"]
+    code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding", "max_length",
+                                        "--output-dir", str(tmp_path / "o2"))
+    assert report["recompiles"] == [], output
+
+
+@pytest.mark.slow
 def test_a_trainer_callbacks_read_in_every_optimizer_step_fails_and_its_fix_passes(tmp_path):
     """A TrainerCallback.on_step_end reading a fresh device value with `.item()` every optimizer step:
     named at the callback's line, counted per optimizer step; read in a step closure (the fix the
