@@ -399,14 +399,16 @@ def test_timms_cutmix_on_the_device_is_named_in_timm_with_the_host_side_fix(tmp_
     assert "on the host, in the data loader" in records.HOST_MIXUP and "--cutmix" in records.HOST_MIXUP
 
 
-def test_a_trainers_dynamic_padding_is_named_at_its_collator_with_a_fixed_length_fix():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_trainers_dynamic_padding_is_named_at_its_collator_with_a_fixed_length_fix(grouped):
     """transformers' Trainer makes the DataLoader (at trainer.train()) with the user's
     DataCollatorWithPadding: each batch is padded to its own longest sample. Named at the user's line
-    with the collator's library line (not trainer.py's) and the collator's fix."""
+    with the collator's library line (not trainer.py's) and the collator's fix; group_by_length=True
+    (the sampler that makes each batch's length differ) is named in the detail."""
     collator = f"{SITE_PACKAGES}/transformers/data/data_collator.py:280"
     loader = records.LoaderOrigin("L1", "/u/t.py:50", batch_size=4, drop_last=False, samples=48,
                                   collate="DataCollatorWithPadding", collate_where=collator,
-                                  library="transformers/trainer.py:1098")
+                                  library="transformers/trainer.py:1098", grouped=grouped)
     analyzer = analyzer_of()
     analyzer.observe(window(1, *ran("A", 50), hlo={0: summary_of_shapes("s64[4,32]")}, loaders=[loader],
                             batches=[records.Batch("L1", ["s64[4,32]", "s64[4,29]"])]))
@@ -417,6 +419,7 @@ def test_a_trainers_dynamic_padding_is_named_at_its_collator_with_a_fixed_length
         records.NEW_INPUT_SHAPE, "/u/t.py:50", "transformers/data/data_collator.py:280")
     assert 'padding="max_length"' in found.fix and "pad_to_multiple_of" in found.fix
     assert "collate_fn DataCollatorWithPadding" in found.detail
+    assert ("the Trainer's group_by_length" in found.detail) == grouped
 
 
 def test_a_trainers_loader_is_known_by_the_collator_it_wraps_and_its_batchencoding_shapes():
@@ -434,5 +437,9 @@ def test_a_trainers_loader_is_known_by_the_collator_it_wraps_and_its_batchencodi
     padder = DataCollatorWithPadding(tokenizer=None)
     wrapped = RemoveColumnsCollator(padder, signature_columns=["input_ids"])
     made = loaders.origin(torch.utils.data.DataLoader([1, 2], batch_size=2, collate_fn=wrapped), "/u/t.py:50")
-    assert made.collate == "DataCollatorWithPadding"
+    assert made.collate == "DataCollatorWithPadding" and not made.grouped
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    grouped = torch.utils.data.BatchSampler(LengthGroupedSampler(2, lengths=[3, 4]), batch_size=2, drop_last=False)
+    assert loaders.origin(torch.utils.data.DataLoader([1, 2], batch_sampler=grouped), "/u/t.py:50").grouped
     assert made.collate_where.endswith(f"transformers/data/data_collator.py:{type(padder).__call__.__code__.co_firstlineno}")

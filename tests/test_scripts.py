@@ -274,6 +274,12 @@ def test_a_trainers_dynamic_padding_is_named_at_the_collator_and_its_fix_removes
     code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding", "max_length",
                                         "--output-dir", str(tmp_path / "o2"))
     assert report["recompiles"] == [], output
+    # group_by_length (transformers 5: train_sampling_strategy): its LengthGroupedSampler makes each batch's length
+    code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding",
+                                        "--arg", "train_sampling_strategy='group_by_length'",
+                                        "--output-dir", str(tmp_path / "o3"))
+    assert code == 1 and report["recompiles"], output
+    assert 'train_sampling_strategy="group_by_length"' in report["recompiles"][0]["detail"], output
 
 
 @pytest.mark.slow

@@ -248,8 +248,12 @@ def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str
     ragged = remainder and any(_first_dim(new.params[i].shape) == remainder for i in changed)
     if origin.collate and not ragged:
         mine = origin.collate_where and not ctx.is_internal(origin.collate_where.rpartition(":")[0])
+        grouped = (" (the Trainer's group_by_length, TrainingArguments(train_sampling_strategy=\"group_by_length\") "
+                   "or group_by_length=True before transformers 5: its LengthGroupedSampler batches samples of "
+                   "similar length, so each batch is padded to another length; padded to one length, grouping "
+                   "only saves padding)") if origin.grouped else ""
         return (f"{detail}; {COLLATED} {origin.collate} ({short(origin.collate_where)}) "
-                f"of the DataLoader at {short(origin.where)}; {per_step}",
+                f"of the DataLoader at {short(origin.where)}{grouped}; {per_step}",
                 origin.collate_where if mine else origin.where)
     sizes = f"batch_size {origin.batch_size}, drop_last={origin.drop_last}"
     if remainder:

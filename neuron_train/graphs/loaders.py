@@ -80,7 +80,15 @@ def origin(loader, where: str, library: str = "") -> LoaderOrigin:
     return LoaderOrigin(key=f"loader-{id(loader)}", where=where,
                         batch_size=loader.batch_size or getattr(sampler, "batch_size", None),
                         drop_last=bool(loader.drop_last or getattr(sampler, "drop_last", False)), samples=samples,
-                        collate=name if custom else "", collate_where=code_line(collate) if custom else "", library=library)
+                        collate=name if custom else "", collate_where=code_line(collate) if custom else "", library=library,
+                        grouped=_grouped(loader))
+
+
+def _grouped(loader) -> bool:
+    """Does its sampler group samples by length (transformers' LengthGroupedSampler)? Accelerate re-makes
+    the Trainer's loader with the sampler inside its batch_sampler."""
+    samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
+    return any(type(s).__name__ == "LengthGroupedSampler" for s in samplers)
 
 
 def shapes(batch, limit: int = MAX_TENSORS) -> list[str]:

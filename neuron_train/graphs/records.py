@@ -152,6 +152,7 @@ class LoaderOrigin:
     collate: str = ""              # a custom collate_fn: "name (file:line)"; "" for torch's default
     collate_where: str = ""        # the collate_fn's `def` line
     library: str = ""              # the library line that made it (`transformers/trainer.py:1098`), if any
+    grouped: bool = False          # its sampler groups samples by length (the Trainer's group_by_length=True)
 
 
 @dataclass
