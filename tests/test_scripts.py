@@ -182,6 +182,19 @@ def test_inference_mode_on_xla_is_named_at_its_line_with_no_grad_as_the_fix(tmp_
     assert code == 0, output
 
 
+@pytest.mark.slow
+def test_mark_dynamic_on_a_ragged_batch_is_named_at_its_line_and_its_fix_passes(tmp_path):
+    """torch._dynamo.mark_dynamic under the openxla backend: XLA compiles per shape, dynamo refuses the
+    mark (ConstraintViolationError). Named at the mark_dynamic line; without it, drop_last=True: stable."""
+    code, report, output = check_script(tmp_path, "mark_dynamic.py")
+    assert code == 1, output
+    [named] = [p for p in report["problems"] if p.startswith("torch._dynamo.mark_dynamic")]
+    assert f"at {line_of('mark_dynamic.py', 'MARK').replace(str(ROOT) + '/', '')}: " in named, named
+    assert "remove mark_dynamic there" in named and "drop_last=True" in named
+    code, report, output = check_script(tmp_path, "mark_dynamic.py", "fixed")
+    assert code == 0, output
+
+
 # ----- torch_xla eager mode ------------------------------------------------------------------------
 def test_eager_mode_graphs_without_a_hash_are_explained_and_coverage_is_unknown(tmp_path):
     code, report, output = check_script(tmp_path, "eager_compile.py")
