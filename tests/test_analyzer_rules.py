@@ -145,6 +145,30 @@ def test_a_late_graph_run_by_a_sync_keeps_its_own_library_line_next_to_a_read_on
         ("/u/t.py:30", "transformers/trainer.py:2500")]
 
 
+@pytest.mark.parametrize("answer,fix", [
+    (True, MASK_FIX),                # nothing padded: leave attention_mask out, nothing to read
+    (False, records.PADDED_FIXES[("transformers/masking_utils.py", records.VALUE_BRANCH)]),
+])
+def test_the_masking_read_fix_fits_the_batches_it_read(answer, fix):
+    """`padding_mask.all()` answered False: the batches are padded to a fixed length, so dropping
+    attention_mask is wrong; the fix then is a prepared 4D mask (read as is) in the split step's graph,
+    the read's own graph and the host-sync entry alike."""
+    analyzer = analyzer_of()
+    for step in (1, 2):
+        analyzer.observe(window(step, *through("A", 10, SYNC, TRAINER, compiled=step == 1)))
+    for step in range(3, 8):
+        read = records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369",
+                                answer=answer)
+        new = step == 3
+        analyzer.observe(window(step, *through("R", 12, BOOL, MASK, cause=ACCESS, compiled=new),
+                                *through("B", 10, SYNC, TRAINER, compiled=new), reads=[read]))
+    assert analyzer.graphs["R"].fix == analyzer.graphs["B"].fix == fix
+    [entry] = analyzer.summary().host_syncs
+    assert entry["fix"] == fix and entry["library"] == "transformers/masking_utils.py:369"
+    if not answer:
+        assert "keep `attention_mask`" in fix and "4D mask" in fix and "leave `attention_mask` out" not in fix
+
+
 def test_a_recompilation_run_by_a_library_names_the_users_line_and_the_library_line():
     analyzer = analyzer_of()
     analyzer.observe(window(1, *through("A", 10, SYNC, TRAINER)))
@@ -317,3 +341,4 @@ def test_a_read_site_whose_graph_grows_step_over_step_is_a_loop_without_a_sync(s
         assert first.detail.startswith("ops by step: 1: 100, 2: 200, 3: 300;")
         assert analyzer.graphs["G2"].kind == "warmup"
         assert "torch_xla.sync()" in first.fix and "MpDeviceLoader" in first.fix
+

@@ -75,7 +75,7 @@ RECOMPILES = [
     ("ragged_batch.py", records.NEW_INPUT_SHAPE, "LOADER", "f32[8,4] -> f32[6,4]"),
     ("nonzero.py", records.DATA_DEPENDENT, "NONZERO", "aten::nonzero ran on the CPU"),
     ("masked_index.py", records.DATA_DEPENDENT, "MASK", "aten::nonzero ran on the CPU"),
-    ("slice_length.py", records.GRAPH_STRUCTURE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
+    ("slice_length.py", records.SLICE_SHAPE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
     ("lr_special_scalar.py", records.NEW_CONSTANT, "STEP", "['lr'] = 1.0"),
     ("eval_batch_size.py", records.NEW_INPUT_SHAPE, "EVAL_LOADER", "f32[6,4] -> f32[4,4]"),
 ]

@@ -15,6 +15,8 @@ CASES = [  # script, cause, label, recompilations, words of the fix
     ("stochastic_depth.py", records.PYTHON_BRANCH, "BRANCH", 1, "torch.where"),
     ("accum_remainder.py", records.PYTHON_BRANCH, "BRANCH", 1, "accumulation remainder"),
     ("seq_warmup.py", records.SLICE_SHAPE, "SLICE", 3, "pad to one fixed length"),
+    # the slice's graph and the step's graph it feeds, at 16, 24 and 32 tokens: not a line of step_fn
+    ("seq_warmup_compiled.py", records.SLICE_SHAPE, "SLICE", 6, "pad to one fixed length"),
 ]
 
 
@@ -144,7 +146,7 @@ def test_a_ragged_last_batch_through_a_slice_is_named_at_its_loader(script):
 
 @pytest.mark.parametrize("extra,cause,line", [
     (1, records.PYTHON_BRANCH, 6),     # other ops: the `if` around the line chose them
-    (0, records.GRAPH_STRUCTURE, 7),   # the same ops with another length: a length, not a branch
+    (0, records.SLICE_SHAPE, 7),       # the same ops with another length at a computed slice: the slice
 ])
 def test_a_branch_is_named_only_when_the_ops_differ(script, extra, cause, line):
     analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)

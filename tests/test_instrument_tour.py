@@ -12,6 +12,7 @@ from conftest import ROOT, cpu_env
 
 from neuron_train.instrument.epochs import MAX_EPOCH_STEPS, Epochs
 from neuron_train.instrument.steps import Sites, StepWindow
+from neuron_train.precompile.script_precompile import tour_ended
 
 EPOCH_EVAL = ROOT / "tests" / "fixtures" / "instrument" / "epoch_eval.py"
 
@@ -60,6 +61,20 @@ def test_the_tour_says_at_its_first_step_whether_it_reaches_the_epochs_end():
     assert reaches and "end of the first epoch (12 steps)" in words
 
 
+def test_a_tour_stopped_past_the_first_epoch_names_the_steps_that_reach_a_final_evaluation():
+    """transformers' image-classification example evaluates once, after trainer.train(): a tour that
+    stops in the second epoch never reaches it, and precompile says so with the --steps that do."""
+    stop = {"reason": "tour", "step": 30}
+    words = tour_ended(stop, [{"to_epoch_end": True, "epoch_steps": 12}], 30)
+    assert "past the first epoch's end (12 steps an epoch)" in words
+    assert "after the last epoch" in words and "is not precompiled" in words
+    assert "--steps 0 runs the command whole, or --steps 12 x epochs + 5 reaches it" in words
+    warm = tour_ended(stop, [{"to_epoch_end": False}], 30)
+    assert "every call site it reached was warm" in warm and "--steps 0" in warm
+    assert tour_ended(None, [{"to_epoch_end": True, "epoch_steps": 12}], 40) == \
+        "the command ended by itself after 40 steps"
+
+
 def run(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "neuron_train", *args], env=cpu_env(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
@@ -71,7 +86,7 @@ def test_precompile_by_default_then_require_precompiled_covers_the_evaluation(tm
     tour = run(tmp_path, "precompile", "--compile-cache", "cc", *script)
     assert tour.returncode == 0, tour.stdout + tour.stderr
     assert "the tour runs to the end of the first epoch (12 steps)" in tour.stdout  # the command's output
-    assert "past the first epoch's end" in tour.stdout
+    assert "past the first epoch's end (12 steps an epoch)" in tour.stdout
     real = run(tmp_path, "check-graphs", "--compile-cache", "cc", "--require-precompiled", *script)
     assert real.returncode == 0, real.stdout + real.stderr
     assert "precompile coverage 100% (3/3 graphs" in real.stdout

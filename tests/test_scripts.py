@@ -182,6 +182,19 @@ def test_inference_mode_on_xla_is_named_at_its_line_with_no_grad_as_the_fix(tmp_
     assert code == 0, output
 
 
+@pytest.mark.slow
+def test_mark_dynamic_on_a_ragged_batch_is_named_at_its_line_and_its_fix_passes(tmp_path):
+    """torch._dynamo.mark_dynamic under the openxla backend: XLA compiles per shape, dynamo refuses the
+    mark (ConstraintViolationError). Named at the mark_dynamic line; without it, drop_last=True: stable."""
+    code, report, output = check_script(tmp_path, "mark_dynamic.py")
+    assert code == 1, output
+    [named] = [p for p in report["problems"] if p.startswith("torch._dynamo.mark_dynamic")]
+    assert f"at {line_of('mark_dynamic.py', 'MARK').replace(str(ROOT) + '/', '')}: " in named, named
+    assert "remove mark_dynamic there" in named and "drop_last=True" in named
+    code, report, output = check_script(tmp_path, "mark_dynamic.py", "fixed")
+    assert code == 0, output
+
+
 # ----- torch_xla eager mode ------------------------------------------------------------------------
 def test_eager_mode_graphs_without_a_hash_are_explained_and_coverage_is_unknown(tmp_path):
     code, report, output = check_script(tmp_path, "eager_compile.py")
@@ -242,6 +255,44 @@ def test_a_trainer_run_names_transformers_lines_and_the_users_line(tmp_path):
     code, report, output = check_graphs(tmp_path, sys.executable, str(HF), "--samples", "30", "--drop-last",
                                         "--no-mask", "--output-dir", str(tmp_path / "out2"))
     assert code == 0, output
+
+
+@pytest.mark.slow
+def test_the_masking_read_on_padded_batches_gets_a_fix_that_keeps_the_mask_and_passes(tmp_path):
+    """Batches padded to one fixed length (zeros in the attention mask): transformers' `padding_mask.all()`
+    answers False, so the fix is not to leave the mask out but a prepared 4D mask; applied, stable."""
+    command = (sys.executable, str(HF), "--padded", "--drop-last")
+    code, report, output = check_graphs(tmp_path, *command, "--output-dir", str(tmp_path / "o"))
+    assert code == 1, output
+    [mask] = [h for h in report["host_syncs"] if h["executes_graph"]]
+    assert (mask["cause"], mask["where"]) == (records.VALUE_BRANCH, label(HF, "TRAIN")) and mask["every_step"]
+    assert "keep `attention_mask`" in mask["fix"] and "4D mask" in mask["fix"], mask["fix"]
+    assert "leave `attention_mask` out" not in output
+    code, report, output = check_graphs(tmp_path, *command, "--mask-4d", "--output-dir", str(tmp_path / "o2"))
+    assert code == 0 and not [h for h in report["host_syncs"] if h["executes_graph"]], output
+
+
+@pytest.mark.slow
+def test_a_trainers_dynamic_padding_is_named_at_the_collator_and_its_fix_removes_the_recompilations(tmp_path):
+    """DataCollatorWithPadding pads each batch to its longest sample: named at the user's trainer.train()
+    with the collator's library line (not trainer.py's) and padding="max_length"; applied, no recompilation
+    is left (the masking read padded batches bring is the other test's)."""
+    command = (sys.executable, str(HF), "--drop-last", "--samples", "40")
+    code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding", "--output-dir", str(tmp_path / "o"))
+    assert code == 1, output
+    found = report["recompiles"]
+    assert found and all((g["cause"], g["where"]) == (records.NEW_INPUT_SHAPE, label(HF, "TRAIN")) for g in found)
+    assert all(re.fullmatch(r"transformers/data/data_collator\.py:\d+", g["library"]) for g in found), output
+    assert 'padding="max_length"' in found[0]["fix"] and "DataCollatorWithPadding" in found[0]["detail"]
+    code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding", "max_length",
+                                        "--output-dir", str(tmp_path / "o2"))
+    assert report["recompiles"] == [], output
+    # group_by_length (transformers 5: train_sampling_strategy): its LengthGroupedSampler makes each batch's length
+    code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding",
+                                        "--arg", "train_sampling_strategy='group_by_length'",
+                                        "--output-dir", str(tmp_path / "o3"))
+    assert code == 1 and report["recompiles"], output
+    assert 'train_sampling_strategy="group_by_length"' in report["recompiles"][0]["detail"], output
 
 
 @pytest.mark.slow

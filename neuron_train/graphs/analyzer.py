@@ -191,7 +191,7 @@ class Analyzer:
         kind = self._kind(site, index, ctx.window)
         if kind in ("warmup", "late") and self.executions_logged and index > self.warmup_steps and site.last \
                 and (grown(self.hlo.get(site.last), hlo) is not None or kind == "warmup" and slice_made(
-                    self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window)):
+                    self.hlo.get(site.last), hlo, self.is_internal, self.loaders, ctx.window, ctx.follows)):
             kind = "recompile"  # a slice's new length, a tensor grown again: never warm-up, every shape counts
         growth = self._growth(site, index, step, hlo)
         kind = "recompile" if growth else kind
@@ -206,7 +206,9 @@ class Analyzer:
         elif graph.kind == "recompile" and fresh_read is not None:
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause) = "late", fresh_read
-            graph.library = ctx.reads.get(graph.where, {}).get("library", graph.library)
+            read = ctx.reads.get(graph.where, {})
+            graph.library = read.get("library", graph.library)
+            graph.fix = fix_for(graph.cause, graph.library, read.get("padded", False))
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
         elif graph.kind == "recompile" and dynamo:
             _dynamo_cause(graph, dynamo[0], ctx)  # dynamo recompiled: its guard says why
@@ -225,6 +227,7 @@ class Analyzer:
             read = ctx.reads.get(graph.where, {}) if event.host_access else {}
             graph.cause = read_cause(read.get("kind")) if event.host_access else NEW_CALL_SITE
             graph.library = read.get("library") or graph.library
+            graph.fix = fix_for(graph.cause, graph.library, read.get("padded", False)) if read else ""
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:

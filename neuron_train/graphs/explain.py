@@ -32,6 +32,7 @@ from neuron_train.graphs.report import short
 SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N by step"
 SHAPES_KEPT = 256          # distinct batch shapes remembered per loader
 _DIMS = re.compile(r"\[.*\]$")
+COLLATED = "the shape is made by collate_fn"  # the detail's words when the loader's collate_fn made it
 
 
 @dataclass
@@ -96,20 +97,31 @@ def explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, w
     cat = grown(base, new)
     if cat is not None and base is not None and new is not None:
         return _grown_detail(base, new, cat, where, ctx, library)
-    cause, detail, line = _explain(base, new, where, ctx)
-    if line != where or cause == NEW_INPUT_SHAPE:  # a loader's line: its library line is the loader's
-        origin = ctx.loaders.made_at(line)
-        library = origin.library if origin is not None else "" if line != where else library
-    return cause, detail, line, library
-
-
-def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, where: str,
-             ctx: Context) -> tuple[str, str, str]:
     if base is not None and new is not None:
         why = hlo_diff.explain(base, new, ctx.is_internal)
     else:
         why = hlo_diff.Explanation(UNKNOWN, "no HLO dump of the two graphs to compare (XLA_FLAGS has the "
                                    "user's own --xla_dump_to, or the dump was not written)")
+    cause, detail, line = _explain(base, new, why, where, ctx)
+    if line != where or cause == NEW_INPUT_SHAPE:  # a loader's line: its library line is the loader's
+        origin = ctx.loaders.made_at(line)
+        library = origin.library if origin is not None else "" if line != where else library
+        if origin is not None and COLLATED in detail and ctx.is_internal(origin.collate_where.rpartition(":")[0]):
+            library = _named(origin.collate_where, ctx)  # a library's collator (DataCollatorWithPadding)
+    if line == where and not library and why.library:
+        library = _named(why.library, ctx)  # the op was traced inside a library: its line, then the user's
+    return cause, detail, line, library
+
+
+def _named(where: str, ctx: Context) -> str:
+    """`timm/data/mixup.py:211` for a library file's line (the path as is when no package names it)."""
+    file, _, line = where.rpartition(":")
+    name = ctx.library_of(file)
+    return f"{name}:{line}" if name else short(where)
+
+
+def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, why: hlo_diff.Explanation,
+             where: str, ctx: Context) -> tuple[str, str, str]:
     cause, detail, line = why.cause, why.detail, why.where or where
     w = ctx.window
     fallback_lines = [ln for ln, r in ctx.reads.items() if r["kind"] == "fallback"]
@@ -120,6 +132,9 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
     if cause == NEW_INPUT_SHAPE and base and new and slice_made(base, new, ctx.is_internal, ctx.loaders, w):
         return SLICE_SHAPE, (f"{detail}; the slice at {short(why.where)} cut the input to another length; "
                              f"{_per_step(_changed(base, new)[0], new, ctx.step, ctx)}"), why.where
+    cut = _sliced(base, new, why)
+    if cut:  # the same ops with another length, first at a slice whose bound is computed
+        return SLICE_SHAPE, f"{detail}; the slice at {_named(cut, ctx)} cut a tensor to another length", line
     branch = source.branch_at(line, where) if cause == GRAPH_STRUCTURE and _other_program(base, new) else ""
     if branch:
         return PYTHON_BRANCH, f"{detail}; the Python `if` at {short(branch)} chose which ops this step traced", \
@@ -136,13 +151,30 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
 
 
 def slice_made(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None,
-               is_internal: Callable[[str], bool], loaders: Loaders, w: Window) -> bool:
-    """Did a user's slice with a computed length make the only difference (an input's shape)? Not when
-    a loader's ragged last batch came in this window: the loader made it (named at the loader)."""
+               is_internal: Callable[[str], bool], loaders: Loaders, w: Window,
+               follows: tuple[Graph, list[str]] | None = None) -> bool:
+    """Did a slice with a computed length make the only difference? An input's shape cut by the user's
+    slice, the same ops cut to another length on the device (the user's slice, or a library's: timm's
+    CutMix box), or an input made by such a graph just recompiled (torch_xla.compile runs the slice
+    pending before the step as a graph of its own). Not when a loader's ragged last batch came in
+    this window: the loader made it (named at the loader)."""
     if base is None or new is None or loaders.ragged_in(w) is not None:
         return False
     why = hlo_diff.explain(base, new, is_internal)
-    return why.cause == NEW_INPUT_SHAPE and bool(why.where) and source.slice_at(why.where)
+    fed = follows is not None and follows[0].cause == SLICE_SHAPE and _fed_by(base, new, follows[1])
+    return fed or bool(_sliced(base, new, why)) or (
+        why.cause == NEW_INPUT_SHAPE and bool(why.where) and source.slice_at(why.where))
+
+
+def _sliced(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, why: hlo_diff.Explanation) -> str:
+    """The slice (`file:line`, the user's or a library's) where two graphs with the same ops part, when
+    that line cuts with a computed bound; "" otherwise. Other ops at that line only count too: a slice
+    to the whole length (`data[:, :32]` of 32 tokens) is no op at all."""
+    line = why.where or why.library
+    if why.cause != GRAPH_STRUCTURE or base is None or new is None or not line or not source.slice_at(line):
+        return ""
+    elsewhere = [[i.opcode for i in s.instrs if i.where != line] for s in (base, new)]
+    return line if not _other_program(base, new) or elsewhere[0] == elsewhere[1] else ""
 
 
 def grown(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None) -> hlo_diff.Instr | None:
@@ -216,8 +248,12 @@ def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str
     ragged = remainder and any(_first_dim(new.params[i].shape) == remainder for i in changed)
     if origin.collate and not ragged:
         mine = origin.collate_where and not ctx.is_internal(origin.collate_where.rpartition(":")[0])
-        return (f"{detail}; the shape is made by collate_fn {origin.collate} ({short(origin.collate_where)}) "
-                f"of the DataLoader at {short(origin.where)}; {per_step}",
+        grouped = (" (the Trainer's group_by_length, TrainingArguments(train_sampling_strategy=\"group_by_length\") "
+                   "or group_by_length=True before transformers 5: its LengthGroupedSampler batches samples of "
+                   "similar length, so each batch is padded to another length; padded to one length, grouping "
+                   "only saves padding)") if origin.grouped else ""
+        return (f"{detail}; {COLLATED} {origin.collate} ({short(origin.collate_where)}) "
+                f"of the DataLoader at {short(origin.where)}{grouped}; {per_step}",
                 origin.collate_where if mine else origin.where)
     sizes = f"batch_size {origin.batch_size}, drop_last={origin.drop_last}"
     if remainder:

@@ -74,6 +74,7 @@ class Explanation:
     cause: str
     detail: str
     where: str = ""   # the user's line when the graphs show it, else ""
+    library: str = ""  # file:line of the first differing op when it is a library's (no user line shows)
 
 
 def summarize_hlo(text: str) -> HloSummary:
@@ -155,17 +156,26 @@ def explain(old: HloSummary, new: HloSummary, is_internal: Callable[[str], bool]
     return Explanation(UNKNOWN, "the two graphs' HLO text is the same")
 
 
-def _user_where(*groups: list[Instr], is_internal: Callable[[str], bool]) -> str:
-    """The first user line among `groups`, in order: the new graph's instructions, then the old's.
+def _user_where(*groups: list[Instr], is_internal: Callable[[str], bool], mine: bool = True) -> str:
+    """The first user line among `groups`, in order: the new graph's instructions, then the old's
+    (the first library line instead, when not `mine`).
 
     The checker traces with line information during the warm-up only (it costs tracing time), so
     a later graph may have no lines; its predecessor's matching instructions do.
     """
     for instrs in groups:
         for instr in instrs:
-            if instr.where and not is_internal(instr.where.rpartition(":")[0]):
+            if instr.where and is_internal(instr.where.rpartition(":")[0]) != mine:
                 return instr.where
     return ""
+
+
+def _explained(cause: str, detail: str, *groups: list[Instr], is_internal: Callable[[str], bool]) -> Explanation:
+    """At the first user line among the differing ops; else at the first library line (timm's CutMix
+    slicing a batch on the device: the op that differs was traced inside the library)."""
+    where = _user_where(*groups, is_internal=is_internal)
+    library = "" if where else _user_where(*groups, is_internal=is_internal, mine=False)
+    return Explanation(cause, detail, where, library)
 
 
 def _minus(a: list[Instr], b: list[Instr]) -> list[Instr]:
@@ -188,8 +198,8 @@ def _input_shapes(old: HloSummary, new: HloSummary, is_internal) -> Explanation 
         return None
     detail = ", ".join(f"input {b.index}: {a.shape} -> {b.shape}" for a, b in changed[:3])
     more = f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""
-    where = _user_where([b for _, b in changed], [a for a, _ in changed], is_internal=is_internal)
-    return Explanation(NEW_INPUT_SHAPE, detail + more, where)
+    return _explained(NEW_INPUT_SHAPE, detail + more, [b for _, b in changed], [a for a, _ in changed],
+                      is_internal=is_internal)
 
 
 def _special_constants(old: HloSummary, new: HloSummary, is_internal) -> Explanation | None:
@@ -199,7 +209,6 @@ def _special_constants(old: HloSummary, new: HloSummary, is_internal) -> Explana
         return None  # other inputs changed too: not (only) a scalar turning into a constant
     added = _minus(new.special_constants, old.special_constants)
     removed = _minus(old.special_constants, new.special_constants)
-    where = _user_where(added, removed, is_internal=is_internal)
     if scalars_new < scalars_old:
         values = sorted({c.value for c in added}) or ["0/1"]
         detail = (f"{scalars_old - scalars_new} scalar input(s) became the constant "
@@ -208,7 +217,7 @@ def _special_constants(old: HloSummary, new: HloSummary, is_internal) -> Explana
         values = sorted({c.value for c in removed}) or ["0/1"]
         detail = (f"the constant {' and '.join(values)} became {scalars_new - scalars_old} scalar "
                   "input(s): a Python scalar left the special values 0/1")
-    return Explanation(NEW_CONSTANT, detail, where)
+    return _explained(NEW_CONSTANT, detail, added, removed, is_internal=is_internal)
 
 
 def _structure(old: HloSummary, new: HloSummary, is_internal) -> Explanation | None:
@@ -222,7 +231,6 @@ def _structure(old: HloSummary, new: HloSummary, is_internal) -> Explanation | N
         return None
     pairs = [(old.instrs[i] if i < len(old.instrs) else None, new.instrs[i] if i < len(new.instrs) else None)
              for i in differ]
-    where = _user_where(*([x for x in pair if x is not None] for pair in pairs), is_internal=is_internal)
     a, b = pairs[0]
     if a is not None and b is not None:
         named = a if a.op_type else b  # the graph traced with metadata names the op
@@ -232,4 +240,5 @@ def _structure(old: HloSummary, new: HloSummary, is_internal) -> Explanation | N
         first = next(x for x in (a, b) if x is not None)  # the longer graph's op at the first index past the shorter one
         what = f"{len(new.instrs) - len(old.instrs):+d} ops from {first.label}"
     detail = f"{len(old.instrs)} -> {len(new.instrs)} ops; {what}"
-    return Explanation(GRAPH_STRUCTURE, detail, where)
+    return _explained(GRAPH_STRUCTURE, detail, *([x for x in pair if x is not None] for pair in pairs),
+                      is_internal=is_internal)

@@ -60,6 +60,7 @@ def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
         undo.append(_step_at_unsynced_optimizer_steps(recorder))
         undo.append(_count_compiled_calls(recorder))
         undo.append(_watch_inference_mode(recorder))
+        undo.append(_watch_mark_dynamic(recorder))
         undo.append(_own_errors_only(recorder))
 
     def remove() -> None:
@@ -84,17 +85,20 @@ def _wrap_reads(recorder) -> list[Callable[[], None]]:
 def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     def read(self, *args, **kwargs):
         depth = getattr(_state, "depth", 0)
-        where = None
+        where, noted = None, None
         analyzer = recorder.analyzer
         if depth == 0 and self.device.type == "xla" and not in_dynamo(analyzer.is_internal, sys._getframe(1)):
             where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
-                recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
-                                                             sys._getframe(1)),
-                                   compiled=getattr(_state, "compiled_calls", 0) > 0)
+                noted = recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
+                                                                     sys._getframe(1)),
+                                           compiled=getattr(_state, "compiled_calls", 0) > 0)
         _state.depth = depth + 1
         try:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
+            if noted is not None and kind == "bool":
+                noted.answer = bool(result)  # False from transformers' `padding_mask.all()`: padded batches
+            return result
         except RuntimeError as exc:
             if where and REFUSED in str(exc):
                 recorder.note_refused(kind, where, str(exc).strip().splitlines()[0])
@@ -273,6 +277,24 @@ def _watch_inference_mode(recorder) -> Callable[[], None]:
     return lambda: setattr(cls, "__enter__", original)
 
 
+MARKED_DYNAMIC = "as dynamic but your code specialized it"  # dynamo's ConstraintViolationError
+
+
+def _watch_mark_dynamic(recorder) -> Callable[[], None]:
+    """Note the user's line that called torch._dynamo.mark_dynamic: on XLA a dimension it marks is
+    specialized (one graph per size), and dynamo then refuses the mark (ConstraintViolationError)."""
+    import torch._dynamo
+
+    original = torch._dynamo.mark_dynamic
+
+    def mark_dynamic(*args, **kwargs):
+        recorder.mark_dynamic_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        return original(*args, **kwargs)
+
+    torch._dynamo.mark_dynamic = mark_dynamic
+    return lambda: setattr(torch._dynamo, "mark_dynamic", original)
+
+
 def _own_errors_only(recorder) -> Callable[[], None]:
     """Print an uncaught error without the checker's frames (a host read hook sits between the
     user's line and torch_xla): the traceback the user sees is the one their program makes. An
@@ -285,6 +307,13 @@ def _own_errors_only(recorder) -> Callable[[], None]:
             recorder.analyzer.notes.append(
                 f"torch.inference_mode() at {short(where) if where else 'an unknown line'} on an XLA device: "
                 f"torch_xla cannot run this model under it ({INFERENCE_TENSOR}); fix: use torch.no_grad() there")
+        if MARKED_DYNAMIC in str(value):
+            where = recorder.mark_dynamic_at
+            recorder.analyzer.notes.append(
+                f"torch._dynamo.mark_dynamic at {short(where) if where else 'an unknown line'}: torch_xla compiles "
+                "one graph per shape, so dynamo specialized the marked dimension and refused the mark "
+                "(ConstraintViolationError); fix: remove mark_dynamic there and give every batch one shape "
+                "(drop_last=True, or pad/bucket to fixed sizes)")
         previous(kind, value, _strip(value, tb))
 
     sys.excepthook = excepthook

@@ -37,6 +37,7 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
         entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0, "phase": read.phase,
                                               "library": read.library})
         entry["hooked"] += 1
+        entry["padded"] = entry.get("padded", False) or read.answer is False
         if read.compiled:
             # dynamo broke the compiled step at the read: the part before it ran as a graph of its own
             entry.update(compiled=True, runs=entry["runs"] + 1)
@@ -73,6 +74,7 @@ class HostSyncs:
                 if read.get("compiled"):
                     entry["cause"] = COMPILED_READ
                 entry["library"] = entry["library"] or read.get("library", "")
+                entry["_padded"] |= read.get("padded", False)
                 entry["count"] += max(read["hooked"], read["runs"])
                 entry["executes_graph"] |= read["runs"] > 0
                 entry["_windows"].add(index)
@@ -90,7 +92,7 @@ class HostSyncs:
         return self.host.setdefault(where, {"where": where, "kind": kind, "what": HOST_READS[kind],
                                             "cause": read_cause(kind), "phase": phase, "count": 0,
                                             "steps": [], "executes_graph": False, "_windows": set(),
-                                            "_optimizer_steps": set(),
+                                            "_optimizer_steps": set(), "_padded": False,
                                             "library": ""})
 
     def _fallbacks(self, w: Window, reads: dict, step) -> None:
@@ -108,7 +110,7 @@ class HostSyncs:
             h = {k: v for k, v in entry.items() if not k.startswith("_")}
             if not h["executes_graph"]:
                 h["cause"] = HOST_READ
-            h["fix"] = fix_for(h["cause"], h["library"])
+            h["fix"] = fix_for(h["cause"], h["library"], entry["_padded"])
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
             # A step is what the script repeats: a sync, or an optimizer step (a Trainer syncs more
             # than once per optimizer step), whichever the read is in most of.

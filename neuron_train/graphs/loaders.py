@@ -71,17 +71,30 @@ def origin(loader, where: str, library: str = "") -> LoaderOrigin:
     except TypeError:  # an iterable dataset
         samples = None
     collate = loader.collate_fn
+    # transformers' Trainer wraps the user's collator (RemoveColumnsCollator): the wrapped one pads
+    collate = getattr(collate, "data_collator", collate) if type(collate).__name__ == "RemoveColumnsCollator" \
+        else collate
     custom = collate not in (default_collate, default_convert)
     name = getattr(getattr(collate, "func", collate), "__qualname__", type(collate).__name__)
     sampler = loader.batch_sampler  # a loader made with batch_sampler=... has batch_size None
     return LoaderOrigin(key=f"loader-{id(loader)}", where=where,
                         batch_size=loader.batch_size or getattr(sampler, "batch_size", None),
                         drop_last=bool(loader.drop_last or getattr(sampler, "drop_last", False)), samples=samples,
-                        collate=name if custom else "", collate_where=code_line(collate) if custom else "", library=library)
+                        collate=name if custom else "", collate_where=code_line(collate) if custom else "", library=library,
+                        grouped=_grouped(loader))
+
+
+def _grouped(loader) -> bool:
+    """Does its sampler group samples by length (transformers' LengthGroupedSampler)? Accelerate re-makes
+    the Trainer's loader with the sampler inside its batch_sampler."""
+    samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
+    return any(type(s).__name__ == "LengthGroupedSampler" for s in samplers)
 
 
 def shapes(batch, limit: int = MAX_TENSORS) -> list[str]:
-    """The tensors of a batch (nested tuples, lists, dicts), named as XLA's HLO names them."""
+    """The tensors of a batch (nested tuples, lists, mappings), named as XLA's HLO names them."""
+    from collections.abc import Mapping
+
     import torch
 
     out: list[str] = []
@@ -92,7 +105,7 @@ def shapes(batch, limit: int = MAX_TENSORS) -> list[str]:
             out.append(hlo_shape(item.dtype, tuple(item.shape)))
         elif isinstance(item, (tuple, list)):
             todo.extend(item)
-        elif isinstance(item, dict):
+        elif isinstance(item, Mapping):  # a dict, or transformers' BatchEncoding (a UserDict) from a collator
             todo.extend(item.values())
     return out
 

@@ -84,6 +84,7 @@ class Recorder:
         self.sync_steps = 0         # syncs that ran a graph (the step count of a foreign script)
         self.syncs = 0              # syncs and compiled calls, ran a graph or not
         self.inference_mode_at = ""  # the user's line that first entered torch.inference_mode()
+        self.mark_dynamic_at = ""    # the user's line that last called torch._dynamo.mark_dynamic
         self.compiled_at = ""       # the user's line of the last torch.compile'd call: dynamo's graphs
                                     # are logged with too few frames to reach it
         self.eager_mode = bool(self._xlac._get_use_eager_mode())  # hooks.install: ever turned on
@@ -106,9 +107,11 @@ class Recorder:
             self._marks.append((self.log_size(), name))
             self.current_phase = name
 
-    def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> None:
+    def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> HostRead:
+        read = HostRead(kind, where, self.current_phase, library, compiled)
         with self._lock:
-            self._reads.append(HostRead(kind, where, self.current_phase, library, compiled))
+            self._reads.append(read)
+        return read
 
     def note_scalar(self, change: dict) -> None:
         with self._lock:

@@ -65,6 +65,11 @@ FIXES = {
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 
+HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing factor) every batch, so every "
+              "batch is a new graph: apply Mixup/CutMix on the host, in the data loader (the DataLoader's "
+              "collate_fn, e.g. timm's FastCollateMixup), or `neuron-train train --mixup/--cutmix`, which "
+              "mixes on the host; the device then gets one batch shape and soft targets as data")
+
 # Patterns confirmed on real runs inside libraries (tests/test_scripts.py): (library file, cause) -> a
 # fix the user can apply from their own code. The library line alone is not actionable.
 LIBRARY_FIXES = {
@@ -80,9 +85,16 @@ LIBRARY_FIXES = {
         "last ones on the device (a new length, so a new graph, per batch): TrainingArguments("
         "eval_accumulation_steps=1) moves each batch's results to the CPU after its step and concatenates "
         "there; prediction_loss_only=True does not help (the losses are still concatenated)",
+    ("transformers/data/data_collator.py", NEW_INPUT_SHAPE):
+        "the collator pads each batch to its own longest sample (dynamic padding: a new length, so a new "
+        "graph, per batch): DataCollatorWithPadding(tokenizer, padding=\"max_length\", max_length=N) for one "
+        "length, or pad_to_multiple_of=M for a few (each compiled once: precompile them)",
     ("accelerate/", NEW_INPUT_SHAPE):
         "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
         "pad/bucket to fixed sizes",
+    ("timm/data/mixup.py", SLICE_SHAPE): HOST_MIXUP,
+    ("timm/data/mixup.py", NEW_CONSTANT): HOST_MIXUP,   # a box clipped to nothing: lam exactly 1
+    ("timm/data/mixup.py", GRAPH_STRUCTURE): HOST_MIXUP,
     ("torch/optim/", DYNAMO_RECOMPILE):
         "dynamo guards on the optimizer's Python hyperparameters: a scheduler that changes a float LR "
         "recompiles the optimizer step every step; create the optimizer with lr=torch.tensor(LR) "
@@ -90,9 +102,21 @@ LIBRARY_FIXES = {
 }
 
 
-def fix_for(cause: str, library: str) -> str:
-    """The fix for a finding: the library-aware one when the library line matches a known pattern."""
-    for (prefix, known), text in LIBRARY_FIXES.items():
+# The same library lines when the read answered False: transformers' `padding_mask.all()` on padded batches.
+# Verified on transformers 5.24 (BertModel, sdpa): a 4D bool mask gives the same outputs and no read.
+PADDED_FIXES = {
+    ("transformers/masking_utils.py", VALUE_BRANCH):
+        "transformers asks `padding_mask.all()` in every forward to skip the mask when nothing is padded; these "
+        "batches are padded (the mask it read has zeros), so keep `attention_mask` (leaving it out would attend "
+        "to the padding): hand the model a prepared 4D mask, which masking_utils uses as is without reading it "
+        "(attention_mask[:, None, None, :].bool() for the sdpa attention), in your collator or before the forward",
+}
+
+
+def fix_for(cause: str, library: str, padded: bool = False) -> str:
+    """The fix for a finding: the library-aware one when the library line matches a known pattern (the
+    padded-batch one when the library's read answered False)."""
+    for (prefix, known), text in [*(PADDED_FIXES.items() if padded else ()), *LIBRARY_FIXES.items()]:
         if known == cause and library.startswith(prefix):
             return text
     return FIXES.get(cause, FIXES[UNKNOWN])
@@ -113,6 +137,7 @@ class HostRead:
     phase: str
     library: str = ""  # the library line that read it (`transformers/masking_utils.py:369`), if any
     compiled: bool = False  # inside a torch.compile'd call: dynamo broke the step's graph there
+    answer: bool | None = None  # what a bool() read answered (False from `padding_mask.all()`: padded)
 
 
 @dataclass
@@ -127,6 +152,7 @@ class LoaderOrigin:
     collate: str = ""              # a custom collate_fn: "name (file:line)"; "" for torch's default
     collate_where: str = ""        # the collate_fn's `def` line
     library: str = ""              # the library line that made it (`transformers/trainer.py:1098`), if any
+    grouped: bool = False          # its sampler groups samples by length (the Trainer's group_by_length=True)
 
 
 @dataclass

@@ -75,6 +75,7 @@ class ProbeRecord:
     device: str = ""               # torch_xla's device type, once a step ran
     tour: str = ""                 # how far the tour goes (epochs.py), said at its first step
     to_epoch_end: bool = False     # ... to the first epoch's end
+    epoch_steps: int = 0           # ... whose length (the loader that fed the steps), when it does
     note: str = ""
 
 
@@ -149,6 +150,7 @@ class Probe:
     def _plan_tour(self) -> None:
         assert self.epochs is not None
         self.record.to_epoch_end, self.record.tour = self.epochs.plan(self.record.steps_wanted)
+        self.record.epoch_steps = (self.epochs.feeding or 0) if self.record.to_epoch_end else 0
         say(self.record.tour)
 
     # ----- output ------------------------------------------------------------------------------

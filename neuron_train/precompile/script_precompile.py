@@ -133,15 +133,7 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary:
 
 def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouched: int, summary: dict) -> str:
     sites = {g.where or "?" for g in graphs}
-    stop = run.stop("tour")
-    if stop and any(p.get("to_epoch_end") for p in run.probes):
-        ended = f"stopped after step {stop['step']}, past the first epoch's end, every call site warm"
-    elif stop:
-        ended = (f"stopped after step {stop['step']}: every call site it reached was warm; code that runs later "
-                 "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
-                 "run the command whole")
-    else:
-        ended = f"the command ended by itself after {run.steps()} steps"
+    ended = tour_ended(run.stop("tour"), run.probes, run.steps())
     lines = [f"precompiled  {run.line} (configuration {fp})",
              f"graphs       {len(graphs)} recorded in {plan.cache}/{store.MANIFEST}, from {len(sites)} call "
              f"site(s)"]
@@ -154,3 +146,22 @@ def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouc
                      f"{summary.get('compiled', '?')} compiled, {summary.get('failed', '?')} failed")
     lines.append(f"then run     {plan.real_run}")
     return "\n".join(lines)
+
+
+def tour_ended(stop: dict | None, probes: list[dict], steps: int) -> str:
+    """How the tour ended, and what a stopped tour did not precompile with the --steps that reaches it:
+    a tour past the first epoch's end has not seen code that runs once, after the last epoch (the
+    final evaluation of transformers' examples: trainer.evaluate() after trainer.train())."""
+    if stop is None:
+        return f"the command ended by itself after {steps} steps"
+    epoch = next((p.get("epoch_steps") or 0 for p in probes if p.get("to_epoch_end")), None)
+    if epoch is None:
+        return (f"stopped after step {stop['step']}: every call site it reached was warm; code that runs later "
+                "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
+                "run the command whole")
+    length = f" ({epoch} steps an epoch)" if epoch else ""
+    reach = (f"--steps 0 runs the command whole, or --steps {epoch} x epochs + {DEFAULT_STEPS} reaches it"
+             if epoch else "--steps 0 runs the command whole")
+    return (f"stopped after step {stop['step']}, past the first epoch's end{length}, every call site warm; code "
+            f"that runs once after the last epoch (a final evaluation or save, e.g. trainer.evaluate() after "
+            f"trainer.train()) is not precompiled: {reach}")
