@@ -67,7 +67,7 @@ class Loaders:
     def source_of(self, shapes: list[str]) -> LoaderOrigin | None:
         """The loader whose batches had one of `shapes` (exact type first, then dimensions only:
         XLA_USE_BF16 turns f32 inputs into bf16 ones)."""
-        for key_of in (lambda s: s, lambda s: _DIMS.search(s)[0] if _DIMS.search(s) else s):
+        for key_of in (lambda s: s, lambda s: m[0] if (m := _DIMS.search(s)) else s):
             wanted = {key_of(s) for s in shapes}
             for key, seen in self.shapes.items():
                 if wanted & {key_of(s) for s in seen} and key in self.origins:

@@ -137,7 +137,7 @@ def _watch_schedulers(recorder, made: weakref.WeakKeyDictionary) -> Callable[[],
         except TypeError:  # an optimizer that cannot be weakly referenced: no name in the report
             pass
 
-    LRScheduler.__init__ = __init__
+    setattr(LRScheduler, "__init__", __init__)  # noqa: B010  (a deliberate method patch: mypy's method-assign)
     return lambda: setattr(LRScheduler, "__init__", original)
 
 
@@ -253,7 +253,7 @@ def _count_compiled_calls(recorder) -> Callable[[], None]:
         original(self, *args, **kwargs)
         self.enter_exit_hooks.append(enter)
 
-    OptimizeContext.__init__ = __init__
+    setattr(OptimizeContext, "__init__", __init__)  # noqa: B010  (a deliberate method patch: mypy's method-assign)
     return lambda: setattr(OptimizeContext, "__init__", original)
 
 
@@ -273,7 +273,7 @@ def _watch_inference_mode(recorder) -> Callable[[], None]:
             recorder.inference_mode_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         return original(self)
 
-    cls.__enter__ = __enter__
+    setattr(cls, "__enter__", __enter__)  # noqa: B010  (a deliberate method patch: mypy's method-assign)
     return lambda: setattr(cls, "__enter__", original)
 
 

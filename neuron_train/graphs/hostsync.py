@@ -52,7 +52,7 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
 
 
 def read_cause(kind: str | None) -> str:
-    return READ_CAUSES.get(kind, HOST_ACCESS)
+    return READ_CAUSES.get(kind, HOST_ACCESS) if kind is not None else HOST_ACCESS
 
 
 @dataclass

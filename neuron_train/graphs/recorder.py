@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 
 from neuron_train.graphs import hlo_diff, hooks
 from neuron_train.graphs.analyzer import Analyzer
@@ -67,7 +68,7 @@ class Recorder:
         self._window_phase = phase
         self._marks: list[tuple[int, str]] = []
         self._offset = max(files.start, self.log_size())  # what ran before this recorder is not ours
-        self._log = None
+        self._log: BinaryIO | None = None
         self._reads: list[HostRead] = []
         self._scalars: list[dict] = []
         self._optimizer_steps: list[int] = []
