@@ -21,6 +21,7 @@ import torch
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.training import checkpoint as ckpt
+from neuron_train.training import checkpoint_format as fmt
 from neuron_train.training.checkpoint_format import checksum_file, structure_problem
 
 CONFIG = {"model": {"name": "vit-nano", "img_size": 32}, "train": {"batch_size": 4, "grad_accum": 2, "seed": 7}}
@@ -309,12 +310,12 @@ def test_a_model_mismatch_is_one_line_naming_the_files_model():
         "f.pt does not fit this model: 1 missing (bias), 3 unknown (extra1, extra2, ...), 1 of another shape "
         "(weight: [2, 4] in the file, [2, 3] in the model) weights; it is from model vit-nano (--img-size 32): "
         "resume with the same --model, --img-size and classes")
-    assert ckpt.describe_mismatch(model.state_dict(), model.state_dict()) is None
-    assert ckpt.origin({"w": 1}) == "a file without neuron_train metadata (model unknown)"
-    assert ckpt.origin([1, 2]) == "a file without neuron_train metadata (model unknown)"  # not even a dict
+    assert fmt.describe_mismatch(model.state_dict(), model.state_dict()) is None
+    assert fmt.origin({"w": 1}) == "a file without neuron_train metadata (model unknown)"
+    assert fmt.origin([1, 2]) == "a file without neuron_train metadata (model unknown)"  # not even a dict
     two = {"model": {"weight": torch.zeros(2, 3), "bias": torch.zeros(2), "extra1": torch.zeros(1),
                      "extra2": torch.zeros(1)}}
-    assert ckpt.describe_mismatch(two["model"], model.state_dict()) == "2 unknown (extra1, extra2)"
+    assert fmt.describe_mismatch(two["model"], model.state_dict()) == "2 unknown (extra1, extra2)"
     ckpt.load_model_state(model, {"model": {k: v + 1 for k, v in model.state_dict().items()}}, "f.pt")
 
 

@@ -114,7 +114,7 @@ def crafted(tmp_path: Path, config: object) -> Path:
 @pytest.mark.parametrize("config", [{"model": "vit"}, {}, {"model": {"name": 3, "img_size": "big"}},
                                     {"model": {"name": "x" * 100_000, "img_size": 32}}])
 def test_crafted_pretrained_metadata_is_validated_like_a_file_format(tmp_path, config):
-    """Bad row 3: `config.model` a string was a TypeError, no `model` a KeyError (checkpoint.origin)."""
+    """Bad row 3: `config.model` a string was a TypeError, no `model` a KeyError (checkpoint_format.origin)."""
     path = crafted(tmp_path, config)
     with pytest.raises(UsageError) as err:
         models.load_weights(torch.nn.Linear(2, 2), path)     # --pretrained; --teacher-checkpoint reads the same

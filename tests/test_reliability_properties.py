@@ -194,8 +194,7 @@ def test_any_checksum_file_is_a_verdict_never_an_exception(text):
 @given(config=values | st.dictionaries(st.just("model"), values | st.dictionaries(
     st.sampled_from(["name", "img_size"]), scalars)))
 def test_any_checkpoint_metadata_names_a_model_or_says_it_does_not(config):
-    from neuron_train.training.checkpoint import origin
-    from neuron_train.training.checkpoint_format import structure_problem
+    from neuron_train.training.checkpoint_format import origin, structure_problem
 
     assert "\n" not in origin({"config": config}) and len(origin({"config": config})) < LINE
     problem = structure_problem({"model": {}, "optimizer": {}, "position": {}, "rng": {}, "global_batch": 1,

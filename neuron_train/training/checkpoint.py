@@ -31,7 +31,6 @@ from torch.utils._pytree import tree_map
 from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import work_path
-from neuron_train.common.values import plain
 from neuron_train.training import checkpoint_format as fmt
 
 FORMAT = 1
@@ -379,35 +378,10 @@ def newest_good(run_dir: Path) -> tuple[CheckpointInfo | None, list[str]]:
     return None, skipped
 
 
-def origin(state: object) -> str:
-    """Which model a loaded file is from, for messages (its metadata is untrusted: validated first)."""
-    cfg = state.get("config") if isinstance(state, dict) else None
-    if not isinstance(cfg, dict):
-        return "a file without neuron_train metadata (model unknown)"
-    m = fmt.saved_model(cfg)
-    if m is None:
-        return "a file whose neuron_train metadata names no valid model (model unknown)"
-    return f"model {plain(m.name)} (--img-size {m.img_size})"
-
-
-def describe_mismatch(saved: dict, own: dict) -> str | None:
-    """How a state dict differs from a model's, in one line (None: it fits exactly)."""
-    missing = [k for k in own if k not in saved]
-    unknown = [k for k in saved if k not in own]
-    reshaped = [k for k in own if k in saved and tuple(saved[k].shape) != tuple(own[k].shape)]
-    parts = [f"{len(names)} {label} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''})"
-             for label, names in (("missing", missing), ("unknown", unknown)) if names]
-    if reshaped:
-        k = reshaped[0]
-        parts.append(f"{len(reshaped)} of another shape ({k}: {list(saved[k].shape)} in the file, "
-                     f"{list(own[k].shape)} in the model)")
-    return ", ".join(parts) or None
-
-
 def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
     """`model.load_state_dict(state["model"])`, a mismatch said in one line naming the file's model."""
-    mismatch = describe_mismatch(state["model"], model.state_dict())
+    mismatch = fmt.describe_mismatch(state["model"], model.state_dict())
     if mismatch:
         raise UsageError(f"{path} does not fit this model: {mismatch} weights; it is from "
-                         f"{origin(state)}: resume with the same --model, --img-size and classes")
+                         f"{fmt.origin(state)}: resume with the same --model, --img-size and classes")
     model.load_state_dict(state["model"])

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import sha256_file
-from neuron_train.common.values import shown
+from neuron_train.common.values import plain, shown
 
 CHECKSUM_SUFFIX = ".sha256"
 SIDECAR_LIMIT = 4096  # one line
@@ -149,3 +149,28 @@ def saved_model(cfg: dict) -> SavedModel | None:
         return SavedModel.model_validate(cfg.get("model"))
     except ValidationError:
         return None
+
+
+def origin(state: object) -> str:
+    """Which model a loaded file is from, for messages (its metadata is untrusted: validated first)."""
+    cfg = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(cfg, dict):
+        return "a file without neuron_train metadata (model unknown)"
+    m = saved_model(cfg)
+    if m is None:
+        return "a file whose neuron_train metadata names no valid model (model unknown)"
+    return f"model {plain(m.name)} (--img-size {m.img_size})"
+
+
+def describe_mismatch(saved: dict, own: dict) -> str | None:
+    """How a state dict differs from a model's, in one line (None: it fits exactly)."""
+    missing = [k for k in own if k not in saved]
+    unknown = [k for k in saved if k not in own]
+    reshaped = [k for k in own if k in saved and tuple(saved[k].shape) != tuple(own[k].shape)]
+    parts = [f"{len(names)} {label} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''})"
+             for label, names in (("missing", missing), ("unknown", unknown)) if names]
+    if reshaped:
+        k = reshaped[0]
+        parts.append(f"{len(reshaped)} of another shape ({k}: {list(saved[k].shape)} in the file, "
+                     f"{list(own[k].shape)} in the model)")
+    return ", ".join(parts) or None

@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from neuron_train.common.errors import UsageError
-from neuron_train.training.checkpoint import checked_file, describe_mismatch, origin, read
+from neuron_train.training.checkpoint import checked_file, read
+from neuron_train.training.checkpoint_format import describe_mismatch, origin
 
 # Small ViTs that train in minutes on a CPU; on Neuron use full timm names (vit_base_patch16_224).
 PRESETS: dict[str, dict] = {
