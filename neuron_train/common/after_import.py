@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+TYPE_CHECKING = False  # typing's flag without importing typing: these imports are for mypy only
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 
 class AfterImport:
@@ -27,7 +32,7 @@ class AfterImport:
         self._looking = False
         self._done = False
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.name or self._looking or self._done:
             return None
         self._looking = True  # the search below walks sys.meta_path again, through this finder
@@ -39,7 +44,7 @@ class AfterImport:
             return spec
         exec_module = spec.loader.exec_module
 
-        def run(module) -> None:
+        def run(module: ModuleType) -> None:
             if self._done:
                 exec_module(module)
                 return
@@ -56,7 +61,7 @@ class AfterImport:
         return spec
 
 
-def _guarded(fn: Callable, *args) -> None:
+def _guarded(fn: Callable, *args: object) -> None:
     try:
         fn(*args)
     except Exception as exc:  # never break the user's program over the checker

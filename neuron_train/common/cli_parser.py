@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -19,7 +19,7 @@ class CommandParser(argparse.ArgumentParser):
     options that `precompile` passes through).
     """
 
-    def __init__(self, *args, help_command: str | None = None, **kwargs):
+    def __init__(self, *args: Any, help_command: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help_command = help_command
 
@@ -31,7 +31,7 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{see}`)\n")
 
 
-def add_cache_option(parser, *, help: str, default: str | None = None) -> None:
+def add_cache_option(parser: argparse._ActionsContainer, *, help: str, default: str | None = None) -> None:
     """`--compile-cache DIR`, the one name of the compile cache option in every command, and
     `--cache-dir DIR`, its older name, kept working but hidden from --help."""
     parser.add_argument("--compile-cache", dest="compile_cache", metavar="DIR", default=default, help=help)

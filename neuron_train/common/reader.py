@@ -122,7 +122,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise _Refused(f"line {mark.line + 1}: a YAML alias (*name) is not accepted: write the value out")

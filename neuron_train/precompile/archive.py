@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
@@ -49,7 +50,7 @@ def split_s3(url: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _s3_client(url: str):
+def _s3_client(url: str) -> Any:  # a boto3 S3 client: boto3 ships no types
     try:
         import boto3
     except ImportError:
@@ -61,7 +62,7 @@ def _s3_client(url: str):
     return session.client("s3")
 
 
-def _s3_exists(client, bucket: str, key: str) -> bool:
+def _s3_exists(client: Any, bucket: str, key: str) -> bool:
     from botocore.exceptions import ClientError
 
     try:

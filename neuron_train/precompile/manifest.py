@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from neuron_train.common.errors import RunError
 from neuron_train.common.values import header_problem, kind_problem
@@ -30,6 +31,7 @@ XLA_DIR = "xla"
 NEURON_VERSION_PREFIX = "neuronxcc-"
 NEURON_MODULE_PREFIX = "MODULE_"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_R = TypeVar("_R")  # the record type _fields builds
 
 
 class ManifestError(RunError):
@@ -144,7 +146,7 @@ def is_cache_file_path(rel: object) -> bool:
 # ----------------------------------------------------------------------------- reading
 
 
-def _record_json(record) -> dict:
+def _record_json(record: GraphRecord | ConfigRecord | FileRecord) -> dict:
     out = {}
     for f in fields(record):
         if f.name == "extra":
@@ -162,7 +164,7 @@ def _mapping(value: object, where: str, what: str) -> dict:
     return value
 
 
-def _required(raw: dict, key: str, where: str, what: str):
+def _required(raw: dict, key: str, where: str, what: str) -> object:
     if key not in raw:
         raise ManifestError(f"{where}: {what} has no '{key}' field")
     return raw[key]
@@ -179,8 +181,8 @@ def _check(value: object, kind: str, where: str, what: str) -> Any:
     return value
 
 
-def _fields(cls, raw: object, where: str, what: str, kinds: dict[str, str], required: tuple[str, ...],
-            nested: dict[str, Any] | None = None):
+def _fields(cls: Callable[..., _R], raw: object, where: str, what: str, kinds: dict[str, str], required: tuple[str, ...],
+            nested: dict[str, Any] | None = None) -> _R:
     """A record of `cls` from `raw`, each known field checked against `kinds`."""
     raw = _mapping(raw, where, what)
     for key in required:
