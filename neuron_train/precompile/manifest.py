@@ -17,9 +17,9 @@ know are kept (`extra`) and written back unchanged.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
-from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from neuron_train.common.errors import RunError
