@@ -12,6 +12,7 @@ import datetime as dt
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,7 +248,7 @@ def _pricing_filters(instance_type: str, region: str, locations: dict[str, str])
     return [{"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in pairs]
 
 
-def _aws_call(what: str, call):
+def _aws_call(what: str, call: Callable[..., dict[str, Any]]) -> dict[str, Any]:  # call(): a boto3 request
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -256,12 +257,12 @@ def _aws_call(what: str, call):
         raise RunError(f"--prices live: {what} failed: {str(exc).splitlines()[0]}") from None
 
 
-def live_prices(instance_types: list[str], region: str, *, spot: bool = False, session=None,
+def live_prices(instance_types: list[str], region: str, *, spot: bool = False, session: Any = None,
                 locations: dict[str, str] | None = None) -> dict[str, Price]:
     """Current prices from AWS: on-demand via the Price List API, or the lowest spot price by zone.
 
     Types AWS does not price in `region` are left out: they keep their catalog price, whose label
-    says where it came from.
+    says where it came from. `session` is a boto3 Session (untyped: boto3 ships no types), a new one if None.
     """
     import boto3
 

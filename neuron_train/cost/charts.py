@@ -9,8 +9,15 @@ from __future__ import annotations
 import io
 import textwrap
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from neuron_train.cost.rows import Group, Row, money
+
+if TYPE_CHECKING:  # matplotlib itself is imported when a chart is drawn
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
 COLORS = {"measured": "#2b6cb0", "imported": "#dd8452", "estimated": "#6b46c1"}
 CPU_HATCH = "///"
@@ -20,11 +27,11 @@ _LINE_H = 0.15     # inches per line of a bar's label
 _PANEL_PAD = 1.05  # inches per panel for its title and axis label
 
 
-def _legend_handles(groups: list[Group]):
+def _legend_handles(groups: list[Group]) -> list[Patch]:
     from matplotlib.patches import Patch
 
     rows = [r for g in groups for r in g.rows]
-    handles = []
+    handles: list[Patch] = []
     if any(r.origin == "measured" and not r.device.startswith("CPU") for r in rows):
         handles.append(Patch(color=COLORS["measured"], label="measured here"))
     if any(r.origin == "measured" and r.device.startswith("CPU") for r in rows):
@@ -56,7 +63,7 @@ def _row_height(group: Group) -> float:
     return max(_BAR_H, _LINE_H * lines + 0.1)
 
 
-def _panel(ax, group: Group, value: Callable[[Row], float | None], label: Callable[[Row], str],
+def _panel(ax: Axes, group: Group, value: Callable[[Row], float | None], label: Callable[[Row], str],
            missing: Callable[[Row], str], xlabel: str, baseline_x: float | None = None,
            spread: Callable[[Row], float | None] = lambda r: None) -> None:
     rows = group.rows
@@ -87,7 +94,7 @@ def _panel(ax, group: Group, value: Callable[[Row], float | None], label: Callab
                      loc="right", color="#c53030")
 
 
-def _figure(groups: list[Group], title: str, footer: str, ncols: int = 1):
+def _figure(groups: list[Group], title: str, footer: str, ncols: int = 1) -> tuple[Figure, np.ndarray]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -116,7 +123,7 @@ def _figure(groups: list[Group], title: str, footer: str, ncols: int = 1):
     return fig, axes
 
 
-def _png(fig) -> bytes:
+def _png(fig: Figure) -> bytes:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -133,7 +140,7 @@ def _unsupported_or(text: str) -> Callable[[Row], str]:
     return missing
 
 
-def _dollar_axis(ax) -> None:
+def _dollar_axis(ax: Axes) -> None:
     """Dollar tick labels in plain decimals (a tiny epoch cost must not turn into '1e-5')."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 

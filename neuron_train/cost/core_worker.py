@@ -21,9 +21,15 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch itself is imported by each role
+    from torch import Tensor
 
 
-def _input(torch, batch: int, img: int, dtype: str):
+def _input(torch: ModuleType, batch: int, img: int, dtype: str) -> Tensor:
     # Random images, as in the reference study: the data pipeline is not what is measured.
     return torch.randn(batch, 3, img, img, generator=torch.Generator().manual_seed(0)).to(getattr(torch, dtype))
 
@@ -39,7 +45,7 @@ def trace(argv: list[str]) -> int:
     return 0  # exiting releases every NeuronCore the runtime reserved while tracing
 
 
-def _timed(model, x, steps: int, threads: int) -> tuple[float, float]:
+def _timed(model: Callable[[Tensor], object], x: Tensor, steps: int, threads: int) -> tuple[float, float]:
     """(samples/s, median call ms) of `threads` threads calling the model `steps` times each."""
     times: list[list[float]] = [[] for _ in range(threads)]
 
