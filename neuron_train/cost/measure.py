@@ -10,9 +10,10 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.failures import MeasureFailed, classify_failure
@@ -21,6 +22,9 @@ from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import config_to_argv
 from neuron_train.training.metrics import median_and_spread
 from neuron_train.training.summary import RunSummary
+
+if TYPE_CHECKING:  # torch itself is imported when a bench starts
+    from torch import Tensor
 
 RUN_SCRIPT = Path(__file__).resolve().parent.parent / "run.py"
 OUTPUT_LINES = 1_000_000  # a run's whole output is kept (output.log)
@@ -142,7 +146,7 @@ class InferBench:
         self.workdir = workdir                # where the traced modules are saved for the workers
         self.warmed: set[int] = set()          # batch sizes whose graphs are compiled already
 
-    def _input(self, batch: int):
+    def _input(self, batch: int) -> Tensor:
         img = self.cfg.model.img_size
         # Random images, as in the reference study: the data pipeline is not what is measured.
         return self.torch.randn(batch, 3, img, img, generator=self.torch.Generator().manual_seed(0)
@@ -156,7 +160,7 @@ class InferBench:
         except (RuntimeError, MemoryError) as exc:
             raise classify_failure(1, f"{type(exc).__name__}: {exc}") from None
 
-    def _timed(self, run_once, batch: int, steps: int, warmup: int) -> tuple[float, float]:
+    def _timed(self, run_once: Callable[[], object], batch: int, steps: int, warmup: int) -> tuple[float, float]:
         for _ in range(warmup):
             run_once()
         times = []
@@ -181,7 +185,7 @@ class InferBench:
         compiles0 = met.counter_value("UncachedCompile") or 0
         ctime0 = (met.metric_data("CompileTime") or (0, 0, []))[1]
 
-        def run_once():
+        def run_once() -> Tensor:
             # What a server does, and what the Neuron SDK's harness times when it calls a traced
             # model with host tensors: batch in from the host, logits back to the host.
             with self.torch.no_grad(), autocast(self.cfg.train.precision):

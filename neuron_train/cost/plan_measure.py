@@ -18,13 +18,25 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost.plan_hlo import HloFigures, hlo_figures
 from neuron_train.cost.plan_model import WorkloadFigures
+
+if TYPE_CHECKING:  # torch and the loop's modules are imported when a measurement starts
+    import torch
+    from torch import Tensor
+    from torch.optim import Optimizer
+    from torch.utils.data import DataLoader
+
+    from neuron_train.training.config import RunConfig
+    from neuron_train.training.data import Datasets
+
+    # (images, labels, optimizer) -> (the step's output tensors, activation bytes); no optimizer: infer
+    StepFn = Callable[[Tensor, Tensor, Optimizer | None], tuple[list[Tensor], float]]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_STATES = 2              # AdamW's two moments per parameter (SGD with momentum: 1)
@@ -43,7 +55,7 @@ def _optimizer_states(name: str) -> int:
     return 1 if name == "sgd" else ADAM_STATES
 
 
-def _saved_bytes(model, run_forward) -> tuple[float, Any]:
+def _saved_bytes(model: torch.nn.Module, run_forward: Callable[[], Any]) -> tuple[float, Any]:
     """Bytes autograd saves for the backward during one forward (activations; weights excluded),
     and the forward's output."""
     import torch
@@ -51,7 +63,7 @@ def _saved_bytes(model, run_forward) -> tuple[float, Any]:
     params = {id(p) for p in model.parameters()}
     seen: dict[int, int] = {}
 
-    def pack(t):
+    def pack(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in params:
             seen[id(t)] = t.numel() * t.element_size()
         return t
@@ -61,7 +73,7 @@ def _saved_bytes(model, run_forward) -> tuple[float, Any]:
     return float(sum(seen.values())), out
 
 
-def _input_seconds(loader, batches: int) -> float:
+def _input_seconds(loader: DataLoader, batches: int) -> float:
     """CPU seconds per batch of the input pipeline, drawn in this thread (no workers): the thread's CPU
     time, not the wall time, so another process busy on this machine does not inflate it."""
     it = iter(loader)
@@ -72,16 +84,17 @@ def _input_seconds(loader, batches: int) -> float:
     return (time.thread_time() - start) / batches
 
 
-def _loader_pair(cfg, data):
+def _loader_pair(cfg: RunConfig, data: Datasets) -> tuple[DataLoader, DataLoader]:
     """The loop's train loader, and the same data drawn without workers (to time the pipeline)."""
     from neuron_train.training.data import train_loader
 
-    kw = dict(batch_size=cfg.train.batch_size, accum=1, world=1, rank=0, seed=cfg.train.seed, epoch=0)
+    kw: dict[str, Any] = dict(batch_size=cfg.train.batch_size, accum=1, world=1, rank=0, seed=cfg.train.seed,
+                              epoch=0)
     return (train_loader(data.train, cfg.data, **kw),
             train_loader(data.train, dataclasses.replace(cfg.data, num_workers=0), **kw))
 
 
-def _step_fn(model, mode: str, precision: str):
+def _step_fn(model: torch.nn.Module, mode: str, precision: str) -> StepFn:
     """One step as our loop traces it (train: forward, loss, backward, AdamW/SGD update; infer: a
     forward without gradients), returning (output tensors of the step, activation bytes)."""
     import torch
@@ -90,7 +103,7 @@ def _step_fn(model, mode: str, precision: str):
 
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    def step(images, labels, optimizer):
+    def step(images: Tensor, labels: Tensor, optimizer: Optimizer | None) -> tuple[list[Tensor], float]:
         if mode == "infer":
             with torch.no_grad(), autocast(precision):
                 return [model(images)], 0.0
@@ -98,6 +111,7 @@ def _step_fn(model, mode: str, precision: str):
             activations, logits = _saved_bytes(model, lambda: model(images))
             loss = loss_fn(logits.float(), labels)
         loss.backward()
+        assert optimizer is not None  # measure_loop builds one to train
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
@@ -113,7 +127,7 @@ def default_execution(mode: str, step_compiler: str | None = None) -> str:
     return "replay" if step_compiler not in (None, "lazy") else "lazy"
 
 
-def _warm_optimizer(model, optimizer) -> None:
+def _warm_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Create the optimizer's state with zero gradients (a cheap element-wise graph), so the step traced
     next is the steady one (its first step would also build the state)."""
     import torch
@@ -127,7 +141,7 @@ def _warm_optimizer(model, optimizer) -> None:
     torch_xla.sync()
 
 
-def measure_loop(cfg, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
+def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Our loop's model, data and optimizer: one steady step traced on the XLA device and read as HLO
     (FLOPs, bytes, instructions), never executed: nothing here depends on this machine's speed or load
     except the input pipeline's CPU seconds. Returns the figures and details."""
@@ -170,7 +184,7 @@ def measure_loop(cfg, mode: str = "train", execution: str | None = None) -> tupl
                              "flops_by_dtype": hlo.flops_by_dtype}}
 
 
-def from_shapes(cfg, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
+def from_shapes(cfg: RunConfig, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Our loop's model counted on the meta device: FLOPs of forward + backward (torch's counter),
     weights, gradients, optimizer state and activations from shapes; nothing is allocated and no
     HLO exists, so a lazy step's traced instructions are not counted (plan warns when that matters)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import default_collate
@@ -59,7 +60,7 @@ def image_augment(cfg: RecipeConfig, img_size: int, mean: tuple, std: tuple) -> 
     return ImageAugment(secondary if cfg.aa else None, final)
 
 
-def _posterize_zero_bits_as_black(policy) -> None:
+def _posterize_zero_bits_as_black(policy: Callable) -> None:
     """timm's RandAugment posterizes to 4 - int(level * 0.4) bits: 0 bits at magnitude 10, which
     rand-m9-mstd0.5 reaches. Pillow 13 refuses 0 bits ("bits must be between or equal to 1 and 8",
     the loader dies); older Pillow made the image black, which is what the policy means. Swaps that
@@ -67,7 +68,7 @@ def _posterize_zero_bits_as_black(policy) -> None:
     from PIL import Image
     from timm.data import auto_augment
 
-    def posterize(img, bits_to_keep, **kwargs):
+    def posterize(img: Image.Image, bits_to_keep: int, **kwargs: Any) -> Image.Image:
         if bits_to_keep <= 0:
             return Image.new(img.mode, img.size)
         return auto_augment.posterize(img, bits_to_keep, **kwargs)
@@ -91,7 +92,7 @@ class AugmentedTensors(ClassDataset):
     def __len__(self) -> int:
         return len(self.ds)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         from torchvision.transforms.functional import to_pil_image
 
         x, y = self.ds[i]
@@ -118,7 +119,7 @@ class SoftTargetCollate:
                            switch_prob=cfg.mixup_switch_prob, mode="batch", label_smoothing=cfg.smoothing,
                            num_classes=num_classes) if mixing(cfg) else None
 
-    def __call__(self, samples: list):
+    def __call__(self, samples: list) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = default_collate(samples)
         if self.mixup is not None:
             return self.mixup(images, labels)  # mixes `images` in place, returns soft targets

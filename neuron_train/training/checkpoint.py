@@ -24,6 +24,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch.utils._pytree import tree_map
@@ -37,6 +38,7 @@ FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 _TEMP = re.compile(r"^\.step-\d{8}(\.optim-rank\d+)?\.pt(\.sha256)?\.tmp-(.+-)?\d+$")  # work_path names, and older ones
 _SIDECAR = re.compile(r"^(step-\d{8}(\.optim-rank\d+)?\.pt)\.sha256$")
+_T = TypeVar("_T")  # a nested structure of tensors and other values
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled magic number of old torch.save files
 
 
@@ -44,7 +46,7 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def to_cpu(obj):
+def to_cpu(obj: _T) -> _T:
     """Copy every tensor in a nested structure to the host (a device->host transfer per tensor)."""
     return tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, obj)
 
@@ -67,7 +69,7 @@ def set_rng_state(state: dict) -> None:
     xm.set_rng_state(int(state["xla"]))
 
 
-def _as_tuple(x):
+def _as_tuple(x: object) -> Any:  # x with every list a tuple, at any depth (random.setstate's form)
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch_xla
@@ -20,6 +20,9 @@ from neuron_train.training import checkpoint as ckpt
 from neuron_train.training.config import RunConfig
 from neuron_train.training.device import Backend
 from neuron_train.training.optim import load_optimizer_state
+
+if TYPE_CHECKING:
+    from timm.utils import ModelEmaV3
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Checkpointer:
         return bool((every and step % every == 0) or last or stopping)
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
-             ema=None) -> Path | None:
+             ema: ModelEmaV3 | None = None) -> Path | None:
         """Save at `pos` (all ranks call it); returns the file on rank 0, None elsewhere."""
         torch_xla.sync()  # closes the pending step: the same graph the loader would have cut
         self.watch.phase("checkpoint")  # after the sync: that step's graph still counts as train
@@ -68,7 +71,7 @@ class Checkpointer:
         return path
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               ema=None) -> tuple[Position, Path]:
+               ema: ModelEmaV3 | None = None) -> tuple[Position, Path]:
         """Load --resume into model and optimizer; returns the position to continue from."""
         # cast: callers resume only with --resume given (TrainLoop._start checks it is not None)
         path = ckpt.resolve(self.run_dir, cast(str, self.cfg.checkpoint.resume))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,10 @@ _SYNTHETIC_POOL = 64       # distinct random images behind the synthetic dataset
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # The mean and std each dataset's samples are normalised with (digits: (x - 0.5) / 0.5; synthetic
 # images are drawn from N(0, 1) and read the same way), for augmentations that undo it.
+# A batch as the loaders make it: (images, labels), (images, soft targets) or, for evaluation,
+# (images, labels, valid); torch's default collate makes it a list, SoftTargetCollate a tuple.
+Batch = Sequence[torch.Tensor]
+Collate = Callable[[list], Batch]  # how samples become a batch (DataLoader's collate_fn)
 NORMALISATION = {"digits": ((0.5,) * 3, (0.5,) * 3), "synthetic": ((0.5,) * 3, (0.5,) * 3),
                  "folder": (_MEAN, _STD)}
 
@@ -71,7 +76,7 @@ class DigitsDataset(ClassDataset):
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[i].expand(3, -1, -1), self.labels[i]
 
 
@@ -86,7 +91,7 @@ class SyntheticDataset(ClassDataset):
     def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pool[i % _SYNTHETIC_POOL], torch.tensor(i % self.num_classes)
 
 
@@ -211,7 +216,7 @@ class ShardSampler(Sampler[int]):
             order = torch.arange(self.n)
         return order[self.rank::self.world][:self.per_rank].tolist()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._indices()[self.start:])
 
     def __len__(self) -> int:
@@ -228,7 +233,7 @@ class PaddedEvalShard(Dataset):
     def __len__(self) -> int:
         return self.padded
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         valid = i < len(self.indices)
         x, y = self.ds[self.indices[i] if valid else self.indices[0]]
         return x, torch.as_tensor(y), torch.tensor(1.0 if valid else 0.0)
@@ -238,14 +243,15 @@ def train_batches_per_epoch(n: int, world: int, batch_size: int) -> int:
     return (n // world) // batch_size
 
 
-def _loader(ds: Dataset, batch_size: int, num_workers: int, sampler=None, collate=None) -> DataLoader:
+def _loader(ds: Dataset, batch_size: int, num_workers: int, sampler: Sampler[int] | None = None,
+            collate: Collate | None = None) -> DataLoader:
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=True,
                       num_workers=num_workers, persistent_workers=False, collate_fn=collate,
                       pin_memory=False, prefetch_factor=4 if num_workers else None)
 
 
 def train_loader(ds: ClassDataset, cfg: DataConfig, *, batch_size: int, accum: int, world: int, rank: int,
-                 seed: int, epoch: int, start_batch: int = 0, collate=None) -> DataLoader:
+                 seed: int, epoch: int, start_batch: int = 0, collate: Collate | None = None) -> DataLoader:
     """Full optimizer steps only (batch x accum); starts after `start_batch` batches (resume).
     `collate`: how samples become a batch (augment.SoftTargetCollate: Mixup/CutMix on the host)."""
     sampler = ShardSampler(len(ds), world, rank, shuffle=True, seed=seed, epoch=epoch,
@@ -269,7 +275,7 @@ class _KeptError:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Batch]:
         try:
             yield from self.loader
         except Exception as exc:
@@ -277,7 +283,7 @@ class _KeptError:
             raise
 
 
-def to_device(loader: DataLoader, device: torch.device, batches_per_execution: int = 1):
+def to_device(loader: DataLoader, device: torch.device, batches_per_execution: int = 1) -> Iterator[Batch]:
     """Wrap a loader with MpDeviceLoader: background upload, and a graph boundary per batch. A batch
     the loader failed to make ends the iteration with a RunError naming the exception."""
     import torch_xla.distributed.parallel_loader as pl

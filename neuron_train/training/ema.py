@@ -19,12 +19,17 @@ update (measured: one graph more than without --model-ema, compiled at step 0, n
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from neuron_train.training.config import RunConfig
 
+if TYPE_CHECKING:  # timm itself is imported only with --model-ema
+    from timm.utils import ModelEmaV3
 
-def build_ema(cfg: RunConfig, host_model: torch.nn.Module):
+
+def build_ema(cfg: RunConfig, host_model: torch.nn.Module) -> ModelEmaV3 | None:
     """ModelEmaV3 of `host_model` (still on the host), or None without --model-ema."""
     if not cfg.recipe.model_ema:
         return None
@@ -39,7 +44,7 @@ class EmaUpdate:
     tensor lists made once, after both models are on the device (a resume's load_state_dict copies
     into these same tensors)."""
 
-    def __init__(self, ema, model: torch.nn.Module):
+    def __init__(self, ema: ModelEmaV3, model: torch.nn.Module):
         pairs = list(zip(ema.module.state_dict(keep_vars=True).values(),
                          model.state_dict(keep_vars=True).values(), strict=True))
         self.ema_floats = [e for e, _ in pairs if e.is_floating_point()]

@@ -9,20 +9,25 @@ compiles none of its own.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 import torch_xla
 
 from neuron_train.graphs import GraphWatch
 from neuron_train.training.config import RunConfig
-from neuron_train.training.data import eval_loader, to_device
+from neuron_train.training.data import ClassDataset, eval_loader, to_device
 from neuron_train.training.device import Backend
 from neuron_train.training.step import autocast
 
+if TYPE_CHECKING:
+    from timm.utils import ModelEmaV3
+
 
 class Evaluator:
-    def __init__(self, cfg: RunConfig, val, backend: Backend, model: torch.nn.Module,
-                 watch: GraphWatch, *, input_dtype: torch.dtype, extracting: bool, ema=None):
+    def __init__(self, cfg: RunConfig, val: ClassDataset | None, backend: Backend, model: torch.nn.Module,
+                 watch: GraphWatch, *, input_dtype: torch.dtype, extracting: bool, ema: ModelEmaV3 | None = None):
         self.cfg, self.val, self.backend, self.model, self.watch = cfg, val, backend, model, watch
         self.ema = ema  # timm ModelEmaV3 (--model-ema) or None
         self.input_dtype, self.extracting = input_dtype, extracting
@@ -56,7 +61,8 @@ class Evaluator:
     def _totals(self, model: torch.nn.Module) -> torch.Tensor:
         """(correct, count, loss sum) of this rank's shard, traced into one graph."""
         t, b = self.cfg.train, self.backend
-        loader = to_device(eval_loader(self.val, self.cfg.data, batch_size=t.batch_size,
+        # cast: evaluate() calls this only with a validation set
+        loader = to_device(eval_loader(cast(ClassDataset, self.val), self.cfg.data, batch_size=t.batch_size,
                                        world=b.world_size, rank=b.rank), b.device)
         totals = torch.zeros(3).to(b.device)  # uploaded as data: one eval graph
         with torch.no_grad():

@@ -16,6 +16,7 @@ import random
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,6 +47,9 @@ from neuron_train.training.step import StepPath, autocast
 from neuron_train.training.tasks import build_task
 from neuron_train.training.throughput import Throughput
 
+if TYPE_CHECKING:  # timm itself is imported only with --model-ema (training/ema.py)
+    from timm.utils import ModelEmaV3
+
 
 class Trainer:
     def __init__(self, cfg: RunConfig, backend: Backend):
@@ -63,7 +67,7 @@ class Trainer:
         # --compile-cache: records the graph manifest (graph tour) or checks against it; set up before
         # anything reaches the XLA device (torch_xla's cache must be initialised first)
         self.cache = CompileCacheHook(cfg, backend, num_classes=self.data.num_classes)
-        self.ema = None  # --model-ema: made by _build_model from the model still on the host
+        self.ema: ModelEmaV3 | None = None  # --model-ema: made by _build_model from the model still on the host
         self.model, self.params = self._build_model()
         self.input_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
         self.pos = Position()

@@ -13,10 +13,14 @@ AdamW is `capturable` (its step counters live on the device too).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from neuron_train.training.config import OptimConfig
+
+if TYPE_CHECKING:
+    from neuron_train.training.device import Backend
 
 _TINY = 1e-12  # stands in for LR 0: no visible update, and 1 - lr*wd stays != 1.0 in float64
 
@@ -86,7 +90,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
 _IMPLEMENTATION = ("lr", "foreach", "capturable", "fused", "differentiable")
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend=None, *,
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend: Backend | None = None, *,
                     captured: bool = False) -> torch.optim.Optimizer:
     """The optimizer; with `cfg.zero1` a ZeRO-1 one sharded over `backend`'s ranks (zero1.py).
 

@@ -19,11 +19,18 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import write_json_atomic
+
+if TYPE_CHECKING:
+    from neuron_train.training.config import RunConfig
+
+_B = TypeVar("_B")  # a batch, whatever the loader makes
 
 PHASES = ("data_wait", "graph_cut", "forward", "backward", "grad_sync", "optimizer", "loop", "profiler")
 XLA_METRICS = {"execute": "ExecuteTime", "compile": "CompileTime",
@@ -51,7 +58,7 @@ def xla_totals() -> dict[str, float]:
 class NullProfiler:
     """`--profile` off: every hook does nothing."""
 
-    def next(self, batches):
+    def next(self, batches: Iterator[_B]) -> _B:
         return next(batches)
 
     def mark(self, phase: str) -> None:
@@ -69,7 +76,9 @@ class StepProfiler:
     at the end of each phase of the step, `end_step(step)` once the loop is done with the step."""
 
     def __init__(self, *, warmup_steps: int, out_dir: Path | None = None, trace_steps: int = 0,
-                 clock=time.perf_counter, totals=xla_totals, lock_wait=None, add_closure=None):
+                 clock: Callable[[], float] = time.perf_counter,
+                 totals: Callable[[], dict[str, float]] = xla_totals, lock_wait: Callable[[], float] | None = None,
+                 add_closure: Callable[[Callable[[], None]], None] | None = None):
         """`out_dir`: where profile.json and the trace go, and the table is printed (rank 0 only).
         `clock`, `totals`, `lock_wait`, `add_closure`: the real ones unless a test passes fakes."""
         self.warmup_steps, self.out_dir = warmup_steps, out_dir
@@ -107,7 +116,7 @@ class StepProfiler:
     def mark(self, phase: str) -> None:
         self._advance(phase)
 
-    def next(self, batches):
+    def next(self, batches: Iterator[_B]) -> _B:
         t = self._advance("data_wait")
         before = self._lock_wait()
         self._cut_at = None
@@ -184,13 +193,13 @@ class StepProfiler:
         return summary
 
 
-def _xla_step_closure(fn) -> None:
+def _xla_step_closure(fn: Callable[[], None]) -> None:
     import torch_xla.core.xla_model as xm
 
     xm.add_step_closure(fn)
 
 
-def build_profiler(cfg, out_dir: Path | None) -> NullProfiler | StepProfiler:
+def build_profiler(cfg: RunConfig, out_dir: Path | None) -> NullProfiler | StepProfiler:
     """The loop's profiler; `out_dir` None on ranks that write nothing."""
     p = cfg.profile
     if p.profile_trace_steps and not p.profile:
@@ -254,7 +263,7 @@ def summarize(records: list[dict], *, run_wall_s: float, compile_total_s: float)
     if not basis:
         return {"steps_profiled": 0}
 
-    def mean(get) -> float:
+    def mean(get: Callable[..., float]) -> float:  # get(record): some take a bound default too
         return sum(get(r) for r in basis) / len(basis)
 
     phases = {p: mean(lambda r, p=p: r["phases_ms"][p]) for p in PHASES}

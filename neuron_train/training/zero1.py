@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,9 +27,12 @@ import torch.nn.functional as F
 
 from neuron_train.common.errors import UsageError
 
+if TYPE_CHECKING:
+    from neuron_train.training.device import Backend
+
 
 def build_zero1(param_groups: list[dict], optimizer_class: type[torch.optim.Optimizer],
-                defaults: dict, *, max_norm: float, backend) -> torch.optim.Optimizer:
+                defaults: dict, *, max_norm: float, backend: Backend) -> torch.optim.Optimizer:
     """The ZeRO-1 optimizer for this backend; `max_norm` 0 disables clipping."""
     if backend.gloo_bridge:
         return GlooZero1(param_groups, optimizer_class, world_size=backend.world_size, rank=backend.rank,
@@ -126,8 +129,8 @@ class GlooZero1(torch.optim.Optimizer):
     """
 
     def __init__(self, param_groups: list[dict], optimizer_class: type[torch.optim.Optimizer], *,
-                 world_size: int, rank: int, device: torch.device, max_norm: float, group=None,
-                 **defaults):
+                 world_size: int, rank: int, device: torch.device, max_norm: float,
+                 group: dist.ProcessGroup | None = None, **defaults: Any):
         super().__init__(param_groups, defaults)
         self.world_size, self.rank, self.device = world_size, rank, device
         self.max_norm, self.group = max_norm, group
@@ -145,7 +148,7 @@ class GlooZero1(torch.optim.Optimizer):
         return [g["params"][0] for g in self.base_optimizer.param_groups]
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: None = None) -> None:  # type: ignore[override]  # refuses a closure, unlike torch's
         if closure is not None:
             raise ValueError("GlooZero1.step takes no closure")
         for group, shard_group in zip(self.param_groups, self.base_optimizer.param_groups, strict=True):
