@@ -46,6 +46,19 @@ def test_argv_round_trip_reproduces_the_config():
     assert parse(*config_to_argv(cfg)) == cfg
 
 
+def test_a_config_is_frozen_and_changed_only_by_replace():
+    from dataclasses import FrozenInstanceError, replace
+
+    cfg = parse("--resume", "--batch-size", "8")
+    with pytest.raises(FrozenInstanceError):
+        cfg.checkpoint.resume = None  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        cfg.checkpoint = replace(cfg.checkpoint, resume=None)  # type: ignore[misc]
+    changed = replace(cfg, checkpoint=replace(cfg.checkpoint, resume=None))
+    assert (changed.checkpoint.resume, cfg.checkpoint.resume) == (None, "latest")
+    assert changed.train is cfg.train and changed.validate() == changed
+
+
 @pytest.mark.parametrize("text, message", [
     ("model:\n  nme: x\n", "unknown key 'model.nme'"),
     ("modle:\n  name: x\n", "unknown section 'modle'"),

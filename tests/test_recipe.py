@@ -16,7 +16,7 @@ import torch_xla.debug.metrics as met
 
 from neuron_train.common.errors import UsageError
 from neuron_train.training.augment import AugmentedTensors, SoftTargetCollate, image_augment
-from neuron_train.training.config import RecipeConfig, RunConfig
+from neuron_train.training.config import RecipeConfig, RunConfig, TrainConfig
 from neuron_train.training.ema import EmaUpdate
 
 CLASSES, BATCH, SIZE = 10, 8, 16
@@ -157,8 +157,7 @@ def test_a_policy_timm_does_not_know_is_one_line():
 
 
 def test_mixing_an_odd_batch_is_refused():
-    cfg = RunConfig()
-    cfg.recipe.cutmix, cfg.train.batch_size = 1.0, 7
+    cfg = RunConfig(recipe=RecipeConfig(cutmix=1.0), train=TrainConfig(batch_size=7))
     with pytest.raises(UsageError, match="--batch-size must be even"):
         cfg.validate()
 

@@ -10,6 +10,7 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
@@ -187,18 +188,15 @@ class CompileCacheHook:
 
 
 def precompile_hint(cfg: RunConfig, cache: Path, world: int) -> str:
-    """The precompile command for this run's configuration (its flags, minus the run-only ones)."""
-    run_only = ("--output-dir", "--compile-cache", "--require-precompiled", "--no-require-precompiled",
-                "--resume")
-    argv, flags = config_to_argv(cfg), []
-    i = 0
-    while i < len(argv):
-        takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if argv[i] not in run_only:
-            flags += argv[i:i + 1 + takes_value]
-        i += 1 + takes_value
-    return shlex.join(["scripts/precompile.sh", "--compile-cache", str(cache), "--nproc-per-node", str(world),
-                       "--", *flags])
+    """The precompile command for this run's configuration, as docs/precompile.md documents it: the
+    flags the configuration declares (config_to_argv), without the settings of this run alone
+    (where it writes, which cache it reads and how strictly, what it resumes; at their defaults,
+    config_to_argv leaves them out)."""
+    tour = replace(cfg, train=replace(cfg.train, output_dir=None),
+                   compile=replace(cfg.compile, compile_cache=None, require_precompiled=False),
+                   checkpoint=replace(cfg.checkpoint, resume=None))
+    return shlex.join(["neuron-train", "precompile", "--compile-cache", str(cache), "--nproc-per-node", str(world),
+                       "--", *config_to_argv(tour)])
 
 
 def tour_steps(cfg: RunConfig) -> int:

@@ -49,7 +49,7 @@ from neuron_train.training.throughput import Throughput
 
 class Trainer:
     def __init__(self, cfg: RunConfig, backend: Backend):
-        self.cfg, self.backend = cfg, backend
+        self.backend = backend
         self.extracting = extracting_graphs()
         self.writes = backend.is_main and not self.extracting  # only rank 0 writes, never garbage
         t = cfg.train
@@ -57,7 +57,9 @@ class Trainer:
         random.seed(t.seed)
         np.random.seed(t.seed)  # timm's Mixup draws from numpy (workers are seeded by torch)
         xm.set_rng_state(t.seed)
-        self.run_dir = open_run_dir(cfg, backend, self.extracting)  # training/rundir.py: lock, clean-up
+        # training/rundir.py: lock, clean-up; the config to run (a restarted run resumes nothing)
+        self.run_dir, self.cfg = open_run_dir(cfg, backend, self.extracting)
+        cfg = self.cfg
         self.data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, t.seed)
         self.train_set, self.collate = recipe_training_set(cfg, self.data)  # --aa, --reprob, --mixup ...
         # --compile-cache: records the graph manifest (graph tour) or checks against it; set up before
