@@ -12,11 +12,12 @@ import socket
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, write_json_atomic
 from neuron_train.common.neuron_env import EXTRACT_ENV, compiler_flags
-from neuron_train.graphs import Graph, GraphReport
+from neuron_train.graphs import Graph, GraphReport, GraphWatch
 from neuron_train.precompile import store
 from neuron_train.precompile.cache_env import (
     PRECOMPILE_ENV,
@@ -36,6 +37,9 @@ from neuron_train.precompile.coverage import (
 )
 from neuron_train.training.config import RunConfig, graph_labels, graph_settings
 from neuron_train.training.config_io import config_to_argv
+
+if TYPE_CHECKING:  # device.py imports torch: precompile's command reads tour_steps without it
+    from neuron_train.training.device import Backend
 
 RUNTIME_LABELS = {"world_size": "world size"}
 
@@ -60,7 +64,7 @@ class CompileCacheHook:
     which must happen before anything compiles.
     """
 
-    def __init__(self, cfg: RunConfig, backend, *, num_classes: int):
+    def __init__(self, cfg: RunConfig, backend: Backend, *, num_classes: int) -> None:
         from neuron_train.common.neuron_env import extracting_graphs
 
         self.recording = extracting_graphs()
@@ -108,7 +112,7 @@ class CompileCacheHook:
                     warn(message)
 
     # ----- recording (the graph tour) --------------------------------------------------------
-    def _stage_xla_cache(self, backend) -> None:
+    def _stage_xla_cache(self, backend: Backend) -> None:
         """torch_xla's own persistent cache (non-Neuron devices), staged privately: see store.py."""
         if backend.kind == "NEURON":
             return  # Neuron caches NEFFs itself, in NEURON_CC_FLAGS --cache_dir
@@ -139,7 +143,7 @@ class CompileCacheHook:
         raise RunError(f"--require-precompiled: this configuration is not precompiled in {self._cache}: "
                        f"{explain(manifest, self.config, str(self._cache), config_labels())}. Precompile it first: {self.hint}")
 
-    def check(self, watch) -> None:
+    def check(self, watch: GraphWatch) -> None:
         """Step closure: with --require-precompiled, stop at the first graph the manifest lacks.
 
         Only looks when the compile counter moved: GraphWatch.summary() reads the debug log, and

@@ -16,6 +16,8 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from types import FrameType
 
 import numpy as np
 import torch
@@ -48,7 +50,7 @@ from neuron_train.training.throughput import Throughput
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, backend: Backend):
+    def __init__(self, cfg: RunConfig, backend: Backend) -> None:
         self.backend = backend
         self.extracting = extracting_graphs()
         self.writes = backend.is_main and not self.extracting  # only rank 0 writes, never garbage
@@ -121,7 +123,7 @@ class Trainer:
         return self.checkpointer.global_batch
 
     # ----- one optimizer step ----------------------------------------------------------------
-    def train_step(self, batches) -> None:
+    def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         accum = self.cfg.train.grad_accum
         prof = self.profiler  # phase marks; a no-op object without --profile
         for _ in range(accum):
@@ -170,7 +172,7 @@ class Trainer:
             self.metrics.write(step, values)
 
     # ----- between steps ---------------------------------------------------------------------
-    def _stop(self, signum, _frame) -> None:
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.stop_signal is not None:  # a second Ctrl-C: abort now
             print(f"\ninterrupted again at step {self.pos.step}: stopped without saving; the last "
                   "checkpoint is kept, continue with --resume", file=sys.stderr, flush=True)
@@ -226,7 +228,7 @@ class Trainer:
             signal.signal(sig, self._stop)
         return Progress(self.cfg.log.progress and self.backend.is_main, self.total_steps, self.pos.step)
 
-    def _epoch_batches(self):
+    def _epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's batches for the rest of the current epoch, on the device (MpDeviceLoader)."""
         t, b = self.cfg.train, self.backend
         loader = train_loader(self.train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
@@ -330,7 +332,7 @@ def _finite(x: float) -> bool:
     return x == x and abs(x) != float("inf")
 
 
-def _median_ms(data) -> float | None:
+def _median_ms(data: tuple[int, float, list[tuple[float, float]]] | None) -> float | None:
     """Median of a torch_xla timing metric (samples are in ns), or None before any sample."""
     if not data or not data[2]:
         return None
