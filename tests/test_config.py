@@ -163,6 +163,17 @@ def test_neuron_device_defaults_to_the_samples_lazy_path_and_cpu_to_dynamo_full(
     assert argv[argv.index("--step-compiler") + 1] == "lazy" and argv[argv.index("--optimizer-impl") + 1] == "for-loop"
 
 
+@pytest.mark.parametrize("made_on, parsed_on", [("NEURON", "NEURON"), ("CPU", "NEURON"), ("NEURON", "CPU")])
+def test_argv_reproduces_a_device_dependent_setting_on_any_device(made_on, parsed_on):
+    """dynamo-full chosen on a Neuron device (or the CPU's default) is not Neuron's default: the
+    flags must say it, or the run they launch (precompile's hint, bench's runs) trains lazy."""
+    cfg = build_config(overrides={"train.step_compiler": "dynamo-full", "train.batch_size": 8}, device_kind=made_on)
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    overrides = {k: v for k, v in vars(parser.parse_args(config_to_argv(cfg))).items() if "." in k}
+    assert build_config(overrides=overrides, device_kind=parsed_on) == cfg
+
+
 def test_file_and_flags_override_the_device_default(tmp_path):
     flags = build_config(overrides={"train.step_compiler": "dynamo-full", "optim.optimizer_impl": "foreach"},
                          device_kind="NEURON")
