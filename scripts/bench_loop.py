@@ -161,7 +161,7 @@ def ours(args: argparse.Namespace, which: str) -> dict:
     """Our loop (training.loop.Trainer) with its defaults (AdamW, clipping, LR schedule, logging
     closures, graph recording) and the candidate's step path."""
     from neuron_train.training.config_io import build_config
-    from neuron_train.training.device import init_backend, prepare_environment
+    from neuron_train.training.device import init_backend, resolve_precision
 
     spec = dict(CANDIDATES[which])
     syncfree = spec.pop("syncfree", False)
@@ -174,7 +174,7 @@ def ours(args: argparse.Namespace, which: str) -> dict:
             "train.output_dir": out, "log.progress": False, "log.tensorboard": False,
             "data.num_workers": 2, **spec,  # the baseline's DataLoader workers
         })
-        prepare_environment(cfg.train.precision)
+        cfg = resolve_precision(cfg)
         from neuron_train.training.loop import Trainer
 
         trainer = Trainer(cfg, init_backend())

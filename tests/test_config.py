@@ -46,6 +46,19 @@ def test_argv_round_trip_reproduces_the_config():
     assert parse(*config_to_argv(cfg)) == cfg
 
 
+def test_a_config_is_frozen_and_changed_only_by_replace():
+    from dataclasses import FrozenInstanceError, replace
+
+    cfg = parse("--resume", "--batch-size", "8")
+    with pytest.raises(FrozenInstanceError):
+        cfg.checkpoint.resume = None  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        cfg.checkpoint = replace(cfg.checkpoint, resume=None)  # type: ignore[misc]
+    changed = replace(cfg, checkpoint=replace(cfg.checkpoint, resume=None))
+    assert (changed.checkpoint.resume, cfg.checkpoint.resume) == (None, "latest")
+    assert changed.train is cfg.train and changed.validate() == changed
+
+
 @pytest.mark.parametrize("text, message", [
     ("model:\n  nme: x\n", "unknown key 'model.nme'"),
     ("modle:\n  name: x\n", "unknown section 'modle'"),
@@ -148,6 +161,17 @@ def test_neuron_device_defaults_to_the_samples_lazy_path_and_cpu_to_dynamo_full(
     assert "step_compiler: lazy" in saved and "optimizer_impl: for-loop" in saved
     argv = config_to_argv(neuron)
     assert argv[argv.index("--step-compiler") + 1] == "lazy" and argv[argv.index("--optimizer-impl") + 1] == "for-loop"
+
+
+@pytest.mark.parametrize("made_on, parsed_on", [("NEURON", "NEURON"), ("CPU", "NEURON"), ("NEURON", "CPU")])
+def test_argv_reproduces_a_device_dependent_setting_on_any_device(made_on, parsed_on):
+    """dynamo-full chosen on a Neuron device (or the CPU's default) is not Neuron's default: the
+    flags must say it, or the run they launch (precompile's hint, bench's runs) trains lazy."""
+    cfg = build_config(overrides={"train.step_compiler": "dynamo-full", "train.batch_size": 8}, device_kind=made_on)
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    overrides = {k: v for k, v in vars(parser.parse_args(config_to_argv(cfg))).items() if "." in k}
+    assert build_config(overrides=overrides, device_kind=parsed_on) == cfg
 
 
 def test_file_and_flags_override_the_device_default(tmp_path):

@@ -122,11 +122,10 @@ def test_our_loops_estimate_is_a_pure_function_of_counted_facts(monkeypatch):
     """In process: the same plan measured under a wall clock 10x fast gives the same figures (the old
     rule took the host as the traced step's wall time and came out 10x)."""
     from neuron_train.cost import plan_measure
-    from neuron_train.training.config import RunConfig
+    from neuron_train.training.config import RunConfig, TrainConfig
 
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    cfg = RunConfig()
-    cfg.train.step_compiler = "lazy"
+    cfg = RunConfig(train=TrainConfig(step_compiler="lazy"))
     first, e1 = _loop_estimate(cfg)
     monkeypatch.setattr(plan_measure, "time", _FastWallClock())
     second, e2 = _loop_estimate(cfg)
@@ -138,11 +137,10 @@ def test_our_loops_estimate_is_a_pure_function_of_counted_facts(monkeypatch):
 
 @pytest.mark.slow
 def test_the_same_plan_with_a_cpu_hog_beside_it_agrees_within_10_percent(monkeypatch):
-    from neuron_train.training.config import RunConfig
+    from neuron_train.training.config import RunConfig, TrainConfig
 
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    cfg = RunConfig()
-    cfg.train.step_compiler = "lazy"
+    cfg = RunConfig(train=TrainConfig(step_compiler="lazy"))
     _, quiet = _loop_estimate(cfg)
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:

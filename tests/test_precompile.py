@@ -151,12 +151,37 @@ def test_network_file_systems_are_flagged(tmp_path):
     assert cache_env.network_fs_warning(tmp_path / "cache", local) is None
 
 
-def test_precompile_hint_keeps_the_graph_settings_only(tmp_path):
-    cfg = build_config({"train": {"batch_size": 64, "output_dir": "/tmp/r"},
-                        "compile": {"compile_cache": str(tmp_path), "require_precompiled": True}})
-    hint = shlex.split(cache_hook.precompile_hint(cfg, tmp_path, 2))
-    assert hint[:5] == ["scripts/precompile.sh", "--compile-cache", str(tmp_path), "--nproc-per-node", "2"]
-    assert hint[5:] == ["--", "--batch-size", "64"]
+def test_precompile_hint_is_the_documented_command_and_parses_back_to_the_runs_config(tmp_path):
+    """Value flags, on/off flags and paths with spaces: the hint, parsed by precompile's own options and
+    its TRAIN_ARGS by train's, is the run's configuration without its run-only settings."""
+    from dataclasses import replace
+
+    from neuron_train.commands import precompile as precompile_command
+    from neuron_train.common.cli_parser import CommandParser
+    from neuron_train.training.config_io import config_from_train_args
+
+    images, cache = tmp_path / "my images", tmp_path / "the cache"
+    for split in ("train", "val"):
+        (images / split / "cat").mkdir(parents=True)
+    cfg = build_config({"model": {"name": "vit-nano"}, "data": {"dataset": "folder", "data_dir": str(images)},
+                        "train": {"batch_size": 64, "precision": "bf16-autocast", "output_dir": str(tmp_path / "a run")},
+                        "optim": {"lr": 0.02, "zero1": True}, "log": {"tensorboard": False},
+                        "checkpoint": {"resume": "latest"},
+                        "compile": {"compile_cache": str(cache), "require_precompiled": True}})
+    hint = cache_hook.precompile_hint(cfg, cache, 2)
+    words = shlex.split(hint)
+    assert words[:2] == ["neuron-train", "precompile"]
+    parser = CommandParser(prog="neuron-train precompile")
+    precompile_command.configure_parser(parser)
+    args = parser.parse_args(words[2:])
+    assert (args.compile_cache, args.nproc_per_node) == (str(cache), 2)
+    assert {"--no-tensorboard", "--zero1", str(images)} <= set(args.train_args)
+    tour = config_from_train_args(args.train_args, prog="neuron-train precompile [options] --")
+    run_only = replace(cfg, train=replace(cfg.train, output_dir=None), checkpoint=replace(cfg.checkpoint, resume=None),
+                       compile=replace(cfg.compile, compile_cache=None, require_precompiled=False))
+    assert tour == run_only
+    assert cache_hook.graph_config(tour, world_size=2, num_classes=1, device="CPU", env={}, versions={}) == \
+        cache_hook.graph_config(cfg, world_size=2, num_classes=1, device="CPU", env={}, versions={})
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -276,7 +301,8 @@ def test_require_precompiled_stops_a_changed_precision_before_training(precompil
                      "--require-precompiled")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "precision bf16-autocast here, fp32 in the manifest" in proc.stderr
-    assert "scripts/precompile.sh" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Precompile it first: neuron-train precompile --compile-cache" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not (out / "summary.json").exists() and not (out / "metrics.jsonl").exists()
 
 

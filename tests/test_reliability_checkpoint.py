@@ -108,7 +108,7 @@ def test_a_checkpoint_with_the_wrong_structure_is_one_line_and_skipped_for_the_p
     with pytest.raises(UsageError):
         ckpt.load_resumable(newest)
     cfg = run_cfg(out, "--max-steps", "8", "--resume")
-    rundir.preflight(cfg)  # the run directory's newest is that file: the previous good one is used
+    cfg, _ = rundir.preflight(cfg)  # the run directory's newest is that file: the previous good one is used
     assert cfg.checkpoint.resume == str(ckpt.checkpoint_dir(out) / "step-00000004.pt")
     err_text = capsys.readouterr().err
     assert "skipping a damaged checkpoint" in err_text and reason in err_text and "Traceback" not in err_text
@@ -135,7 +135,7 @@ def test_flipped_bytes_inside_an_intact_archive_are_found_before_use(tmp_path, c
         ckpt.load_resumable(newest)
     assert "SHA-256 differs" in one_line(err.value)
     cfg = run_cfg(out, "--max-steps", "8", "--resume")
-    rundir.preflight(cfg)
+    cfg, _ = rundir.preflight(cfg)
     assert cfg.checkpoint.resume == str(ckpt.checkpoint_dir(out) / "step-00000004.pt")
     assert "skipping a damaged checkpoint" in capsys.readouterr().err
 

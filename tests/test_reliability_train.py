@@ -83,12 +83,12 @@ def test_resume_of_a_finished_run_changes_nothing_unless_the_target_grew(tmp_pat
     save_checkpoint(out, 2)
     (out / "summary.json").write_text('{"final_loss": 0.25}\n')
     before = snapshot(out)
-    finished = rundir.preflight(run_cfg(out, "--max-steps", "2", "--resume"))
+    _, finished = rundir.preflight(run_cfg(out, "--max-steps", "2", "--resume"))
     assert "is finished: its checkpoint is at step 2" in finished and "larger --max-steps" in finished
     rundir.release_unused()
     assert snapshot(out) == before and not (out / ".lock").exists()
-    grown = run_cfg(out, "--max-steps", "3", "--resume")
-    assert rundir.preflight(grown) is None
+    grown, finished = rundir.preflight(run_cfg(out, "--max-steps", "3", "--resume"))
+    assert finished is None
     assert grown.checkpoint.resume == str(ckpt.checkpoint_dir(out) / "step-00000002.pt")
 
 
@@ -160,8 +160,7 @@ def test_temp_files_of_a_process_killed_mid_save_are_removed_at_the_next_start(t
     for name in (".step-00000008.pt.tmp-otherhost-99999", ".step-00000008.optim-rank1.pt.tmp-99998"):
         (d / name).write_bytes(b"PK\x03\x04 cut short")
     (out / ".summary.json.k2j4.tmp").write_text("{")
-    cfg = run_cfg(out, "--max-steps", "8", "--resume")
-    rundir.preflight(cfg)
+    cfg, _ = rundir.preflight(run_cfg(out, "--max-steps", "8", "--resume"))
     rundir.open_run_dir(cfg, OneRank(), extracting=False)
     assert sorted(os.listdir(d)) == ["step-00000004.pt", "step-00000004.pt.sha256"]
     assert not (out / ".summary.json.k2j4.tmp").exists()
@@ -175,8 +174,7 @@ def test_a_truncated_newest_checkpoint_falls_back_to_the_newest_good_one(tmp_pat
         save_checkpoint(out, step)
     newest = ckpt.checkpoint_dir(out) / "step-00000006.pt"
     newest.write_bytes(newest.read_bytes()[:300])
-    cfg = run_cfg(out, "--max-steps", "8", "--resume")
-    rundir.preflight(cfg)
+    cfg, _ = rundir.preflight(run_cfg(out, "--max-steps", "8", "--resume"))
     assert cfg.checkpoint.resume == str(ckpt.checkpoint_dir(out) / "step-00000004.pt")
     err = capsys.readouterr().err
     assert "skipping a damaged checkpoint" in err and "step-00000006.pt: truncated (300 bytes)" in err
@@ -281,13 +279,48 @@ def test_a_run_killed_before_its_first_checkpoint_is_restarted_by_resume(tmp_pat
     (out / "metrics.jsonl").write_text('{"kind": "train", "step": 0}\n')
     with pytest.raises(UsageError, match="stopped before its first checkpoint .* pass --resume to start it again"):
         rundir.preflight(run_cfg(out, "--max-steps", "2"))
-    cfg = run_cfg(out, "--max-steps", "2", "--resume")
-    rundir.preflight(cfg)
+    cfg, _ = rundir.preflight(run_cfg(out, "--max-steps", "2", "--resume"))
     assert "starting it again from step 0; its files move to attempt-1/" in capsys.readouterr().err
-    rundir.open_run_dir(cfg, OneRank(), extracting=False)
+    assert cfg.checkpoint.resume == "latest"
+    _, cfg = rundir.open_run_dir(cfg, OneRank(), extracting=False)
     assert cfg.checkpoint.resume is None  # the loop trains from step 0
     assert sorted(os.listdir(out)) == [".lock", "attempt-1"]
     assert (out / "attempt-1" / "metrics.jsonl").read_text() == '{"kind": "train", "step": 0}\n'
+
+
+class _LoopReached(Exception):
+    pass
+
+
+def test_the_loop_is_handed_the_config_preflight_and_precision_resolved(tmp_path, monkeypatch):
+    """`train` in process up to the loop (a stand-in for training.loop that records what it is given
+    and stops): `--resume` becomes the checkpoint preflight chose, and XLA_USE_BF16=1 in the shell the
+    precision. The config is frozen, so each is a new config that the command must pass on."""
+    import types
+
+    from neuron_train import graphs
+    from neuron_train.commands import train as train_command
+    from neuron_train.training import device
+
+    out = tmp_path / "run"
+    save_checkpoint(out, 2)
+    seen: list[RunConfig] = []
+
+    def loop_train(cfg: RunConfig, backend: object) -> dict:
+        seen.append(cfg)
+        raise _LoopReached
+
+    monkeypatch.setitem(sys.modules, "neuron_train.training.loop", types.SimpleNamespace(train=loop_train))
+    monkeypatch.setattr(device, "init_backend", lambda: types.SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(graphs, "prepare_process", lambda check: None)
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setenv("XLA_USE_BF16", "1")
+    parser = argparse.ArgumentParser()
+    train_command.configure_parser(parser)
+    with pytest.raises(_LoopReached):
+        train_command.main(parser.parse_args(["--output-dir", str(out), *NANO, "--max-steps", "4", "--resume"]))
+    assert seen[0].checkpoint.resume == str(ckpt.checkpoint_dir(out) / "step-00000002.pt")
+    assert seen[0].train.precision == "xla-use-bf16"
 
 
 def test_resume_with_nothing_to_resume_still_says_no_checkpoint(tmp_path):

@@ -26,7 +26,7 @@ import torch
 from conftest import FAST, NANO, RUN_PY, cpu_env, run_train
 
 from neuron_train.training.checkpoint import list_checkpoints
-from neuron_train.training.device import neuron_precision_env, prepare_environment
+from neuron_train.training.device import neuron_precision_env, prepare_environment, resolve_precision
 
 # SGD at LR 1e30: the first update scales the weights to ~1e29, and the next forward overflows.
 DIVERGING = ["--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0",
@@ -161,6 +161,25 @@ def test_prepare_environment_sets_stochastic_rounding_unless_the_user_chose(monk
     monkeypatch.setattr(os, "environ", {"PJRT_DEVICE": "CPU"})
     prepare_environment("bf16")
     assert "NEURON_RT_STOCHASTIC_ROUNDING_EN" not in os.environ
+
+
+def test_resolve_precision_gives_the_config_the_precision_the_run_uses(monkeypatch):
+    """The one precision rule of train, bench and plan: the legacy variable from the shell decides,
+    else --precision; the run's config (saved, reported) holds the result, the given one is unchanged."""
+    from neuron_train.common.errors import UsageError
+    from neuron_train.training.config import RunConfig, TrainConfig
+
+    monkeypatch.setattr(os, "environ", {"PJRT_DEVICE": "CPU"})
+    autocast = RunConfig(train=TrainConfig(precision="bf16-autocast"))
+    assert resolve_precision(autocast) == autocast and "XLA_USE_BF16" not in os.environ
+    legacy = RunConfig(train=TrainConfig(precision="xla-downcast-bf16", batch_size=8))
+    assert resolve_precision(legacy) == legacy and os.environ["XLA_DOWNCAST_BF16"] == "1"
+    monkeypatch.setattr(os, "environ", {"PJRT_DEVICE": "CPU", "XLA_USE_BF16": "1"})
+    fp32 = RunConfig(train=TrainConfig(batch_size=8))
+    resolved = resolve_precision(fp32)
+    assert resolved.train == TrainConfig(batch_size=8, precision="xla-use-bf16") and fp32.train.precision == "fp32"
+    with pytest.raises(UsageError, match="XLA_USE_BF16=1 is set in the environment, which conflicts with --precision bf16"):
+        resolve_precision(RunConfig(train=TrainConfig(precision="bf16")))
 
 
 # ----------------------------------------------------------------------------- diverged replicas

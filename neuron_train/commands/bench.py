@@ -17,7 +17,7 @@ import shlex
 import socket
 import tempfile
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
@@ -271,8 +271,7 @@ def _measure(plan: Plan, cfg: RunConfig, instance_type: str, num_classes: int, m
     with tempfile.TemporaryDirectory(prefix="neuron-train-bench-") as tmp:
         if plan.mode == "train":
             def measure(bs: int, nproc: int) -> Measurement:
-                cfg.train.batch_size = bs
-                return measure_train(cfg, nproc, Path(tmp))
+                return measure_train(replace(cfg, train=replace(cfg.train, batch_size=bs)), nproc, Path(tmp))
         else:
             bench = InferBench(cfg, num_classes, instance_type, Path(tmp))
 
@@ -355,22 +354,23 @@ def main(args: argparse.Namespace) -> int:
     instance = resolve_instance_type(args.instance_type)
     _check_mode_fits(plan.mode, instance[0])
     if not cfg.train.max_steps:
-        cfg.train.max_steps = cfg.train.warmup_measure_steps + DEFAULT_MEASURED_STEPS
+        steps = cfg.train.warmup_measure_steps + DEFAULT_MEASURED_STEPS
+        cfg = replace(cfg, train=replace(cfg.train, max_steps=steps))
     measured = cfg.train.max_steps - cfg.train.warmup_measure_steps
     if measured < 1:
         raise UsageError(f"--max-steps {cfg.train.max_steps} leaves no step after the "
                          f"{cfg.train.warmup_measure_steps} warm-up steps (--warmup-measure-steps)")
 
-    from neuron_train.training.device import prepare_environment
+    from neuron_train.training.device import resolve_precision
 
-    cfg.train.precision = prepare_environment(cfg.train.precision)
+    cfg = resolve_precision(cfg)
     parameters, num_classes, train_samples = _workload_facts(cfg)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     log(f"bench: {plan.mode} {cfg.model.name} on {instance[0]} ({instance[1]}), "
         f"batch sizes {plan.batch_sizes}, processes {plan.nprocs}, {plan.repeats} repeat(s)")
 
     rows, runs, (nproc, bs) = _measure(plan, cfg, instance[0], num_classes, measured, args.sweep, log)
-    cfg.train.batch_size = bs
+    cfg = replace(cfg, train=replace(cfg.train, batch_size=bs))
     line = shlex.join(["neuron-train", "bench", "--mode", plan.mode, "--nproc", str(nproc),
                        "--repeats", str(plan.repeats), *config_to_argv(cfg)])
     result = build_result(workload=loop_workload(cfg, parameters, num_classes, train_samples), mode=plan.mode,

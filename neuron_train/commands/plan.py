@@ -105,9 +105,6 @@ def _too_large(cfg) -> tuple[bool, float]:
 
 def _measure_loop(args: argparse.Namespace, cfg):
     from neuron_train.cost import plan_measure
-    from neuron_train.training.device import prepare_environment
-
-    cfg.train.precision = prepare_environment(cfg.train.precision)
     large, gib = _too_large(cfg)
     if args.from_shapes or large:
         why = f" (weights, gradients and optimizer state ~{gib:.1f} GiB)" if large else ""
@@ -175,6 +172,9 @@ def main(args: argparse.Namespace) -> int:
         line = ["--steps", str(args.steps), "--", *command]
     else:
         assert cfg is not None  # no COMMAND: _workload_source returned our loop's config
+        from neuron_train.training.device import resolve_precision  # imports torch: only here
+
+        cfg = resolve_precision(cfg)
         w, details = _measure_loop(args, cfg)
         img, dataset, precision = cfg.model.img_size, cfg.data.dataset, cfg.train.precision
         epoch_samples = args.epoch_samples or details.get("train_samples")

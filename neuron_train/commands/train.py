@@ -96,7 +96,7 @@ def _wait_to_be_stopped() -> None:
 def _train(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
-        finished = rundir.preflight(cfg)  # before torch_xla starts: refusals take seconds, not ~20 s
+        cfg, finished = rundir.preflight(cfg)  # before torch_xla starts: refusals take seconds, not ~20 s
     except (UsageError, RunError, OSError, RuntimeError) as exc:
         if not isinstance(exc, (UsageError, RunError)) and unusable_path(exc) is None:
             raise
@@ -109,9 +109,9 @@ def _train(args: argparse.Namespace) -> int:
         if os.environ.get("LOCAL_RANK", "0") == "0":
             print(finished, flush=True)
         return 0
-    from neuron_train.training.device import init_backend, prepare_environment
+    from neuron_train.training.device import init_backend, resolve_precision
 
-    cfg.train.precision = prepare_environment(cfg.train.precision)
+    cfg = resolve_precision(cfg)
     from neuron_train.graphs import prepare_process
 
     prepare_process(check=cfg.compile.check_graphs)  # torch_xla reads its debug settings only once

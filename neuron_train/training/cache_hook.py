@@ -10,12 +10,14 @@ import os
 import shlex
 import socket
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, write_json_atomic
 from neuron_train.common.neuron_env import EXTRACT_ENV, compiler_flags
-from neuron_train.graphs import Graph, GraphReport
+from neuron_train.graphs import Graph, GraphReport, GraphWatch
 from neuron_train.precompile import store
 from neuron_train.precompile.cache_env import (
     PRECOMPILE_ENV,
@@ -35,6 +37,9 @@ from neuron_train.precompile.coverage import (
 )
 from neuron_train.training.config import RunConfig, graph_labels, graph_settings
 from neuron_train.training.config_io import config_to_argv
+
+if TYPE_CHECKING:  # device.py imports torch: precompile's command reads tour_steps without it
+    from neuron_train.training.device import Backend
 
 RUNTIME_LABELS = {"world_size": "world size"}
 
@@ -59,7 +64,7 @@ class CompileCacheHook:
     which must happen before anything compiles.
     """
 
-    def __init__(self, cfg: RunConfig, backend, *, num_classes: int):
+    def __init__(self, cfg: RunConfig, backend: Backend, *, num_classes: int) -> None:
         from neuron_train.common.neuron_env import extracting_graphs
 
         self.recording = extracting_graphs()
@@ -107,7 +112,7 @@ class CompileCacheHook:
                     warn(message)
 
     # ----- recording (the graph tour) --------------------------------------------------------
-    def _stage_xla_cache(self, backend) -> None:
+    def _stage_xla_cache(self, backend: Backend) -> None:
         """torch_xla's own persistent cache (non-Neuron devices), staged privately: see store.py."""
         if backend.kind == "NEURON":
             return  # Neuron caches NEFFs itself, in NEURON_CC_FLAGS --cache_dir
@@ -138,7 +143,7 @@ class CompileCacheHook:
         raise RunError(f"--require-precompiled: this configuration is not precompiled in {self._cache}: "
                        f"{explain(manifest, self.config, str(self._cache), config_labels())}. Precompile it first: {self.hint}")
 
-    def check(self, watch) -> None:
+    def check(self, watch: GraphWatch) -> None:
         """Step closure: with --require-precompiled, stop at the first graph the manifest lacks.
 
         Only looks when the compile counter moved: GraphWatch.summary() reads the debug log, and
@@ -187,18 +192,15 @@ class CompileCacheHook:
 
 
 def precompile_hint(cfg: RunConfig, cache: Path, world: int) -> str:
-    """The precompile command for this run's configuration (its flags, minus the run-only ones)."""
-    run_only = ("--output-dir", "--compile-cache", "--require-precompiled", "--no-require-precompiled",
-                "--resume")
-    argv, flags = config_to_argv(cfg), []
-    i = 0
-    while i < len(argv):
-        takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if argv[i] not in run_only:
-            flags += argv[i:i + 1 + takes_value]
-        i += 1 + takes_value
-    return shlex.join(["scripts/precompile.sh", "--compile-cache", str(cache), "--nproc-per-node", str(world),
-                       "--", *flags])
+    """The precompile command for this run's configuration, as docs/precompile.md documents it: the
+    flags the configuration declares (config_to_argv), without the settings of this run alone
+    (where it writes, which cache it reads and how strictly, what it resumes; at their defaults,
+    config_to_argv leaves them out)."""
+    tour = replace(cfg, train=replace(cfg.train, output_dir=None),
+                   compile=replace(cfg.compile, compile_cache=None, require_precompiled=False),
+                   checkpoint=replace(cfg.checkpoint, resume=None))
+    return shlex.join(["neuron-train", "precompile", "--compile-cache", str(cache), "--nproc-per-node", str(world),
+                       "--", *config_to_argv(tour)])
 
 
 def tour_steps(cfg: RunConfig) -> int:

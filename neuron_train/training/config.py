@@ -75,7 +75,7 @@ def _need(cond: bool, msg: str) -> None:
         raise UsageError(msg)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     name: str = opt("vit-digits", "timm model name (e.g. vit_tiny_patch16_224) or a preset: "
                     "vit-digits, vit-digits-teacher, vit-nano, vit-micro", flag="--model", metavar="NAME",
@@ -96,7 +96,7 @@ class ModelConfig:
             _need(Path(self.pretrained).is_file(), f"--pretrained: no such file: {self.pretrained}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     dataset: str = opt("digits", "digits: scikit-learn's 8x8 handwritten digits, upscaled (real, "
                        "offline); synthetic: random images (benchmarks); folder: ImageFolder "
@@ -129,7 +129,7 @@ class DataConfig:
                                          f"not --dataset {self.dataset}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     optimizer: str = opt("adamw", "optimizer", choices=("adamw", "sgd"), graph=Graph("optimizer"))
     lr: float = opt(1e-3, "peak learning rate")
@@ -155,7 +155,7 @@ class OptimConfig:
         _need(0 <= self.min_lr <= self.lr, f"--min-lr must be in [0, --lr], got {self.min_lr}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     batch_size: int = opt(32, "batch size per device (per process)", graph=Graph("batch size"))
     epochs: int = opt(10, "epochs to train (ignored when --max-steps is set)")
@@ -189,7 +189,7 @@ class TrainConfig:
         _need(self.precompile_steps >= 2, "--precompile-steps must be >= 2 (first step and steady step)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     checkpoint_every: int = opt(0, "save a checkpoint every N optimizer steps (and always at the "
                                 "end); 0 saves only at the end")
@@ -202,7 +202,7 @@ class CheckpointConfig:
         _need(self.keep_last >= 1, f"--keep-last must be >= 1, got {self.keep_last}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LogConfig:
     log_every: int = opt(10, "write metrics every N optimizer steps (no host sync: step closures)")
     tensorboard: bool = opt(True, "write TensorBoard event files under the run directory")
@@ -212,7 +212,7 @@ class LogConfig:
         _need(self.log_every >= 1, f"--log-every must be >= 1, got {self.log_every}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CompileConfig:
     check_graphs: bool = opt(False, "fail the run at the first recompilation after warm-up, naming "
                              "its cause and source line")
@@ -229,7 +229,7 @@ class CompileConfig:
               "--require-precompiled needs --compile-cache DIR")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistillConfig:
     teacher_model: str | None = opt(None, "teacher: timm model name or preset (enables distillation)",
                                     metavar="NAME", graph=Graph("teacher model"))
@@ -252,7 +252,7 @@ class DistillConfig:
             _need(self.teacher_checkpoint is None, "--teacher-checkpoint needs --teacher-model NAME")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SiftConfig:
     sift: str = opt("off", "loss-based data sifting: keep the highest-loss samples of each batch",
                     choices=("off", "topk", "relative"), graph=Graph("sifting"))
@@ -271,7 +271,7 @@ class SiftConfig:
         _need(self.sift_delay >= 0, "--sift-delay must be >= 0")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProfileConfig:
     profile: bool = opt(False, "record per-step phase times and name the bottleneck")
     profile_trace_steps: int = opt(0, "also capture a torch_xla profiler trace of N steps")
@@ -280,7 +280,7 @@ class ProfileConfig:
         _need(self.profile_trace_steps >= 0, "--profile-trace-steps must be >= 0")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RecipeConfig:
     """timm's training recipe (train.py's flag names and defaults), applied on the host by the loader
     (training/augment.py). --smoothing defaults to 0, not timm's 0.1: the recipe is opt-in."""
@@ -322,7 +322,7 @@ class RecipeConfig:
                                  f"{str(exc)[:80]}); e.g. rand-m9-mstd0.5-inc1, augmix-m5-w3, original") from None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

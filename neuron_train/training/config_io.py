@@ -22,7 +22,7 @@ from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import write_failed, write_text_atomic
 from neuron_train.common.neuron_env import default_pjrt_device
 from neuron_train.common.values import shown
-from neuron_train.training.config import RunConfig, default_text, device_defaults, sections
+from neuron_train.training.config import DEVICE_DEFAULTS, RunConfig, default_text, device_defaults, sections
 
 CONFIG_LIMIT = 2**20  # a run's config is a few KiB
 
@@ -172,13 +172,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def config_to_argv(cfg: RunConfig) -> list[str]:
-    """The command-line flags that reproduce `cfg` (used to launch the same run elsewhere)."""
+    """The command-line flags that reproduce `cfg` (used to launch the same run elsewhere). A setting
+    whose default depends on the device (DEVICE_DEFAULTS) is always given: left out, it would take
+    the default of the device that parses it (dynamo-full on CPU becoming lazy on Neuron)."""
     argv: list[str] = []
     defaults = RunConfig()
+    by_device = {dotted for values in DEVICE_DEFAULTS.values() for dotted in values}
     for section, cls in _section_types().items():
         for f in dataclasses.fields(cls):
             value = getattr(getattr(cfg, section), f.name)
-            if value == getattr(getattr(defaults, section), f.name):
+            if value == getattr(getattr(defaults, section), f.name) and f"{section}.{f.name}" not in by_device:
                 continue
             flag = _flag(f)
             if isinstance(value, bool):

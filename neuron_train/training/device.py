@@ -1,14 +1,15 @@
 """Device and process-group setup: Neuron (XLA collectives) or the CPU XLA device (gloo bridge).
 
 Environment variables that torch_xla reads at start-up (PJRT_DEVICE, XLA_USE_BF16, ...) must be set
-before the first `import torch_xla`, so `prepare_environment` runs before anything imports it.
+before the first `import torch_xla`, so `resolve_precision` (every command that runs our loop calls
+it, once) runs before anything imports it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,10 +19,17 @@ import torch.distributed as dist
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import default_pjrt_device, extracting_graphs, neuron_device_present
 from neuron_train.common.values import shown
+from neuron_train.training.config import RunConfig
 
 T = TypeVar("T")
 
 _LEGACY_BF16_ENV = {"xla-use-bf16": "XLA_USE_BF16", "xla-downcast-bf16": "XLA_DOWNCAST_BF16"}
+
+
+def resolve_precision(cfg: RunConfig) -> RunConfig:
+    """The run's configuration with its precision resolved, the XLA environment set for it: what a
+    command runs, saves and reports. Call before anything imports torch_xla (prepare_environment)."""
+    return replace(cfg, train=replace(cfg.train, precision=prepare_environment(cfg.train.precision)))
 
 
 def prepare_environment(precision: str) -> str:

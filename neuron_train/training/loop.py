@@ -16,6 +16,8 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,8 +54,8 @@ if TYPE_CHECKING:  # timm itself is imported only with --model-ema (training/ema
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, backend: Backend):
-        self.cfg, self.backend = cfg, backend
+    def __init__(self, cfg: RunConfig, backend: Backend) -> None:
+        self.backend = backend
         self.extracting = extracting_graphs()
         self.writes = backend.is_main and not self.extracting  # only rank 0 writes, never garbage
         t = cfg.train
@@ -61,7 +63,9 @@ class Trainer:
         random.seed(t.seed)
         np.random.seed(t.seed)  # timm's Mixup draws from numpy (workers are seeded by torch)
         xm.set_rng_state(t.seed)
-        self.run_dir = open_run_dir(cfg, backend, self.extracting)  # training/rundir.py: lock, clean-up
+        # training/rundir.py: lock, clean-up; the config to run (a restarted run resumes nothing)
+        self.run_dir, self.cfg = open_run_dir(cfg, backend, self.extracting)
+        cfg = self.cfg
         self.data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, t.seed)
         self.train_set, self.collate = recipe_training_set(cfg, self.data)  # --aa, --reprob, --mixup ...
         # --compile-cache: records the graph manifest (graph tour) or checks against it; set up before
@@ -123,7 +127,7 @@ class Trainer:
         return self.checkpointer.global_batch
 
     # ----- one optimizer step ----------------------------------------------------------------
-    def train_step(self, batches) -> None:
+    def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         accum = self.cfg.train.grad_accum
         prof = self.profiler  # phase marks; a no-op object without --profile
         for _ in range(accum):
@@ -172,7 +176,7 @@ class Trainer:
             self.metrics.write(step, values)
 
     # ----- between steps ---------------------------------------------------------------------
-    def _stop(self, signum, _frame) -> None:
+    def _stop(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.stop_signal is not None:  # a second Ctrl-C: abort now
             print(f"\ninterrupted again at step {self.pos.step}: stopped without saving; the last "
                   "checkpoint is kept, continue with --resume", file=sys.stderr, flush=True)
@@ -228,7 +232,7 @@ class Trainer:
             signal.signal(sig, self._stop)
         return Progress(self.cfg.log.progress and self.backend.is_main, self.total_steps, self.pos.step)
 
-    def _epoch_batches(self):
+    def _epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's batches for the rest of the current epoch, on the device (MpDeviceLoader)."""
         t, b = self.cfg.train, self.backend
         loader = train_loader(self.train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
@@ -332,7 +336,7 @@ def _finite(x: float) -> bool:
     return x == x and abs(x) != float("inf")
 
 
-def _median_ms(data) -> float | None:
+def _median_ms(data: tuple[int, float, list[tuple[float, float]]] | None) -> float | None:
     """Median of a torch_xla timing metric (samples are in ns), or None before any sample."""
     if not data or not data[2]:
         return None

@@ -24,7 +24,7 @@ import socket
 import sys
 import time
 from collections.abc import Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
@@ -41,11 +41,11 @@ _locks: dict[Path, tuple[int, bool]] = {}  # run dir -> (lock file descriptor, t
 _created: set[Path] = set()    # run dirs this process created (removed again when left empty)
 
 
-def preflight(cfg: RunConfig) -> str | None:
+def preflight(cfg: RunConfig) -> tuple[RunConfig, str | None]:
     """Every check that needs no torch_xla; then rank 0 creates and locks the run directory.
 
-    Returns a line when `--resume` finds the run finished (nothing to do, nothing changed). May
-    rewrite `cfg.checkpoint.resume` from "latest" to the file chosen (the newest good one)."""
+    Returns the configuration to run (`--resume latest` replaced by the file chosen: the newest good
+    one) and a line when `--resume` finds the run finished (nothing to do, nothing changed)."""
     check_launch()  # PJRT_DEVICE names a device here, WORLD_SIZE comes with a launcher
     rank, world = env_int("RANK", 0), env_int("WORLD_SIZE", 1)
     run_dir = Path(cfg.train.output_dir) if cfg.train.output_dir else None
@@ -53,11 +53,11 @@ def preflight(cfg: RunConfig) -> str | None:
     check_model_name(cfg.model.name)
     total = _target_steps(cfg, world, images=rank == 0)
     if extracting_graphs():  # neuron_parallel_compile's extraction writes nothing: no directory
-        return None
+        return cfg, None
     resume = cfg.checkpoint.resume
     plan = _plan_resume(cfg, resume, run_dir, world, total) if resume is not None else None
     if plan and plan.finished:
-        return plan.finished
+        return cfg, plan.finished
     if run_dir is not None and rank == 0:
         _create_and_lock(run_dir)  # a run in progress there is refused now, before anything is said
     if plan is None:
@@ -66,9 +66,9 @@ def preflight(cfg: RunConfig) -> str | None:
     else:
         for line in plan.notes:
             _note(rank, line)
-        if plan.info is not None:
-            cfg.checkpoint.resume = str(plan.info.path)  # the file every rank loads; kept in the config
-    return None
+        if plan.info is not None:  # the file every rank loads; kept in the config
+            cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, resume=str(plan.info.path)))
+    return cfg, None
 
 
 def check_location(run_dir: Path) -> None:
@@ -257,8 +257,9 @@ def release_unused() -> None:
 
 
 # ----- after start-up --------------------------------------------------------------------------
-def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
-    """The run directory, ready for rank 0 to write into (called once torch_xla has started).
+def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> tuple[Path, RunConfig]:
+    """The run directory, ready for rank 0 to write into (called once torch_xla has started), and
+    the configuration to run (a run restarted by --resume trains from step 0: no resume).
 
     Names the default directory with rank 0's clock; under the lock, removes temporary files of
     saves that never finished and, for a run restarted by --resume, sets the stopped attempt aside."""
@@ -269,7 +270,7 @@ def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
         run_dir = Path(backend.broadcast_object(f"runs/{cfg.model.name}-{stamp}"))
     if extracting:
         backend.barrier()
-        return run_dir
+        return run_dir, cfg
     restart = cfg.checkpoint.resume == "latest" and _stopped_before_checkpoint(run_dir)
     if cfg.checkpoint.resume is None:
         refuse_existing_run(run_dir)
@@ -283,9 +284,9 @@ def open_run_dir(cfg: RunConfig, backend: Backend, extracting: bool) -> Path:
         if restart:
             _set_aside(run_dir)
     if restart:
-        cfg.checkpoint.resume = None
+        cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, resume=None))
     backend.barrier()
-    return run_dir
+    return run_dir, cfg
 
 
 def _set_aside(run_dir: Path) -> Path:

@@ -15,6 +15,9 @@ and precompile's graph tour reaches them all (tests/test_precompile.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
 import torch
 import torch_xla.core.dynamo_bridge as dynamo_bridge
 import torch_xla.core.xla_model as xm
@@ -22,18 +25,26 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
+from neuron_train.training.device import Backend
 from neuron_train.training.ema import EmaUpdate
 from neuron_train.training.optim import build_optimizer, clip_grad_norm
+from neuron_train.training.tasks import Task
+
+if TYPE_CHECKING:
+    from timm.utils import ModelEmaV3
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def autocast(precision: str):
+def autocast(precision: str) -> torch.autocast:
     """bf16-autocast: matmuls in bf16, weights and loss in f32. Other modes need no context."""
     if precision == "bf16-autocast":
         return torch.autocast("xla", dtype=torch.bfloat16)
     return torch.autocast("xla", enabled=False)
 
 
-def _seed_keeping_compiler(gm: torch.fx.GraphModule, _fake_inputs):
+def _seed_keeping_compiler(gm: torch.fx.GraphModule, _fake_inputs: list[torch.Tensor]) -> Callable[..., Any]:
     """torch's openxla compiler (torch/_dynamo/backends/torchxla.py), except that compiling leaves the
     XLA random seed where it was. torch_xla's graph extraction calls torch_xla.sync() several times,
     and every sync advances the seed: the stream drop-path draws from would depend on when the graphs
@@ -42,7 +53,7 @@ def _seed_keeping_compiler(gm: torch.fx.GraphModule, _fake_inputs):
     the seed once each (torch_xla's dynamo_bridge), as in the uninterrupted run."""
     compiled = None
 
-    def run(*args):
+    def run(*args: torch.Tensor) -> Any:
         nonlocal compiled
         if compiled is None:
             seed = xm.get_rng_state()
@@ -56,7 +67,7 @@ def _seed_keeping_compiler(gm: torch.fx.GraphModule, _fake_inputs):
 _OPENXLA_SEED_KEEPING = aot_autograd(fw_compiler=_seed_keeping_compiler)
 
 
-def _captured(fn):
+def _captured(fn: Callable[P, R]) -> Callable[P, R]:
     # Replays the captured graphs without re-tracing Python each step; one graph per input shape.
     return torch.compile(fn, backend=_OPENXLA_SEED_KEEPING, dynamic=False)
 
@@ -64,7 +75,8 @@ def _captured(fn):
 class StepPath:
     """`forward(images, labels)` -> losses, and `update()` -> gradient norm (clip + optimizer step)."""
 
-    def __init__(self, cfg: RunConfig, task, model: torch.nn.Module, backend, *, ema=None):
+    def __init__(self, cfg: RunConfig, task: Task, model: torch.nn.Module, backend: Backend, *,
+                 ema: ModelEmaV3 | None = None) -> None:
         compiler, optim = cfg.train.step_compiler, cfg.optim
         # ZeRO-1 updates its own way. The legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 modes make every f32
         # tensor bf16 on the device, where a captured AdamW's bias correction 1 - 0.999**t rounds to 0
