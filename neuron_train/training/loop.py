@@ -36,7 +36,7 @@ from neuron_train.training.checkpoint import write_failed_in_run
 from neuron_train.training.checkpointer import Checkpointer, Position
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import save_config
-from neuron_train.training.data import build_datasets, to_device, train_batches_per_epoch, train_loader
+from neuron_train.training.data import Batch, build_datasets, to_device, train_batches_per_epoch, train_loader
 from neuron_train.training.device import Backend
 from neuron_train.training.ema import build_ema
 from neuron_train.training.evaluator import Evaluator
@@ -127,7 +127,7 @@ class Trainer:
         return self.checkpointer.global_batch
 
     # ----- one optimizer step ----------------------------------------------------------------
-    def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def train_step(self, batches: Iterator[Batch]) -> None:
         accum = self.cfg.train.grad_accum
         prof = self.profiler  # phase marks; a no-op object without --profile
         for _ in range(accum):
@@ -232,7 +232,7 @@ class Trainer:
             signal.signal(sig, self._stop)
         return Progress(self.cfg.log.progress and self.backend.is_main, self.total_steps, self.pos.step)
 
-    def _epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _epoch_batches(self) -> Iterator[Batch]:
         """This rank's batches for the rest of the current epoch, on the device (MpDeviceLoader)."""
         t, b = self.cfg.train, self.backend
         loader = train_loader(self.train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
