@@ -355,9 +355,15 @@ def test_a_shapes_only_plan_counts_the_datasets_classes_as_the_run_would():
     counted with the dataset's classes, exactly as with --num-classes given."""
     import dataclasses
 
+    import torch_xla
+
     from neuron_train.cost import plan_measure
     from neuron_train.training.config import RunConfig
 
+    # autograd sizes its per-device queues at a process's first backward: this one runs on the meta
+    # device, and an XLA backward later in this test process (tests/test_recipe.py) would then fail
+    # an internal assert unless the XLA device exists first.
+    torch_xla.device()
     cfg = RunConfig()
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="vit-nano", num_classes=0))
     given = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=10))  # digits: 10
