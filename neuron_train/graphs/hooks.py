@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from neuron_train.graphs import dynamo, loaders, syncs
 from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
+from neuron_train.graphs.records import ScalarChange
 from neuron_train.graphs.report import short
 
 __all__ = ["caller_line", "install"]
@@ -162,8 +163,7 @@ def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callab
                 if was is not None and was != now:
                     where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
                     name, made_at = schedulers.get(optimizer, ("", ""))
-                    recorder.note_scalar({"group": g, "key": key, "value": value, "where": made_at or where,
-                                          "step_where": where, "scheduler": name})
+                    recorder.note_scalar(ScalarChange(g, key, value, made_at or where, name))
 
     return register_optimizer_step_pre_hook(before_step).remove
 

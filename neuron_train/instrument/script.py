@@ -19,7 +19,7 @@ from neuron_train.common.errors import RunError, UsageError
 from neuron_train.graphs.records import Graph, GraphReport
 from neuron_train.instrument import probe, proc
 from neuron_train.instrument import runner as graph_runner
-from neuron_train.instrument.start import started
+from neuron_train.instrument.marker import started
 
 TAIL_LINES = 4000
 RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
