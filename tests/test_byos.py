@@ -16,6 +16,7 @@ from conftest import cpu_env, graph
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost import script_bench
+from neuron_train.instrument.probe import ProbeRecord
 from neuron_train.instrument.script import ScriptRun
 from neuron_train.instrument.steps import StepWindow, fold
 from neuron_train.precompile import coverage, store
@@ -65,12 +66,12 @@ def test_steady_intervals_leave_out_warm_up_compiles_and_other_call_sites():
     assert fold(ws).stop_reason("bench", 4) == "bench" and fold(ws).stop_reason("bench", 5) is None
 
 
-def probe_record(intervals: list[float], batch: list[int] | None) -> dict:
+def probe_record(intervals: list[float], batch: list[int] | None) -> ProbeRecord:
     t, ws = 0.0, []
     for i, dt in enumerate([1.0, 0.5, 0.5, *intervals]):
         t += dt
-        ws.append({"step": i + 1, "t": t, "site": "train.py:51", "compiled": int(i == 0), "batch": batch})
-    return {"windows": ws, "parameters": 1234, "device": "CPU", "stop": None, "compiles": 1, "compile_time_s": 2.5}
+        ws.append(StepWindow(i + 1, t, "train.py:51", int(i == 0), batch))
+    return ProbeRecord(1, "bench", 4, ws, parameters=1234, device="CPU", compiles=1, compile_time_s=2.5)
 
 
 def test_bench_figures_come_from_the_steady_intervals_and_the_batch_copied_each_step():

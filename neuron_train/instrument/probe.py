@@ -32,6 +32,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from neuron_train.graphs import syncs
 from neuron_train.graphs.process import internal_predicate, xla_counter, xla_metric
@@ -77,6 +78,16 @@ class ProbeRecord:
     to_epoch_end: bool = False     # ... to the first epoch's end
     epoch_steps: int = 0           # ... whose length (the loader that fed the steps), when it does
     note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProbeRecord:
+        """A record as `to_json` wrote it (`probe.<pid>.json`)."""
+        stop = data.get("stop")
+        return cls(**{**data, "windows": [StepWindow(**w) for w in data.get("windows", [])],
+                      "stop": Stop(**stop) if stop else None})
 
 
 class Probe:
@@ -166,7 +177,7 @@ class Probe:
             self.record.device = xr.device_type() or ""
         path = self.folder / f"{PROBE_PREFIX}{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self.record)))
+        tmp.write_text(json.dumps(self.record.to_json()))
         os.replace(tmp, path)
 
 

@@ -30,14 +30,14 @@ class ScriptRun:
     command: list[str]
     exit_code: int
     records: list[GraphReport]  # the graph checker's, one per process that imported torch_xla
-    probes: list[dict]       # the probe's, one per process that imported torch_xla
+    probes: list[probe.ProbeRecord]  # the probe's, one per process that imported torch_xla
     tail: str                # the command's last output lines
     how: str = ""            # how it ended: "exit code N", "killed by SIGKILL"
     started: int = 0         # its processes that imported torch_xla (with a record or not)
 
-    def stop(self, reason: str) -> dict | None:
+    def stop(self, reason: str) -> probe.Stop | None:
         """The first process that stopped for `reason` ('tour', 'bench', 'uncovered')."""
-        return next((p["stop"] for p in self.probes if p.get("stop") and p["stop"]["reason"] == reason), None)
+        return next((p.stop for p in self.probes if p.stop is not None and p.stop.reason == reason), None)
 
     def graphs(self) -> list[Graph]:
         """Every graph compiled, once per hash (processes compile the same graphs), with the phase a
@@ -62,7 +62,7 @@ class ScriptRun:
         return shapes
 
     def steps(self) -> int:
-        return max((len(p["windows"]) for p in self.probes), default=0)
+        return max((len(p.windows) for p in self.probes), default=0)
 
     @property
     def line(self) -> str:
@@ -107,8 +107,9 @@ def probe_vars(mode: str, steps: int = 0) -> dict[str, str]:
     return {probe.MODE_ENV: mode, probe.STEPS_ENV: str(steps)}
 
 
-def load_probes(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{probe.PROBE_PREFIX}*.json"))]
+def load_probes(folder: Path) -> list[probe.ProbeRecord]:
+    return [probe.ProbeRecord.from_json(json.loads(p.read_text()))
+            for p in sorted(folder.glob(f"{probe.PROBE_PREFIX}*.json"))]
 
 
 def run_script(command: list[str], folder: Path, *, mode: str, steps: int,

@@ -124,8 +124,8 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary:
                   shapes=run.input_shapes())
     vouched = 0
     for p in run.probes:
-        if p.get("staging"):
-            vouched += store.commit_staged(plan.cache, Path(p["staging"]), fp)
+        if p.staging:
+            vouched += store.commit_staged(plan.cache, Path(p.staging), fp)
     if plan.target == "neuron":
         vouched += len(store.record_entries(plan.cache, fp))
     return _report(plan, run, fp, graphs, vouched, summary)
@@ -148,20 +148,20 @@ def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouc
     return "\n".join(lines)
 
 
-def tour_ended(stop: dict | None, probes: list[dict], steps: int) -> str:
+def tour_ended(stop: probe.Stop | None, probes: list[probe.ProbeRecord], steps: int) -> str:
     """How the tour ended, and what a stopped tour did not precompile with the --steps that reaches it:
     a tour past the first epoch's end has not seen code that runs once, after the last epoch (the
     final evaluation of transformers' examples: trainer.evaluate() after trainer.train())."""
     if stop is None:
         return f"the command ended by itself after {steps} steps"
-    epoch = next((p.get("epoch_steps") or 0 for p in probes if p.get("to_epoch_end")), None)
+    epoch = next((p.epoch_steps for p in probes if p.to_epoch_end), None)
     if epoch is None:
-        return (f"stopped after step {stop['step']}: every call site it reached was warm; code that runs later "
+        return (f"stopped after step {stop.step}: every call site it reached was warm; code that runs later "
                 "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
                 "run the command whole")
     length = f" ({epoch} steps an epoch)" if epoch else ""
     reach = (f"--steps 0 runs the command whole, or --steps {epoch} x epochs + {DEFAULT_STEPS} reaches it"
              if epoch else "--steps 0 runs the command whole")
-    return (f"stopped after step {stop['step']}, past the first epoch's end{length}, every call site warm; code "
+    return (f"stopped after step {stop.step}, past the first epoch's end{length}, every call site warm; code "
             f"that runs once after the last epoch (a final evaluation or save, e.g. trainer.evaluate() after "
             f"trainer.train()) is not precompiled: {reach}")
