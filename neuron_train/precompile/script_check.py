@@ -89,9 +89,9 @@ class CoverageCheck:
             stop = run.stop("uncovered")
             if stop:
                 lines.append(self._stopped(stop, graphs, shapes))
-            elif report["missing"]:
+            elif report.missing:
                 lines.append(f"precompile what was missed: {self.hint}")
-            return "\n".join(lines), not (self.require and (stop or report["missing"]))
+            return "\n".join(lines), not (self.require and (stop or report.missing))
         finally:
             self.use.release()
 
