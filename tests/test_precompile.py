@@ -21,7 +21,7 @@ from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, graph, run_train, summar
 
 from neuron_train.common import neuron_env
 from neuron_train.common.errors import UsageError
-from neuron_train.instrument.script import parse_compile_summary
+from neuron_train.instrument.script import CompileSummary, parse_compile_summary
 from neuron_train.precompile import cache_env, coverage, store
 from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
 from neuron_train.training import cache_hook
@@ -140,8 +140,8 @@ def test_tour_steps_reach_every_step_dependent_variant():
 
 def test_parse_the_real_compilation_summary():
     log = (FIXTURES / "neuron_parallel_compile_summary.log").read_text()
-    assert parse_compile_summary(log) == {"graphs": 2, "compiled": 2, "failed": 0, "failed_graphs": []}
-    assert parse_compile_summary("no summary here") == {}
+    assert parse_compile_summary(log) == CompileSummary(graphs=2, compiled=2, failed=0, failed_graphs=[])
+    assert parse_compile_summary("no summary here") is None
 
 
 def test_network_file_systems_are_flagged(tmp_path):

@@ -12,7 +12,7 @@ import json
 import re
 import shlex
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
@@ -138,9 +138,26 @@ def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
                        "give a PyTorch/XLA training command, e.g. `python my_train.py`")
 
 
-def parse_compile_summary(log: str) -> dict:
+@dataclass
+class CompileSummary:
+    """neuron_parallel_compile's closing summary (None: a total it did not print)."""
+
+    graphs: int | None = None
+    compiled: int | None = None
+    failed: int | None = None
+    failed_graphs: list[str] = field(default_factory=list)   # their paths
+
+    def line(self) -> str:
+        """`neuron_parallel_compile: 2 graphs, 2 compiled, 0 failed`."""
+        def said(n: int | None) -> str:
+            return "?" if n is None else str(n)
+        return (f"neuron_parallel_compile: {said(self.graphs)} graphs, {said(self.compiled)} compiled, "
+                f"{said(self.failed)} failed")
+
+
+def parse_compile_summary(log: str) -> CompileSummary | None:
     """neuron_parallel_compile's closing summary: totals and the graphs that failed to compile."""
-    totals = {}
+    totals: dict[str, int] = {}
     for key, pattern in (("graphs", r"Total graphs: (\d+)"),
                          ("compiled", r"Total successful compilations: (\d+)"),
                          ("failed", r"Total failed compilations: (\d+)")):
@@ -150,7 +167,9 @@ def parse_compile_summary(log: str) -> dict:
     report = _summary_json(log)
     failed = sorted(path for path, r in report.get("compilation_report", {}).items()
                     if not r.get("status"))
-    return {**totals, "failed_graphs": failed} if totals or report else {}
+    if not totals and not report:
+        return None
+    return CompileSummary(totals.get("graphs"), totals.get("compiled"), totals.get("failed"), failed)
 
 
 def _summary_json(log: str) -> dict:

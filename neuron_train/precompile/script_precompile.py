@@ -27,6 +27,7 @@ from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.epochs import EPOCH_ENV, MAX_EPOCH_STEPS
 from neuron_train.instrument.script import (
+    CompileSummary,
     ScriptRun,
     parse_compile_summary,
     require_ran,
@@ -102,10 +103,10 @@ def execute_script_plan(plan: ScriptPlan, device: str) -> str:
             extra = {**plan.env, **({probe.STAGING_ENV: str(staging)} if plan.target != "neuron" else {}),
                      **({EPOCH_ENV: "1"} if plan.to_epoch_end else {})}
             run = run_script(plan.command, Path(folder), mode="tour", steps=plan.steps, extra_env=extra)
-        summary = parse_compile_summary(run.tail) if plan.target == "neuron" else {}
+        summary = parse_compile_summary(run.tail) if plan.target == "neuron" else None
         require_ran(run, f"nothing was recorded in {plan.cache}", stopped_ok=("tour",))
-        if summary.get("failed"):
-            raise RunError(f"{summary['failed']} graph(s) failed to compile (cached as failed): fix the cause, "
+        if summary is not None and summary.failed:
+            raise RunError(f"{summary.failed} graph(s) failed to compile (cached as failed): fix the cause, "
                            "then precompile again with --retry-failed")
         return _record(plan, run, run_id, device, summary)
     finally:
@@ -113,7 +114,7 @@ def execute_script_plan(plan: ScriptPlan, device: str) -> str:
         use.release()
 
 
-def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary: dict) -> str:
+def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary: CompileSummary | None) -> str:
     graphs = run.graphs()
     if not graphs:
         raise RunError(f"{run.line} imported torch_xla but compiled no graph before it ended: "
@@ -131,7 +132,8 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary:
     return _report(plan, run, fp, graphs, vouched, summary)
 
 
-def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouched: int, summary: dict) -> str:
+def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouched: int,
+            summary: CompileSummary | None) -> str:
     sites = {g.where or "?" for g in graphs}
     ended = tour_ended(run.stop("tour"), run.probes, run.steps())
     lines = [f"precompiled  {run.line} (configuration {fp})",
@@ -141,9 +143,8 @@ def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouc
         lines.append(f"  {g.hash[:12]}  {short(g.where or '?')}  ({g.phase}, step {g.step}, "
                      f"{(g.compile_time_s or 0):.1f} s to compile)")
     lines += [f"tour         {ended}", f"cache        {vouched} cache file(s) vouched for"]
-    if summary:
-        lines.append(f"compile      neuron_parallel_compile: {summary.get('graphs', '?')} graphs, "
-                     f"{summary.get('compiled', '?')} compiled, {summary.get('failed', '?')} failed")
+    if summary is not None:
+        lines.append(f"compile      {summary.line()}")
     lines.append(f"then run     {plan.real_run}")
     return "\n".join(lines)
 
