@@ -10,6 +10,8 @@ what the dict-based code (commit cca685c) wrote from the same input.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -86,3 +88,106 @@ def test_the_written_reports_are_byte_identical_to_the_dict_based_ones(monkeypat
 if __name__ == "__main__":  # writes the fixture from this tree (run once on the dict-based code)
     os.chdir(ROOT)
     KNOWN.write_text(json.dumps(dict(zip(("record", "merged"), known_report_json(), strict=True)), indent=1) + "\n")
+
+
+# ----- no raw keys of a record outside its module's (de)serialisation ------------------------------------
+def record_types() -> list[type]:
+    from neuron_train.graphs import findings
+    from neuron_train.instrument import marker, probe, script, steps
+    from neuron_train.precompile import coverage, listing
+    from neuron_train.training import summary
+
+    return [findings.HostSync, findings.FallbackOp, findings.DynamoEntry, findings.ProcessSummary,
+            records.LineReads, records.ScalarChange, records.HostRead, records.DynamoNote, records.Graph,
+            records.CommandRun, records.GraphReport, marker.Started, probe.ProbeRecord, probe.Stop,
+            steps.StepWindow, coverage.CoverageReport, coverage.MissingGraph, script.CompileSummary,
+            listing.CacheListing, listing.ConfigListing, summary.RunSummary]
+
+
+# The modules that write and read these records: there, and only in `to_json` / `from_json`, the
+# written keys are spelled out.
+RECORD_MODULES = ("graphs/records.py", "graphs/findings.py", "instrument/marker.py", "instrument/probe.py",
+                  "instrument/script.py", "precompile/coverage.py", "precompile/listing.py", "training/summary.py")
+SERIALISERS = ("to_json", "from_json")
+ANY = None  # every field name
+BENCH = "a bench result and the plan's data: JSON checked against cost/schema.py, not a record yet (issue 33)"
+# Keys of other formats that are spelled like a record's field: where, which names, and why.
+OTHER_FORMATS: dict[tuple[str, frozenset[str] | None], str] = {
+    ("cost/", ANY): BENCH,
+    ("commands/bench.py", ANY): BENCH + "; its library half moves into cost/",
+    ("commands/report.py", ANY): BENCH + "; its library half moves into cost/",
+    ("commands/plan.py", ANY): BENCH + "; its library half moves into cost/",
+    ("training/checkpoint.py", frozenset({"config", "model", "world_size", "batch_size", "step"})):
+        "a checkpoint's metadata (its own format: training/checkpoint_format.py)",
+    ("training/checkpoint_format.py", frozenset({"config", "model", "world_size", "params"})):
+        "a checkpoint's metadata and torch's optimizer state dict",
+    ("training/zero1.py", frozenset({"params", "kind", "rank", "world_size"})):
+        "torch's optimizer param_groups and ZeRO-1's shard metadata",
+    ("training/optim.py", frozenset({"params", "step"})): "torch's optimizer param_groups and state",
+    ("training/device.py", frozenset({"params"})): "torch's optimizer param_groups",
+    ("instrument/probe.py", frozenset({"params"})): "torch's optimizer param_groups",
+    ("training/models.py", frozenset({"model"})): "timm's pretrained config and checkpoints",
+    ("training/metrics.py", frozenset({"step", "kind"})): "a metrics.jsonl record",
+    ("training/config.py", frozenset({"graph"})): "a config field's metadata (opt(graph=...))",
+    ("training/profiler.py", frozenset({"reason"})): "profile.json's bottleneck",
+    ("training/loop.py", frozenset({"eval_accuracy", "eval_loss", "eval_ema_accuracy", "eval_ema_loss"})):
+        "the evaluator's figures (training/evaluator.py), named as summary.json names them",
+    ("precompile/coverage.py", frozenset({"where", "input_shapes"})): "a manifest graph's free-form details (GraphRecord.extra)",
+    ("precompile/listing.py", frozenset({"model", "batch_size", "precision", "world_size", "device"})):
+        "a precompiled run's configuration (the manifest's JSON dict)",
+    ("ops/checks.py", frozenset({"pid", "command"})): "neuron-ls --json-output's processes",
+}
+
+
+def raw_keys(source: str, names: set[str]) -> list[tuple[int, str, str]]:
+    """(line, key, enclosing function) of every `x["key"]`, `x.get("key")`, `.pop`, `.setdefault` of a name."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+              and node.func.attr in ("get", "pop", "setdefault") and isinstance(node.args[0], ast.Constant)):
+            key = node.args[0].value
+        if isinstance(key, str) and key in names:
+            found.append((node.lineno, key, function))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def violations(package: Path, names: set[str]) -> list[str]:
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        for line, key, function in raw_keys(path.read_text(), names):
+            if rel in RECORD_MODULES and function in SERIALISERS:
+                continue
+            if any(rel.startswith(where) and (keys is ANY or key in keys) for where, keys in OTHER_FORMATS):
+                continue
+            out.append(f"neuron_train/{rel}:{line}: [{key!r}]")
+    return out
+
+
+def test_no_record_field_is_read_as_a_raw_string_key_outside_its_serialisation():
+    names = {f.name for t in record_types() for f in dataclasses.fields(t)}
+    found = violations(ROOT / "neuron_train", names)
+    assert not found, ("a record's field read as a dict key (use the record's attribute; a key of another "
+                       "format goes into OTHER_FORMATS with why):\n" + "\n".join(found))
+
+
+def test_the_raw_key_scan_finds_a_planted_read(tmp_path):
+    """The scan sees each spelling, in any module, and allows only a record module's serialisers."""
+    (tmp_path / "graphs").mkdir()
+    (tmp_path / "graphs" / "report.py").write_text(
+        'def f(h, d):\n    return h["executes_graph"], d.get("library"), d.pop("graph", None)\n')
+    (tmp_path / "graphs" / "records.py").write_text(
+        'def to_json(h):\n    return h["executes_graph"]\ndef other(h):\n    return h.setdefault("where", 1)\n')
+    assert violations(tmp_path, {"executes_graph", "library", "graph", "where"}) == [
+        "neuron_train/graphs/records.py:4: ['where']", "neuron_train/graphs/report.py:2: ['executes_graph']",
+        "neuron_train/graphs/report.py:2: ['library']", "neuron_train/graphs/report.py:2: ['graph']"]

@@ -157,19 +157,17 @@ class CompileSummary:
 
 def parse_compile_summary(log: str) -> CompileSummary | None:
     """neuron_parallel_compile's closing summary: totals and the graphs that failed to compile."""
-    totals: dict[str, int] = {}
-    for key, pattern in (("graphs", r"Total graphs: (\d+)"),
-                         ("compiled", r"Total successful compilations: (\d+)"),
-                         ("failed", r"Total failed compilations: (\d+)")):
+    def total(pattern: str) -> int | None:
         found = re.findall(pattern, log)
-        if found:
-            totals[key] = int(found[-1])
+        return int(found[-1]) if found else None
+
+    totals = [total(rf"Total {what}: (\d+)") for what in ("graphs", "successful compilations", "failed compilations")]
     report = _summary_json(log)
     failed = sorted(path for path, r in report.get("compilation_report", {}).items()
                     if not r.get("status"))
-    if not totals and not report:
+    if totals == [None, None, None] and not report:
         return None
-    return CompileSummary(totals.get("graphs"), totals.get("compiled"), totals.get("failed"), failed)
+    return CompileSummary(*totals, failed_graphs=failed)
 
 
 def _summary_json(log: str) -> dict:
