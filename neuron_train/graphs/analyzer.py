@@ -145,7 +145,7 @@ class Analyzer:
         two exchanges, a loader's sync are apart even when the user's line is the same."""
         return (phase, *(f.where for f in event.frames))
 
-    def _executed(self, event: XlaEvent, site: Site, step) -> None:
+    def _executed(self, event: XlaEvent, site: Site, step: int | None) -> None:
         graph = event.graph_hash
         self.executions[graph] = self.executions.get(graph, 0) + 1
         home = self.home.setdefault(graph, site)
@@ -179,8 +179,8 @@ class Analyzer:
             return "late" if site.late else "warmup"
         return "recompile"
 
-    def _new_graph(self, event: XlaEvent, phase: str, site: Site, step, index: int, seconds: float | None,
-                   ctx: Context, hlo, fresh_read: tuple[str, str] | None,
+    def _new_graph(self, event: XlaEvent, phase: str, site: Site, step: int | None, index: int, seconds: float | None,
+                   ctx: Context, hlo: hlo_diff.HloSummary | None, fresh_read: tuple[str, str] | None,
                    dynamo: Sequence[DynamoEntry] = ()) -> Graph | None:
         self.uses_log = True
         self.last_new_graph = index
@@ -238,7 +238,7 @@ class Analyzer:
         self.graphs[event.graph_hash] = graph
         return graph
 
-    def _growth(self, site: Site, index: int, step, hlo) -> str:
+    def _growth(self, site: Site, index: int, step: int | None, hlo: hlo_diff.HloSummary | None) -> str:
         """What shows a call site's graph growing step over step (a loop that never syncs: each step's
         graph holds every step before it), or "". Three graphs in three consecutive steps, each larger
         than the last by about a whole step (nine tenths of the site's first graph, at least)."""
@@ -253,7 +253,7 @@ class Analyzer:
         return (f"ops by step: {ops}; no sync ends the step, so each step's graph holds every step before "
                 "it and is compiled again, longer every step")
 
-    def _unlogged_graph(self, w: Window, step, index: int, seconds: float | None) -> Graph:
+    def _unlogged_graph(self, w: Window, step: int | None, index: int, seconds: float | None) -> Graph:
         site = self.sites.setdefault((w.phase,), Site(late=self._steady(index)))
         key = f"unlogged-{len(self.graphs) + 1}"
         kind = self._kind(site, index, w)

@@ -277,7 +277,7 @@ def _first_dim(shape: str) -> int | None:
     return int(dims[0]) if dims and dims[0].isdigit() else None
 
 
-def _per_step(index: int, new: hlo_diff.HloSummary, step, ctx: Context) -> str:
+def _per_step(index: int, new: hlo_diff.HloSummary, step: object, ctx: Context) -> str:
     """`input 0 by step: 1-26 f32[48,784], 27 f32[32,784]` (the site's recent runs, then this one)."""
     runs = [(s, ctx.hlo[g].params[index].shape) for s, g in ctx.runs[-SHAPES_SHOWN:]
             if g in ctx.hlo and index < len(ctx.hlo[g].params)]

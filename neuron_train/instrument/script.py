@@ -161,13 +161,13 @@ def parse_compile_summary(log: str) -> CompileSummary | None:
         found = re.findall(pattern, log)
         return int(found[-1]) if found else None
 
-    totals = [total(rf"Total {what}: (\d+)") for what in ("graphs", "successful compilations", "failed compilations")]
+    graphs, compiled, failed = (total(rf"Total {what}: (\d+)")
+                                for what in ("graphs", "successful compilations", "failed compilations"))
     report = _summary_json(log)
-    failed = sorted(path for path, r in report.get("compilation_report", {}).items()
-                    if not r.get("status"))
-    if totals == [None, None, None] and not report:
+    if graphs is None and compiled is None and failed is None and not report:
         return None
-    return CompileSummary(*totals, failed_graphs=failed)
+    return CompileSummary(graphs, compiled, failed, sorted(path for path, r in report.get("compilation_report", {}).items()
+                                                            if not r.get("status")))
 
 
 def _summary_json(log: str) -> dict:
