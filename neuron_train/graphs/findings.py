@@ -21,7 +21,7 @@ class HostSync:
     cause: str
     phase: str
     count: int = 0
-    steps: list[Any] = field(default_factory=list)   # the first steps it read in (at most 10)
+    steps: list[int | None] = field(default_factory=list)   # the first steps it read in (at most 10)
     executes_graph: bool = False   # it ran part of the step as a graph of its own
     library: str = ""
     refused: str | None = None     # torch_xla refused to run it (full_graph=True): its message
@@ -44,7 +44,7 @@ class FallbackOp:
     """A CPU fallback op: how often it ran after warm-up, from which step, at which lines."""
 
     count: int
-    first_step: Any
+    first_step: int | None
     where: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -64,7 +64,7 @@ class DynamoEntry:
     reason: str
     where: str
     library: str
-    step: Any
+    step: int | None
     phase: str
     defect: bool
     count: int

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
@@ -75,7 +74,7 @@ class HostSyncs:
     fallback: dict[str, FallbackOp] = field(default_factory=dict)
     scalar_reads: int = 0
 
-    def observe(self, w: Window, reads: dict[str, LineReads], step: Any, index: int, steady: bool,
+    def observe(self, w: Window, reads: dict[str, LineReads], step: int | None, index: int, steady: bool,
                 optimizer_step: int = 0) -> None:
         """`index` numbers the window; `optimizer_step` is the optimizer step the window is in (0
         before any): a Trainer syncs more than once per optimizer step, so a read in every optimizer
@@ -108,7 +107,7 @@ class HostSyncs:
             self.host[where] = _Tally(HostSync(where, kind, HOST_READS[kind], read_cause(kind), phase))
         return self.host[where]
 
-    def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: Any) -> None:
+    def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None) -> None:
         lines = [where for where, r in reads.items() if r.kind == "fallback"]
         for op, count in w.fallbacks.items():
             entry = self.fallback.setdefault(op, FallbackOp(0, step))
