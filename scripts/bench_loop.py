@@ -196,7 +196,7 @@ def ours(args: argparse.Namespace, which: str) -> dict:
 
         trainer._finish = finish_after_stop
         s = trainer.run()
-    return phases.result(args.steps, args.batch_size, args.steps * args.batch_size / s["samples_per_sec"])
+    return phases.result(args.steps, args.batch_size, args.steps * args.batch_size / s.samples_per_sec)
 
 
 def run_one(which: str, args: argparse.Namespace) -> dict:

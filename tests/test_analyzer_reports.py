@@ -5,11 +5,14 @@ recorder feeds them (docs/graphs.md)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
 
 from neuron_train.graphs import log, records
 from neuron_train.graphs.analyzer import Analyzer
+from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.log import Frame
 from neuron_train.graphs.records import (
     DYNAMO_EAGER,
@@ -47,9 +50,8 @@ def noted(analyzer: Analyzer, step: int, *notes: DynamoNote, **extra) -> list[Gr
 
 def entry(note: DynamoNote, step: int, defect: bool, cause: str, fix: str, count: int = 1, phase: str = "train"):
     """A dynamo entry of the report (docs/graphs.md, "dynamo")."""
-    return {"kind": note.kind, "function": note.function, "reason": note.reason, "where": note.where,
-            "library": note.library, "step": step, "phase": phase, "defect": defect, "count": count,
-            "cause": cause, "fix": fix}
+    return DynamoEntry(note.kind, note.function, note.reason, note.where, note.library, step, phase, defect, count,
+                       cause, fix)
 
 
 # ----- torch.compile: dynamo's notes ----------------------------------------------------------------
@@ -119,7 +121,7 @@ def test_a_phases_first_window_and_an_optimizers_first_two_steps_are_the_dynamo_
     for step, phase, optimizer_steps in ((5, "eval", []), (6, "eval", []), (7, "train", [2]), (8, "train", [3])):
         events = ran("e", 20) if "e" not in analyzer.graphs else [sync_event("execute", "e", 20)]
         analyzer.observe(window(step, *events, phase=phase, optimizer_steps=optimizer_steps, dynamo=[guard]))
-    assert [(d["step"], d["phase"], d["defect"]) for d in analyzer.summary().dynamo] == [
+    assert [(d.step, d.phase, d.defect) for d in analyzer.summary().dynamo] == [
         (5, "eval", False), (6, "eval", True), (7, "train", False), (8, "train", True)]
 
 
@@ -153,8 +155,8 @@ def test_a_new_graph_made_by_a_dynamo_recompilation_carries_dynamos_reason(funct
     assert (graph.where, graph.library, graph.fix) == (where or "/u/t.py:10", library, fix)
     assert graph.detail == f"dynamo recompiled {function}: L['scale'] == 3"
     summary = analyzer.summary()
-    assert summary.dynamo == [{**entry(note, 3, True, DYNAMO_RECOMPILE, TORCH_OPTIM_FIX if function == SGD
-                                       else FIXES[DYNAMO_RECOMPILE]), "graph": "B"}]
+    assert summary.dynamo == [replace(entry(note, 3, True, DYNAMO_RECOMPILE, TORCH_OPTIM_FIX if function == SGD
+                                            else FIXES[DYNAMO_RECOMPILE]), graph="B")]
     assert summary.problems == [f"recompilation at step 3 (train): {DYNAMO_RECOMPILE} at {line}"]
 
 
@@ -278,8 +280,8 @@ def test_the_first_count_includes_dynamos_recompilations_that_made_no_graph_of_t
     trust. Those that made a new XLA graph are counted once, among the graphs."""
     from neuron_train.graphs.report import recompile_headline
 
-    def note(graph: str = "", defect: bool = True, kind: str = "recompile") -> dict:
-        return {"kind": kind, "defect": defect, "graph": graph}
+    def note(graph: str = "", defect: bool = True, kind: str = "recompile") -> DynamoEntry:
+        return DynamoEntry(kind, "f", "", "", "", 3, "train", defect, 1, "", graph=graph or None)
 
     report = records.GraphReport(warmup_steps=0, steps=12, graphs=[], host_syncs=[], fallback_ops={},
                                  dynamo=[note(), note(), note(defect=False), note("G"), note(kind="limit")],

@@ -101,8 +101,8 @@ def test_a_read_before_the_sync_in_every_steady_step_fails_counted_over_the_step
         analyzer.observe(window(step, *read, *through("A", 10, SYNC, compiled=step == 1)))
     summary = analyzer.summary()
     [entry] = summary.host_syncs
-    assert (entry["where"], entry["library"], entry["cause"], entry["steps"], entry["executes_graph"],
-            entry["every_step"]) == ("/u/t.py:12", "transformers/masking_utils.py:369", records.HOST_ACCESS,
+    assert (entry.where, entry.library, entry.cause, entry.steps, entry.executes_graph,
+            entry.every_step) == ("/u/t.py:12", "transformers/masking_utils.py:369", records.HOST_ACCESS,
                                      [3, 4, 5, 6], True, True)
     assert summary.problems == [
         "host access before sync: a tensor value read at transformers/masking_utils.py:369, from /u/t.py:12 "
@@ -141,7 +141,7 @@ def test_a_late_graph_run_by_a_sync_keeps_its_own_library_line_next_to_a_read_on
     e = analyzer.graphs["E"]
     assert (e.kind, e.cause, e.where, e.library, e.fix) == (
         "late", records.NEW_CALL_SITE, "/u/t.py:30", "transformers/trainer.py:4300", FIXES[records.NEW_CALL_SITE])
-    assert [(h["where"], h["library"]) for h in analyzer.summary().host_syncs] == [
+    assert [(h.where, h.library) for h in analyzer.summary().host_syncs] == [
         ("/u/t.py:30", "transformers/trainer.py:2500")]
 
 
@@ -164,7 +164,7 @@ def test_the_masking_read_fix_fits_the_batches_it_read(answer, fix):
                                 *through("B", 10, SYNC, TRAINER, compiled=new), reads=[read]))
     assert analyzer.graphs["R"].fix == analyzer.graphs["B"].fix == fix
     [entry] = analyzer.summary().host_syncs
-    assert entry["fix"] == fix and entry["library"] == "transformers/masking_utils.py:369"
+    assert entry.fix == fix and entry.library == "transformers/masking_utils.py:369"
     if not answer:
         assert "keep `attention_mask`" in fix and "4D mask" in fix and "leave `attention_mask` out" not in fix
 
@@ -244,7 +244,7 @@ def test_in_level_1_mode_every_graph_after_the_warmup_steps_counts():
     assert kinds == {"A": ("warmup", records.WARMUP, ""), "B": ("warmup", records.WARMUP, ""),
                      "C": ("recompile", records.UNKNOWN, FIXES[records.UNKNOWN]),
                      "E": ("late", records.NEW_CALL_SITE, FIXES[records.NEW_CALL_SITE])}
-    assert [h["steps"] for h in analyzer.summary().host_syncs] == [[3]]
+    assert [h.steps for h in analyzer.summary().host_syncs] == [[3]]
 
 
 def test_in_level_1_mode_a_compile_the_log_missed_counts_too():
@@ -304,9 +304,9 @@ def test_a_read_in_every_optimizer_step_fails_though_the_script_syncs_three_time
                 events += through("E", 50, cause=ACCESS, compiled=True)
             analyzer.observe(window(step, *events, **extra))
     summary = analyzer.summary()
-    entries = {h["where"]: h for h in summary.host_syncs}
-    assert entries["/u/t.py:40"]["every_step"] and entries["/u/t.py:40"]["executes_graph"]
-    assert not entries["/u/t.py:50"]["every_step"]
+    entries = {h.where: h for h in summary.host_syncs}
+    assert entries["/u/t.py:40"].every_step and entries["/u/t.py:40"].executes_graph
+    assert not entries["/u/t.py:50"].every_step
     steady = analyzer.steady_optimizer_steps
     assert summary.problems == [
         f"host access before sync: a tensor value read at /u/t.py:40 runs a graph before the step's sync in "

@@ -16,6 +16,7 @@ from conftest import cpu_env, graph
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost import script_bench
+from neuron_train.instrument.probe import ProbeRecord
 from neuron_train.instrument.script import ScriptRun
 from neuron_train.instrument.steps import StepWindow, fold
 from neuron_train.precompile import coverage, store
@@ -65,12 +66,12 @@ def test_steady_intervals_leave_out_warm_up_compiles_and_other_call_sites():
     assert fold(ws).stop_reason("bench", 4) == "bench" and fold(ws).stop_reason("bench", 5) is None
 
 
-def probe_record(intervals: list[float], batch: list[int] | None) -> dict:
+def probe_record(intervals: list[float], batch: list[int] | None) -> ProbeRecord:
     t, ws = 0.0, []
     for i, dt in enumerate([1.0, 0.5, 0.5, *intervals]):
         t += dt
-        ws.append({"step": i + 1, "t": t, "site": "train.py:51", "compiled": int(i == 0), "batch": batch})
-    return {"windows": ws, "parameters": 1234, "device": "CPU", "stop": None, "compiles": 1, "compile_time_s": 2.5}
+        ws.append(StepWindow(i + 1, t, "train.py:51", int(i == 0), batch))
+    return ProbeRecord(1, "bench", 4, ws, parameters=1234, device="CPU", compiles=1, compile_time_s=2.5)
 
 
 def test_bench_figures_come_from_the_steady_intervals_and_the_batch_copied_each_step():
@@ -113,13 +114,13 @@ def test_a_missing_graph_is_compared_with_the_precompiled_graph_of_its_line():
             graph("n3", "late", 40, "/a/train.py:99")]
     shapes = {"n1": ["f32[10]", "f32[16,784]", "s64[16]"], "g2": steady, "n3": ["f32[3]"]}
     report = coverage.coverage_report(here, manifest, config, "cc", shapes=shapes)
-    assert (report["covered"], report["graphs"]) == (1, 3)
-    by_hash = {m["hash"]: m for m in report["missing"]}
-    assert by_hash["n1"]["nearest"] == "g1"  # same line (moved folder), same number of inputs
-    assert by_hash["n1"]["difference"] == ("input 1: f32[16,784] here, f32[32,784] in the manifest; "
+    assert (report.covered, report.graphs) == (1, 3)
+    by_hash = {m.hash: m for m in report.missing}
+    assert by_hash["n1"].nearest == "g1"  # same line (moved folder), same number of inputs
+    assert by_hash["n1"].difference == ("input 1: f32[16,784] here, f32[32,784] in the manifest; "
                                            "input 2: s64[16] here, s64[32] in the manifest")
-    assert "never reached that line" in by_hash["n3"]["difference"]
-    assert report["explanation"].startswith("this command line was precompiled, but the script compiled "
+    assert "never reached that line" in by_hash["n3"].difference
+    assert report.explanation.startswith("this command line was precompiled, but the script compiled "
                                             "other graphs at lines its tour reached")
     text = coverage.format_coverage(report)
     assert text.startswith("precompile coverage 33% (1/3 graphs in cc/manifest.json)")
@@ -132,7 +133,7 @@ def test_a_graph_without_a_hash_makes_coverage_unknown_never_100_percent():
     manifest = script_manifest(config, {"g1": {"where": "/a/train.py:51", "input_shapes": ["f32[3]"]}})
     here = [graph("g1", "main", 1, "/a/train.py:51"), graph("", "main", 1)]
     report = coverage.coverage_report(here, manifest, config, "cc")
-    assert report["coverage"] is None and report["unidentified"] == 1
+    assert report.coverage is None and report.unidentified == 1
     assert coverage.format_coverage(report) == ("precompile coverage unknown: 1 graph(s) compiled without a "
                                                 "fingerprint (graph hashes unavailable); of the 1 with one, "
                                                 "1 in cc/manifest.json")

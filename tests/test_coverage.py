@@ -8,6 +8,8 @@ subprocess runs of the same machinery: tests/test_precompile.py and tests/test_b
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import graph
 from test_byos import script_manifest
@@ -36,24 +38,26 @@ def test_a_run_the_manifest_covers_is_100_percent_and_its_record_says_so():
     m = manifest_with((conf, [A, B, C]))
     report = coverage.coverage_report([graph(A, "train", 0), graph(B, "train", 1), graph(A, "train", 2)],
                                       m, conf, "cc")
-    assert report == {"cache_dir": "cc", "fingerprint": coverage.fingerprint(conf), "precompiled": True,
-                      "graphs": 2, "covered": 2, "coverage": 1.0, "unidentified": 0, "missing": [],
-                      "unused": [C], "config": conf, "explanation": ""}
+    # precompile_coverage.json as written before the report was a record, keys in their order
+    assert json.dumps(report.to_json()) == json.dumps({
+        "cache_dir": "cc", "fingerprint": coverage.fingerprint(conf), "precompiled": True, "graphs": 2,
+        "covered": 2, "coverage": 1.0, "unidentified": 0, "missing": [], "unused": [C], "config": conf,
+        "explanation": ""})
     assert coverage.format_coverage(report) == "precompile coverage 100% (2/2 graphs in cc/manifest.json)"
 
 
 def test_a_run_that_compiled_no_graph_is_covered():
     report = coverage.coverage_report([], manifest_with(), config(), "cc")
-    assert (report["coverage"], report["precompiled"], report["unused"]) == (1.0, False, [])
+    assert (report.coverage, report.precompiled, report.unused) == (1.0, False, [])
     assert coverage.format_coverage(report) == "precompile coverage 100% (0/0 graphs in cc/manifest.json)"
     nothing = coverage.coverage_report([graph(A)], manifest_with(), config(), "cc")
-    assert (nothing["coverage"], nothing["explanation"]) == (0.0, "nothing was precompiled into cc")
+    assert (nothing.coverage, nothing.explanation) == (0.0, "nothing was precompiled into cc")
 
 
 def test_graphs_without_a_hash_make_coverage_unknown_never_100_percent():
     conf = config()
     report = coverage.coverage_report([graph(""), graph("", "eval", 3)], manifest_with((conf, [A])), conf, "cc")
-    assert (report["coverage"], report["unidentified"], report["graphs"]) == (None, 2, 0)
+    assert (report.coverage, report.unidentified, report.graphs) == (None, 2, 0)
     assert coverage.format_coverage(report) == ("precompile coverage unknown: 2 graph(s) compiled without a "
                                                 "fingerprint (graph hashes unavailable)")
 
@@ -64,8 +68,8 @@ def test_each_graph_not_precompiled_gets_a_line_with_when_and_where(monkeypatch,
     m = manifest_with((there, [A]))
     run = [graph(A), graph(B, "train", 0, f"{tmp_path}/train.py:12"), graph(C, "", None)]
     report = coverage.coverage_report(run, m, here, "cc", config_labels())
-    assert (report["precompiled"], report["unused"], report["covered"]) == (False, [], 1)
-    assert [g["hash"] for g in report["missing"]] == [B, C]
+    assert (report.precompiled, report.unused, report.covered) == (False, [], 1)
+    assert [g.hash for g in report.missing] == [B, C]
     assert coverage.format_coverage(report).splitlines() == [
         f"precompile coverage 33% (1/3 graphs in cc/manifest.json): 2 graph(s) not precompiled, first "
         f"{B[:12]} (train, step 0): batch size 64 here, 32 in the manifest (compared with precompiled "
@@ -77,7 +81,7 @@ def test_each_graph_not_precompiled_gets_a_line_with_when_and_where(monkeypatch,
 def test_the_settings_are_named_with_their_labels():
     here, there = config(optim={"zero1": True}, train={"grad_accum": 2}), config()
     report = coverage.coverage_report([graph(B)], manifest_with((there, [A])), here, "cc", config_labels())
-    assert report["explanation"] == ("ZeRO-1 on here, off in the manifest; gradient accumulation 2 here, 1 in the "
+    assert report.explanation == ("ZeRO-1 on here, off in the manifest; gradient accumulation 2 here, 1 in the "
                                      f"manifest (compared with precompiled configuration {coverage.fingerprint(there)})")
     assert coverage.differences(there, here, config_labels())[0] == "ZeRO-1 off here, on in the manifest"
 
@@ -117,18 +121,18 @@ def test_a_precompiled_command_line_whose_script_changed_says_so():
     m = script_manifest(conf, {A: {"where": "/w/train.py:51", "input_shapes": ["f32[32]"]}})
     report = coverage.coverage_report([graph(B, "steady", 2, "/w/train.py:51")], m, conf, "cc",
                                       shapes={B: ["f32[16]"]})
-    assert report["explanation"] == ("this command line was precompiled, but the script compiled other graphs at "
+    assert report.explanation == ("this command line was precompiled, but the script compiled other graphs at "
                                      "lines its tour reached (the script or its data changed since: see each graph)")
-    assert report["missing"] == [{"hash": B, "phase": "steady", "step": 2, "cause": graph(B).cause,
+    assert report.to_json()["missing"] == [{"hash": B, "phase": "steady", "step": 2, "cause": graph(B).cause,
                                   "where": "/w/train.py:51", "nearest": A,
                                   "difference": "input 0: f32[16] here, f32[32] in the manifest"}]
     # Another command line: its options are named, not a changed script (though its graphs have a nearest).
     other = coverage.coverage_report([graph(B, "steady", 2, "/w/train.py:51")], m, script("train.py", "-v"), "cc")
-    assert other["missing"][0]["nearest"] == A and other["explanation"] == (
+    assert other.missing[0].nearest == A and other.explanation == (
         f"-v given here, not given in the manifest (compared with precompiled configuration {coverage.fingerprint(conf)})")
     # A line the tour never reached is not a changed script: the tour missed it.
     unreached = coverage.coverage_report([graph(B, "late", 40, "/w/train.py:99")], m, conf, "cc")
-    assert unreached["explanation"].startswith("this configuration was precompiled, but the precompile run did not")
+    assert unreached.explanation.startswith("this configuration was precompiled, but the precompile run did not")
 
 
 # ----- what differs between two configurations ------------------------------------------------------
@@ -139,7 +143,7 @@ def test_the_compile_environment_of_a_script_is_part_of_its_configuration(monkey
     monkeypatch.setattr(coverage, "graph_library_versions", lambda: {"torch": "2.9.0", "torch-xla": "2.9.0"})
     here = script("t.py", device="NEURON", env={"NEURON_CC_FLAGS": "-O2 --cache_dir=/x"})
     report = coverage.coverage_report([graph(A)], m, here, "cc")
-    assert report["coverage"] == 0.0   # another device, flags or version: another cache entry
+    assert report.coverage == 0.0   # another device, flags or version: another cache entry
     assert coverage.differences(here, there) == ["device NEURON here, CPU in the manifest",
                                                  "NEURON_CC_FLAGS -O2 here, (none) in the manifest",
                                                  "torch-xla 2.9.0 here, 2.8.0 in the manifest"]

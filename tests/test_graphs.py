@@ -576,14 +576,14 @@ def test_dynamo_recompilations_after_the_warmup_and_the_recompile_limit_are_defe
         analyzer.observe(window(step, *ran("g", 10) if step == 1 else [sync_event("execute", "g", 10)],
                                 dynamo=notes))
     summary = analyzer.summary()
-    assert [(d["cause"], d["defect"]) for d in summary.dynamo] == [
+    assert [(d.cause, d.defect) for d in summary.dynamo] == [
         (records.GRAPH_BREAK, False), (records.DYNAMO_RECOMPILE, False), (records.DYNAMO_RECOMPILE, True),
         (records.DYNAMO_EAGER, True)]
     assert summary.problems == [
         f"dynamo recompilation of step (torch/optim/sgd.py:105) once, at step 3 (train): {lr} at /u/t.py:7",
         "dynamo fell back to eager of step (torch/optim/sgd.py:105) once, at step 4 (train): "
         "recompile_limit (8) reached at /u/t.py:7"]
-    assert "lr=torch.tensor" in summary.dynamo[2]["fix"]
+    assert "lr=torch.tensor" in summary.dynamo[2].fix
 
 
 PROCESS_KEYS = ["pid", "argv", "rank", "local_rank", "warmup_steps", "steps", "distinct_graphs", "graphs",

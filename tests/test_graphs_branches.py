@@ -97,17 +97,20 @@ def test_a_guard_on_an_optimizer_value_the_script_writes_is_named_at_the_write(t
     """Issue 30 case 4: dynamo's guard `self.param_groups[0]['lr'] == 0.09` traced to the user's
     `g["lr"] = ...`; a guard on anything else, or a key the script never writes, keeps its line."""
     from neuron_train.graphs.explain import guarded_write
+    from neuron_train.graphs.findings import DynamoEntry
+
+    def noted(reason: str, library: str) -> DynamoEntry:
+        return DynamoEntry("recompile", "step", reason, f"{path}:4", library, 5, "train", True, 1, "", "old")
 
     path = tmp_path / "train.py"
     path.write_text("for g in opt.param_groups:\n    g['momentum'] = 0.9\n    g[\"lr\"] = lr\nloss = step(x)\n")
-    note = {"reason": "5/1: self.param_groups[0]['lr'] == 0.09", "where": f"{path}:4", "library": "torch/optim",
-            "fix": "old"}
+    note = noted("5/1: self.param_groups[0]['lr'] == 0.09", "torch/optim")
     guarded_write(note)
-    assert (note["where"], note["library"]) == (f"{path}:3", "") and 'g["lr"].fill_(value)' in note["fix"]
+    assert (note.where, note.library) == (f"{path}:3", "") and 'g["lr"].fill_(value)' in note.fix
     for reason in ("5/1: self.param_groups[0]['weight_decay'] == 0.1", "5/1: L['x'].size()[0] == 8"):
-        kept = {"reason": reason, "where": f"{path}:4", "library": "", "fix": "old"}
+        kept = noted(reason, "")
         guarded_write(kept)
-        assert (kept["where"], kept["fix"]) == (f"{path}:4", "old")
+        assert (kept.where, kept.fix) == (f"{path}:4", "old")
 
 
 def test_a_slice_with_a_computed_length_is_told_from_a_fixed_one(script):

@@ -147,8 +147,8 @@ def test_a_process_that_never_wrote_its_record_is_named(tmp_path, mode, words):
 def test_the_start_up_hook_loads_the_checker_only_when_torch_xla_is_imported(tmp_path, monkeypatch):
     """Lazy arming (the start-up cost of every process a command starts): a process that never imports
     torch_xla loads no module of the checker or the probe; importing torch_xla arms it all."""
+    from neuron_train.instrument.marker import started
     from neuron_train.instrument.runner import instrumented_env
-    from neuron_train.instrument.start import started
 
     for key, value in cpu_env().items():
         monkeypatch.setenv(key, value)
@@ -162,4 +162,4 @@ def test_the_start_up_hook_loads_the_checker_only_when_torch_xla_is_imported(tmp
                            text=True, timeout=300)
     assert armed.returncode == 0, armed.stderr
     assert {"neuron_train.graphs.recorder", "neuron_train.instrument.probe"} <= set(ast.literal_eval(armed.stdout))
-    assert [s["pid"] for s in started(tmp_path)]  # the process marked itself as checked
+    assert [s.pid for s in started(tmp_path)]  # the process marked itself as checked

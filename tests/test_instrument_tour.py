@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT, cpu_env
 
 from neuron_train.instrument.epochs import MAX_EPOCH_STEPS, Epochs
+from neuron_train.instrument.probe import ProbeRecord, Stop
 from neuron_train.instrument.steps import Sites, StepWindow
 from neuron_train.precompile.script_precompile import tour_ended
 
@@ -64,14 +65,15 @@ def test_the_tour_says_at_its_first_step_whether_it_reaches_the_epochs_end():
 def test_a_tour_stopped_past_the_first_epoch_names_the_steps_that_reach_a_final_evaluation():
     """transformers' image-classification example evaluates once, after trainer.train(): a tour that
     stops in the second epoch never reaches it, and precompile says so with the --steps that do."""
-    stop = {"reason": "tour", "step": 30}
-    words = tour_ended(stop, [{"to_epoch_end": True, "epoch_steps": 12}], 30)
+    stop = Stop("tour", 30)
+    epoch = ProbeRecord(1, "tour", 5, to_epoch_end=True, epoch_steps=12)
+    words = tour_ended(stop, [epoch], 30)
     assert "past the first epoch's end (12 steps an epoch)" in words
     assert "after the last epoch" in words and "is not precompiled" in words
     assert "--steps 0 runs the command whole, or --steps 12 x epochs + 5 reaches it" in words
-    warm = tour_ended(stop, [{"to_epoch_end": False}], 30)
+    warm = tour_ended(stop, [ProbeRecord(1, "tour", 5)], 30)
     assert "every call site it reached was warm" in warm and "--steps 0" in warm
-    assert tour_ended(None, [{"to_epoch_end": True, "epoch_steps": 12}], 40) == \
+    assert tour_ended(None, [epoch], 40) == \
         "the command ended by itself after 40 steps"
 
 

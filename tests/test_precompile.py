@@ -21,7 +21,7 @@ from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env, graph, run_train, summar
 
 from neuron_train.common import neuron_env
 from neuron_train.common.errors import UsageError
-from neuron_train.instrument.script import parse_compile_summary
+from neuron_train.instrument.script import CompileSummary, parse_compile_summary
 from neuron_train.precompile import cache_env, coverage, store
 from neuron_train.precompile.manifest import ConfigRecord, GraphRecord, Manifest
 from neuron_train.training import cache_hook
@@ -99,15 +99,15 @@ def test_coverage_full_partial_and_explained():
     graphs = [graph("h0", "train", 0), graph("h1", "train", 1),
               graph("heval", "eval", 3)]
     full = coverage.coverage_report(graphs, m, a, "cc")
-    assert full["coverage"] == 1.0 and full["missing"] == [] and full["precompiled"]
+    assert full.coverage == 1.0 and full.missing == [] and full.precompiled
     b = config(train={"batch_size": 64})
     part = coverage.coverage_report([graph("x0", "train", 0), *graphs[2:]], m, b, "cc")
-    assert part["coverage"] == 0.5 and [g["hash"] for g in part["missing"]] == ["x0"]
-    assert part["explanation"].startswith("batch size 64 here, 32 in the manifest")
+    assert part.coverage == 0.5 and [g.hash for g in part.missing] == ["x0"]
+    assert part.explanation.startswith("batch size 64 here, 32 in the manifest")
     assert "50%" in coverage.format_coverage(part) and "batch size 64 here" in coverage.format_coverage(part)
     # Same configuration, a graph the tour never reached: said so, not blamed on a setting.
     late = coverage.coverage_report([*graphs, graph("h9", "train", 40)], m, a, "cc")
-    assert "did not reach" in late["explanation"]
+    assert "did not reach" in late.explanation
 
 
 def test_a_graph_precompiled_for_other_compiler_flags_does_not_count():
@@ -115,7 +115,7 @@ def test_a_graph_precompiled_for_other_compiler_flags_does_not_count():
     flagged = dict(a, neuron_cc_flags="-O2")
     m = manifest_with((flagged, ["h0"]))
     report = coverage.coverage_report([graph("h0", "train", 0)], m, a, "cc")
-    assert report["coverage"] == 0.0 and "NEURON_CC_FLAGS (none) here, -O2 in the manifest" in report["explanation"]
+    assert report.coverage == 0.0 and "NEURON_CC_FLAGS (none) here, -O2 in the manifest" in report.explanation
 
 
 def test_a_pruned_configuration_no_longer_counts_as_precompiled():
@@ -124,12 +124,12 @@ def test_a_pruned_configuration_no_longer_counts_as_precompiled():
     record = m.configs[coverage.fingerprint(a)]
     record.pruned_files, record.pruned_at = 2, "2026-11-21T06:00:00Z"
     report = coverage.coverage_report([graph("h0", "train", 0)], m, a, "cc")
-    assert report["coverage"] == 0.0 and "2 of its cache files were pruned" in report["explanation"]
+    assert report.coverage == 0.0 and "2 of its cache files were pruned" in report.explanation
 
 
 def test_coverage_without_fingerprints_is_unknown_not_perfect():
     report = coverage.coverage_report([graph("", "train", 0)], manifest_with(), config(), "cc")
-    assert report["coverage"] is None and "unknown" in coverage.format_coverage(report)
+    assert report.coverage is None and "unknown" in coverage.format_coverage(report)
 
 
 def test_tour_steps_reach_every_step_dependent_variant():
@@ -140,8 +140,8 @@ def test_tour_steps_reach_every_step_dependent_variant():
 
 def test_parse_the_real_compilation_summary():
     log = (FIXTURES / "neuron_parallel_compile_summary.log").read_text()
-    assert parse_compile_summary(log) == {"graphs": 2, "compiled": 2, "failed": 0, "failed_graphs": []}
-    assert parse_compile_summary("no summary here") == {}
+    assert parse_compile_summary(log) == CompileSummary(graphs=2, compiled=2, failed=0, failed_graphs=[])
+    assert parse_compile_summary("no summary here") is None
 
 
 def test_network_file_systems_are_flagged(tmp_path):

@@ -81,7 +81,7 @@ def _existing(cache_dir: str) -> Path:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     info = cache_listing(_existing(args.compile_cache))
-    print(json.dumps(info, indent=2) if args.json else format_listing(info))
+    print(json.dumps(info.to_json(), indent=2) if args.json else format_listing(info))
     return 0
 
 

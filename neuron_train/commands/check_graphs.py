@@ -18,6 +18,7 @@ from pathlib import Path
 from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.errors import UsageError
 from neuron_train.graphs.report import format_report
+from neuron_train.instrument.marker import started
 from neuron_train.instrument.runner import (
     DEFAULT_WARMUP,
     instrumented_env,
@@ -26,7 +27,6 @@ from neuron_train.instrument.runner import (
     run_command,
 )
 from neuron_train.instrument.script import checked_command
-from neuron_train.instrument.start import started
 from neuron_train.precompile.script_check import CoverageCheck
 
 USAGE = "neuron-train check-graphs [options] -- COMMAND [ARGS...]"

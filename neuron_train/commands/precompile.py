@@ -30,7 +30,13 @@ from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3
 from neuron_train.common.neuron_env import EXTRACT_ENV
-from neuron_train.instrument.script import RETRIES_ENV, checked_command, parse_compile_summary, stream
+from neuron_train.instrument.script import (
+    RETRIES_ENV,
+    CompileSummary,
+    checked_command,
+    parse_compile_summary,
+    stream,
+)
 from neuron_train.precompile import store
 from neuron_train.precompile.cache_env import (
     PRECOMPILE_ENV,
@@ -167,7 +173,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--steps must be >= 0, got {args.steps}")
 
 
-def _report(manifest: Manifest, run_id: str, cache: Path, added: list[str], summary: dict) -> str:
+def _report(manifest: Manifest, run_id: str, cache: Path, added: list[str], summary: CompileSummary | None) -> str:
     """What the precompile produced, read from the manifest the graph tour recorded."""
     found = [(fp, r) for fp, r in manifest.configs.items() if run_id in r.precompile_ids]
     if not found:
@@ -189,10 +195,9 @@ def _report(manifest: Manifest, run_id: str, cache: Path, added: list[str], summ
                          "coverage cannot be checked for them")
     xla_new = sum(1 for r in manifest.files.values() if r.recorded_by in {fp for fp, _ in found})
     lines.append(f"cache        {cache}: {len(added)} Neuron entries recorded, {xla_new} files vouched for")
-    if summary:
-        lines.append(f"compile      neuron_parallel_compile: {summary.get('graphs', '?')} graphs, "
-                     f"{summary.get('compiled', '?')} compiled, {summary.get('failed', '?')} failed")
-        for path in summary.get("failed_graphs", [])[:5]:
+    if summary is not None:
+        lines.append(f"compile      {summary.line()}")
+        for path in summary.failed_graphs[:5]:
             lines.append(f"  failed     {path}")
     return "\n".join(lines)
 
@@ -203,16 +208,16 @@ def _preflight(cache: Path, retry_failed: bool) -> None:
     check_cache(cache, store.load_manifest(cache), retry_failed=retry_failed)
 
 
-def _execute(plan: Plan) -> tuple[str, dict]:
+def _execute(plan: Plan) -> tuple[str, CompileSummary | None]:
     """Run the plan holding the cache's use lock; returns (the report, neuron_parallel_compile's summary)."""
     run_id = plan.env[PRECOMPILE_ENV]
     use = store.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
     try:
         ended = stream(plan.command, {**os.environ, **plan.env})
         code, log = ended.code, "\n".join(ended.tail)
-        summary = parse_compile_summary(log) if plan.target == "neuron" else {}
+        summary = parse_compile_summary(log) if plan.target == "neuron" else None
         if code != 0:
-            failed = f"; {summary['failed']} graph(s) failed to compile" if summary.get("failed") else ""
+            failed = f"; {summary.failed} graph(s) failed to compile" if summary and summary.failed else ""
             raise RunError(f"the precompile run failed (exit code {code}{failed}); its output is above")
         manifest = store.load_manifest(plan.cache)
         fps = [fp for fp, r in manifest.configs.items() if run_id in r.precompile_ids]
@@ -276,8 +281,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     text, summary = _execute(plan)
     print(text, flush=True)
-    if summary.get("failed"):
-        print(f"{summary['failed']} graph(s) failed to compile and are cached as failed: fix the cause, "
+    if summary is not None and summary.failed:
+        print(f"{summary.failed} graph(s) failed to compile and are cached as failed: fix the cause, "
               "then precompile again with --retry-failed", file=sys.stderr)
         return 1
     return 0

@@ -45,8 +45,8 @@ def format_summary(s: RunSummary) -> str:
         f"{s.device} x {s.world_size} rank(s), global batch {s.global_batch_size}",
         f"steps      {s.steps} ({s.epochs} epochs), final loss {num(s.final_loss, '.4f')}",
         f"eval       accuracy {num(s.eval_accuracy, '.4f')}, loss {num(s.eval_loss, '.4f')}"
-        + (f"; EMA accuracy {num(ema, '.4f')}, loss {num(s.extra.get('eval_ema_loss'), '.4f')}"
-           if (ema := s.extra.get("eval_ema_accuracy")) is not None else ""),
+        + (f"; EMA accuracy {num(s.eval_ema_accuracy, '.4f')}, loss {num(s.eval_ema_loss, '.4f')}"
+           if s.eval_ema_accuracy is not None else ""),
         f"speed      {num(s.samples_per_sec, '.1f')} samples/s, step {num(s.step_time_ms_median, '.1f')} ms "
         f"median (after {s.warmup_steps_excluded} warm-up steps)",
         f"graphs     {s.compile_count} compiled in {s.compile_time_s:.1f} s",
@@ -123,5 +123,5 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     if backend.is_main:
-        print(format_summary(RunSummary.from_json(summary)), flush=True)
+        print(format_summary(summary), flush=True)
     return 0

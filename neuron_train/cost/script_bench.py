@@ -25,8 +25,9 @@ from pathlib import Path
 from neuron_train.common.errors import RunError
 from neuron_train.cost.measure import Measurement, Workload
 from neuron_train.graphs.report import short
+from neuron_train.instrument.probe import ProbeRecord
 from neuron_train.instrument.script import ScriptRun, require_ran, run_script
-from neuron_train.instrument.steps import StepWindow, fold
+from neuron_train.instrument.steps import fold
 
 DEFAULT_STEPS = 20      # steady intervals measured when --steps is not given
 MIN_INTERVALS = 3       # fewer steady intervals than this is no measurement
@@ -63,8 +64,8 @@ class ScriptFigures:
     device: str
 
 
-def process_steps(probe: dict) -> ProcessSteps | None:
-    windows = [StepWindow(**w) for w in probe["windows"]]
+def process_steps(probe: ProbeRecord) -> ProcessSteps | None:
+    windows = probe.windows
     sites = fold(windows)
     main = sites.main_site()
     if main is None or not main[1].steady:
@@ -75,7 +76,7 @@ def process_steps(probe: dict) -> ProcessSteps | None:
         shapes = Counter(tuple(w.batch) for w in windows if w.batch)
     batch = list(shapes.most_common(1)[0][0]) if shapes else None
     return ProcessSteps(site, [seconds for _, seconds in state.steady], state.steady[0][0] - 1, batch,
-                        probe.get("parameters", 0), probe.get("device") or "")
+                        probe.parameters, probe.device)
 
 
 def figures(run: ScriptRun, samples_flag: int | None) -> ScriptFigures:
@@ -101,8 +102,8 @@ def figures(run: ScriptRun, samples_flag: int | None) -> ScriptFigures:
         samples_per_step=per_step, world_size=len(usable),
         measured_steps=min(len(s.intervals) for s in usable),
         warmup_steps=max(s.warmup_windows for s in usable),
-        compile_time_s=max(p.get("compile_time_s", 0.0) for p in run.probes),
-        graph_count=max(p.get("compiles", 0) for p in run.probes), batch_shape=batch, batch_source=source,
+        compile_time_s=max(p.compile_time_s for p in run.probes),
+        graph_count=max(p.compiles for p in run.probes), batch_shape=batch, batch_source=source,
         site=usable[0].site,
         parameters=max(s.parameters for s in usable), device=usable[0].device or "CPU")
 

@@ -2,8 +2,9 @@
 
 Modules: `log` parses torch_xla's PT_XLA_DEBUG analysis blocks, `hlo_diff` compares two graphs'
 HLO, `hooks` / `loaders` / `frames` hook into a process (syncs, host reads, optimizer scalars, data
-loaders, call sites), `records` holds the causes and typed records (`Graph`, and `GraphReport`: the
-report, turned into JSON only when written), `process` sets a process up,
+loaders, call sites; `sink` is the recorder as they see it), `records` holds the causes and typed
+records (`Graph`, and `GraphReport`: the report, turned into JSON only when written), `findings` the
+report's host syncs, fallback ops, dynamo entries and processes, `process` sets a process up,
 `recorder` reads one process's sources into step windows, `analyzer` classifies them (pure),
 `explain` names a recompilation's cause and line, `hostsync` the host syncs, `report` formats a
 report, `api` is GraphWatch and assert_graph_stable. Running another command with the checker armed

@@ -20,10 +20,11 @@ there is nothing to judge warmth by: every graph after `warmup_steps` steps coun
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.explain import Context, Loaders, explain, grown, guarded_write, slice_made
+from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
@@ -35,7 +36,6 @@ from neuron_train.graphs.records import (
     NEW_INPUT_SHAPE,
     UNKNOWN,
     WARMUP,
-    DynamoNote,
     Graph,
     GraphReport,
     Window,
@@ -85,7 +85,7 @@ class Analyzer:
     last_new_graph: int = 0   # the step index of the latest graph compiled
     last_recompile: tuple[int, Graph, list[str]] | None = None  # (step index, graph, its output shapes)
     library_of: Callable[[str], str] = field(default=lambda path: "")  # package-relative library file
-    dynamo: list[dict] = field(default_factory=list)   # torch.compile's recompiles, limits, graph breaks
+    dynamo: list[DynamoEntry] = field(default_factory=list)  # torch.compile's recompiles, limits, graph breaks
     phases: set[str] = field(default_factory=set)       # phases of the windows seen so far
     notes: list[str] = field(default_factory=list)     # known errors named with their fix (hooks)
     scheduled: bool = False     # an LR scheduler was made (hooks): it, not a line of the script, writes the LR
@@ -127,7 +127,8 @@ class Analyzer:
                 graph = self._new_graph(event, phase, site, label, index, next(times, None), ctx,
                                         w.hlo.get(i), fresh_read, dynamo)
                 if graph is not None and graph.trigger == "host access" and not in_closure(event):
-                    fresh_read = (graph.where, read_cause(reads.get(graph.where, {}).get("kind")))
+                    fresh = reads.get(graph.where)
+                    fresh_read = (graph.where, read_cause(fresh.kind if fresh is not None else None))
                 if graph is not None and graph.kind == "recompile":
                     found.append(graph)
             else:
@@ -144,7 +145,7 @@ class Analyzer:
         two exchanges, a loader's sync are apart even when the user's line is the same."""
         return (phase, *(f.where for f in event.frames))
 
-    def _executed(self, event: XlaEvent, site: Site, step) -> None:
+    def _executed(self, event: XlaEvent, site: Site, step: int | None) -> None:
         graph = event.graph_hash
         self.executions[graph] = self.executions.get(graph, 0) + 1
         home = self.home.setdefault(graph, site)
@@ -178,9 +179,9 @@ class Analyzer:
             return "late" if site.late else "warmup"
         return "recompile"
 
-    def _new_graph(self, event: XlaEvent, phase: str, site: Site, step, index: int, seconds: float | None,
-                   ctx: Context, hlo, fresh_read: tuple[str, str] | None,
-                   dynamo: Sequence[dict] = ()) -> Graph | None:
+    def _new_graph(self, event: XlaEvent, phase: str, site: Site, step: int | None, index: int, seconds: float | None,
+                   ctx: Context, hlo: hlo_diff.HloSummary | None, fresh_read: tuple[str, str] | None,
+                   dynamo: Sequence[DynamoEntry] = ()) -> Graph | None:
         self.uses_log = True
         self.last_new_graph = index
         if event.graph_hash in self.graphs:
@@ -206,9 +207,9 @@ class Analyzer:
         elif graph.kind == "recompile" and fresh_read is not None:
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause) = "late", fresh_read
-            read = ctx.reads.get(graph.where, {})
-            graph.library = read.get("library", graph.library)
-            graph.fix = fix_for(graph.cause, graph.library, read.get("padded", False))
+            read = ctx.reads.get(graph.where)
+            graph.library = read.library if read is not None else graph.library
+            graph.fix = fix_for(graph.cause, graph.library, read is not None and read.padded)
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
         elif graph.kind == "recompile" and dynamo:
             _dynamo_cause(graph, dynamo[0], ctx)  # dynamo recompiled: its guard says why
@@ -224,10 +225,10 @@ class Analyzer:
         elif graph.kind == "late":
             # Only a graph a read ran is the read's: a sync's graph keeps its own library line, though
             # the user's line (`trainer.train()`) may have read a value through another library line.
-            read = ctx.reads.get(graph.where, {}) if event.host_access else {}
-            graph.cause = read_cause(read.get("kind")) if event.host_access else NEW_CALL_SITE
-            graph.library = read.get("library") or graph.library
-            graph.fix = fix_for(graph.cause, graph.library, read.get("padded", False)) if read else ""
+            read = ctx.reads.get(graph.where) if event.host_access else None
+            graph.cause = read_cause(read.kind if read is not None else None) if event.host_access else NEW_CALL_SITE
+            graph.library = (read.library if read is not None else "") or graph.library
+            graph.fix = fix_for(graph.cause, graph.library, read.padded) if read is not None else ""
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:
@@ -237,7 +238,7 @@ class Analyzer:
         self.graphs[event.graph_hash] = graph
         return graph
 
-    def _growth(self, site: Site, index: int, step, hlo) -> str:
+    def _growth(self, site: Site, index: int, step: int | None, hlo: hlo_diff.HloSummary | None) -> str:
         """What shows a call site's graph growing step over step (a loop that never syncs: each step's
         graph holds every step before it), or "". Three graphs in three consecutive steps, each larger
         than the last by about a whole step (nine tenths of the site's first graph, at least)."""
@@ -252,7 +253,7 @@ class Analyzer:
         return (f"ops by step: {ops}; no sync ends the step, so each step's graph holds every step before "
                 "it and is compiled again, longer every step")
 
-    def _unlogged_graph(self, w: Window, step, index: int, seconds: float | None) -> Graph:
+    def _unlogged_graph(self, w: Window, step: int | None, index: int, seconds: float | None) -> Graph:
         site = self.sites.setdefault((w.phase,), Site(late=self._steady(index)))
         key = f"unlogged-{len(self.graphs) + 1}"
         kind = self._kind(site, index, w)
@@ -274,7 +275,7 @@ class Analyzer:
         self.graphs[key] = graph
         return graph
 
-    def _dynamo_notes(self, w: Window, index: int, step) -> list[dict]:
+    def _dynamo_notes(self, w: Window, index: int, step: int | None) -> list[DynamoEntry]:
         """Record dynamo's notes; returns this window's recompilations past the warm-up (defects).
 
         Warm-up as on the lazy path: an optimizer's first steps (its state appears: the first guard
@@ -291,34 +292,32 @@ class Analyzer:
             n <= OPTIMIZER_WARMUP_STEPS for n in w.optimizer_steps)
         found = []
         for note in w.dynamo:
-            entry = {**asdict(note), "step": step, "phase": w.phase}
             if note.kind == "graph_break":
-                known = next((d for d in self.dynamo if d["kind"] == "graph_break"
-                              and (d["where"], d["reason"]) == (note.where, note.reason)), None)
+                known = next((d for d in self.dynamo if d.kind == "graph_break"
+                              and (d.where, d.reason) == (note.where, note.reason)), None)
                 if known is not None:
-                    known["count"] += 1
+                    known.count += 1
                     continue
-                entry.update(defect=False, count=1, cause=GRAPH_BREAK)
+                defect, cause = False, GRAPH_BREAK
             else:
-                entry.update(defect=note.kind == "limit" or not warm, count=1,
-                             cause=DYNAMO_EAGER if note.kind == "limit" else DYNAMO_RECOMPILE)
-            entry["fix"] = fix_for(entry["cause"], _compiled_library(note))
+                defect = note.kind == "limit" or not warm
+                cause = DYNAMO_EAGER if note.kind == "limit" else DYNAMO_RECOMPILE
+            entry = DynamoEntry(note.kind, note.function, note.reason, note.where, note.library, step, w.phase,
+                                defect, 1, cause, fix_for(cause, _compiled_library(note.function)))
             if note.kind != "graph_break" and not self.scheduled:
                 guarded_write(entry)  # the user's line that wrote the guarded value, when it is one
             self.dynamo.append(entry)
-            if entry["defect"] and note.kind == "recompile":
+            if entry.defect and note.kind == "recompile":
                 found.append(entry)
         return found
 
     def summary(self, max_graphs: int | None = None) -> GraphReport:
         graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
-        host = self.host.entries(self.steady_steps, self.steady_optimizer_steps)
+        host, host_problems = self.host.report(self.steady_steps, self.steady_optimizer_steps)
         problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
-                    + _dynamo_problems(self.dynamo) + HostSyncs.problems(host) + self.notes)
+                    + _dynamo_problems(self.dynamo) + host_problems + self.notes)
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
-        for h in host:
-            del h["steps_seen"]
         return GraphReport(warmup_steps=self.warmup_steps, steps=self.steps, graphs=graphs, host_syncs=host,
                            fallback_ops=self.host.fallback, dynamo=self.dynamo, problems=problems,
                            source="pt_xla_debug" if self.uses_log or not graphs else "counters",
@@ -343,18 +342,18 @@ def _recompile_problems(recompiles: list[Graph]) -> list[str]:
     return out
 
 
-def _compiled_library(note: DynamoNote) -> str:
+def _compiled_library(function: str) -> str:
     """`torch/optim/sgd.py` out of `step (torch/optim/sgd.py:105)`: the library of the compiled function."""
-    return note.function.partition("(")[2].rpartition(":")[0]
+    return function.partition("(")[2].rpartition(":")[0]
 
 
-def _dynamo_cause(graph: Graph, note: dict, ctx: Context) -> None:
+def _dynamo_cause(graph: Graph, note: DynamoEntry, ctx: Context) -> None:
     """A new graph made by a dynamo recompilation: dynamo's failed guard is the cause; a size guard
     is a new input shape, named at the loader whose last batch had it when there is one."""
-    note["graph"] = graph.hash
-    graph.detail = f"dynamo recompiled {note['function']}: {note['reason']}"
-    graph.where, graph.library = note["where"] or graph.where, note["library"]
-    graph.cause = NEW_INPUT_SHAPE if "size mismatch" in note["reason"] else DYNAMO_RECOMPILE
+    note.graph = graph.hash
+    graph.detail = f"dynamo recompiled {note.function}: {note.reason}"
+    graph.where, graph.library = note.where or graph.where, note.library
+    graph.cause = NEW_INPUT_SHAPE if "size mismatch" in note.reason else DYNAMO_RECOMPILE
     if graph.cause == NEW_INPUT_SHAPE:
         origin = ctx.loaders.ragged_in(ctx.window)
         # ragged_in names only a loader with a ragged last batch: its size and length are known.
@@ -363,23 +362,22 @@ def _dynamo_cause(graph: Graph, note: dict, ctx: Context) -> None:
             graph.detail += (f"; the batches come from the DataLoader at {short(origin.where)} (batch_size "
                              f"{origin.batch_size}, drop_last=False, {origin.samples} samples: each pass "
                              f"ends with a batch of {origin.samples % origin.batch_size})")
-    graph.fix = note["fix"] if note.get("detail") else fix_for(graph.cause, graph.library or _compiled_library(DynamoNote(**{
-        k: note[k] for k in ("kind", "function", "reason", "where", "library")})))
+    graph.fix = note.fix if note.detail else fix_for(graph.cause, graph.library or _compiled_library(note.function))
 
 
-def _dynamo_problems(notes: list[dict]) -> list[str]:
+def _dynamo_problems(notes: list[DynamoEntry]) -> list[str]:
     """Dynamo recompilations that made no new graph of their own (reported with the graph otherwise)
     and the fall-back to eager, one line per cause and line."""
-    grouped: dict[tuple, list[dict]] = {}
+    grouped: dict[tuple[str, str, str], list[DynamoEntry]] = {}
     for d in notes:
-        if d["defect"] and not d.get("graph"):
-            grouped.setdefault((d["cause"], d["where"], d["function"]), []).append(d)
+        if d.defect and not d.graph:
+            grouped.setdefault((d.cause, d.where, d.function), []).append(d)
     out = []
     for (cause, where, function), found in grouped.items():
-        steps = ", ".join(str(d["step"]) for d in found[:5]) + (", ..." if len(found) > 5 else "")
+        steps = ", ".join(str(d.step) for d in found[:5]) + (", ..." if len(found) > 5 else "")
         count = f"{len(found)} times" if len(found) > 1 else "once"
-        out.append(f"{cause} of {function} {count}, at step {steps} ({found[0]['phase']}): "
-                   f"{found[-1]['reason']} at {at(where, found[0]['library'])}")
+        out.append(f"{cause} of {function} {count}, at step {steps} ({found[0].phase}): "
+                   f"{found[-1].reason} at {at(where, found[0].library)}")
     return out
 
 

@@ -19,12 +19,15 @@ import functools
 import re
 import sys
 from collections.abc import Callable
+from types import CodeType
+from typing import Any
 
 from neuron_train.graphs.frames import HERE, caller_line, library_line
 from neuron_train.graphs.records import DynamoNote
+from neuron_train.graphs.sink import HookSink
 
 
-def install(recorder) -> list[Callable[[], None]]:
+def install(recorder: HookSink) -> list[Callable[[], None]]:
     import torch._dynamo.convert_frame as convert_frame
     import torch._dynamo.symbolic_convert as symbolic_convert
 
@@ -38,7 +41,7 @@ def install(recorder) -> list[Callable[[], None]]:
     return undo
 
 
-def _function(recorder, code) -> str:
+def _function(recorder: HookSink, code: CodeType) -> str:
     """`step (torch/optim/sgd.py:105)`: the function dynamo compiles, its file package-relative."""
     library = recorder.analyzer.library_of(code.co_filename) or _torch_relative(code.co_filename)
     return f"{code.co_name} ({library or code.co_filename}:{code.co_firstlineno})"
@@ -63,7 +66,7 @@ def _first_line(reason: str) -> str:
 _NUMBER_GUARD = re.compile(r"^\d+/\d+: (?:L\['(?!___)\w+'\]|(?!___)\w+) == -?[\d.]+(?:e[-+]?\d+)?$")
 
 
-def _note(recorder, kind: str, code, reason: str) -> None:
+def _note(recorder: HookSink, kind: str, code: CodeType, reason: str) -> None:
     analyzer = recorder.analyzer
     frame = sys._getframe(2)
     where = caller_line(analyzer.is_internal, frame) or ""
@@ -73,8 +76,8 @@ def _note(recorder, kind: str, code, reason: str) -> None:
                                     library_line(analyzer.is_internal, analyzer.library_of, frame)))
 
 
-def _reasons(recorder, original: Callable) -> Callable:
-    def get_and_maybe_log_recompilation_reasons(cache_entry, frame, *args, **kwargs):
+def _reasons(recorder: HookSink, original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_and_maybe_log_recompilation_reasons(cache_entry: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
         reasons = original(cache_entry, frame, *args, **kwargs)
         if not (kwargs.get("skip_logging") or (args and args[0])):
             _note(recorder, "recompile", frame.f_code, reasons[0] if reasons else "no reason given by dynamo")
@@ -83,8 +86,8 @@ def _reasons(recorder, original: Callable) -> Callable:
     return get_and_maybe_log_recompilation_reasons
 
 
-def _limit(recorder, original: Callable) -> Callable:
-    def exceeds_recompile_limit(cache_size, compile_id, *args, **kwargs):
+def _limit(recorder: HookSink, original: Callable[..., Any]) -> Callable[..., Any]:
+    def exceeds_recompile_limit(cache_size: Any, compile_id: Any, *args: Any, **kwargs: Any) -> Any:
         exceeded, limit_type = original(cache_size, compile_id, *args, **kwargs)
         if exceeded:
             import torch._dynamo.config as config
@@ -98,8 +101,8 @@ def _limit(recorder, original: Callable) -> Callable:
     return exceeds_recompile_limit
 
 
-def _graph_break(recorder, original: Callable) -> Callable:
-    def log_graph_break(code_options, reason="", *args, **kwargs):
+def _graph_break(recorder: HookSink, original: Callable[..., Any]) -> Callable[..., Any]:
+    def log_graph_break(code_options: dict[str, Any], reason: object = "", *args: Any, **kwargs: Any) -> None:
         original(code_options, reason, *args, **kwargs)
         if str(code_options.get("co_filename", "")).startswith(HERE):
             return  # dynamo met the checker's read hook: the user's line breaks there too, noted as theirs

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neuron_train.graphs import hlo_diff, source
+from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.records import (
     DATA_DEPENDENT,
     GRAPH_STRUCTURE,
@@ -24,7 +25,9 @@ from neuron_train.graphs.records import (
     SLICE_SHAPE,
     UNKNOWN,
     Graph,
+    LineReads,
     LoaderOrigin,
+    ScalarChange,
     Window,
 )
 from neuron_train.graphs.report import short
@@ -80,7 +83,7 @@ class Context:
     """What a recompilation is explained from, besides the two graphs."""
 
     window: Window
-    reads: dict                      # this window's host reads by line (hostsync.reads_by_line)
+    reads: dict[str, LineReads]      # this window's host reads by line (hostsync.reads_by_line)
     loaders: Loaders
     runs: list[tuple[object, str]]   # (step, graph hash) of the call site's runs, oldest first
     step: object                     # the step this graph compiled in
@@ -124,7 +127,7 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
              where: str, ctx: Context) -> tuple[str, str, str]:
     cause, detail, line = why.cause, why.detail, why.where or where
     w = ctx.window
-    fallback_lines = [ln for ln, r in ctx.reads.items() if r["kind"] == "fallback"]
+    fallback_lines = [ln for ln, r in ctx.reads.items() if r.kind == "fallback"]
     if w.fallbacks and fallback_lines and cause in (NEW_INPUT_SHAPE, GRAPH_STRUCTURE, UNKNOWN):
         ops = ", ".join(sorted(w.fallbacks))
         return DATA_DEPENDENT, f"{ops} ran on the CPU and its result's shape reached the graph ({why.detail})", \
@@ -140,7 +143,7 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
         return PYTHON_BRANCH, f"{detail}; the Python `if` at {short(branch)} chose which ops this step traced", \
             branch
     if cause == NEW_CONSTANT and not why.where and w.scalars:
-        return cause, detail + _scalar_detail(w.scalars[0]), w.scalars[0]["where"] or line
+        return cause, detail + _scalar_detail(w.scalars[0]), w.scalars[0].where or line
     if cause == NEW_INPUT_SHAPE and base is not None and new is not None:
         if ctx.follows is not None and _fed_by(base, new, ctx.follows[1]):
             first = ctx.follows[0]
@@ -227,10 +230,10 @@ def _fed_by(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, outputs: list[s
     return bool(changed) and all(shape in outputs for shape in changed)
 
 
-def _scalar_detail(change: dict) -> str:
-    text = f"; optimizer param_groups[{change['group']}]['{change['key']}'] = {change['value']}"
-    if change.get("scheduler"):
-        text += f", set by the {change['scheduler']} made at {short(change['where'])}"
+def _scalar_detail(change: ScalarChange) -> str:
+    text = f"; optimizer param_groups[{change.group}]['{change.key}'] = {change.value}"
+    if change.scheduler:
+        text += f", set by the {change.scheduler} made at {short(change.where)}"
     return text
 
 
@@ -274,7 +277,7 @@ def _first_dim(shape: str) -> int | None:
     return int(dims[0]) if dims and dims[0].isdigit() else None
 
 
-def _per_step(index: int, new: hlo_diff.HloSummary, step, ctx: Context) -> str:
+def _per_step(index: int, new: hlo_diff.HloSummary, step: object, ctx: Context) -> str:
     """`input 0 by step: 1-26 f32[48,784], 27 f32[32,784]` (the site's recent runs, then this one)."""
     runs = [(s, ctx.hlo[g].params[index].shape) for s, g in ctx.runs[-SHAPES_SHOWN:]
             if g in ctx.hlo and index < len(ctx.hlo[g].params)]
@@ -292,19 +295,19 @@ def _per_step(index: int, new: hlo_diff.HloSummary, step, ctx: Context) -> str:
 _GUARDED_KEY = re.compile(r"param_groups\[\d+\]\[['\"](\w+)['\"]\]")
 
 
-def guarded_write(note: dict) -> None:
+def guarded_write(note: DynamoEntry) -> None:
     """A dynamo guard on an optimizer hyperparameter (`self.param_groups[0]['lr'] == 0.09`) that the
     user's script writes as a Python number (`g["lr"] = lr`): named at that write, with a fix that
     survives it (an LR tensor alone is replaced by the next float written)."""
-    key = _GUARDED_KEY.search(note["reason"])
-    if key is None or not note["where"]:
+    key = _GUARDED_KEY.search(note.reason)
+    if key is None or not note.where:
         return
     name = key.group(1)
-    written = source.key_written(note["where"].rpartition(":")[0], name)
+    written = source.key_written(note.where.rpartition(":")[0], name)
     if not written:
         return
-    note["detail"] = f"the guarded value is written at {short(written)}, called from {short(note['where'])}"
-    note["where"], note["library"] = written, ""
-    note["fix"] = (f"create the optimizer with {name}=torch.tensor(...) and write the new value into it in place, "
+    note.detail = f"the guarded value is written at {short(written)}, called from {short(note.where)}"
+    note.where, note.library = written, ""
+    note.fix = (f"create the optimizer with {name}=torch.tensor(...) and write the new value into it in place, "
                    f"g[\"{name}\"].fill_(value), at this line: assigning a Python number (g[\"{name}\"] = value) "
                    "changes what dynamo guards on, so the optimizer step recompiles every time")

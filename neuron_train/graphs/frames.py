@@ -56,7 +56,7 @@ def library_line(is_internal: Callable[[str], bool], library_of: Callable[[str],
     return ""
 
 
-def code_line(fn) -> str:
+def code_line(fn: object) -> str:
     """`file:line` of a function's `def` (functools.partial and callable objects included)."""
     fn = getattr(fn, "func", fn)
     code = getattr(fn, "__code__", None) or getattr(type(fn).__dict__.get("__call__"), "__code__", None)

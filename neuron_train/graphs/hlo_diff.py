@@ -190,7 +190,7 @@ def _minus(a: list[Instr], b: list[Instr]) -> list[Instr]:
     return out
 
 
-def _input_shapes(old: HloSummary, new: HloSummary, is_internal) -> Explanation | None:
+def _input_shapes(old: HloSummary, new: HloSummary, is_internal: Callable[[str], bool]) -> Explanation | None:
     if len(old.params) != len(new.params):
         return None
     changed = [(a, b) for a, b in zip(old.params, new.params, strict=True) if a.shape != b.shape]
@@ -202,7 +202,7 @@ def _input_shapes(old: HloSummary, new: HloSummary, is_internal) -> Explanation 
                       is_internal=is_internal)
 
 
-def _special_constants(old: HloSummary, new: HloSummary, is_internal) -> Explanation | None:
+def _special_constants(old: HloSummary, new: HloSummary, is_internal: Callable[[str], bool]) -> Explanation | None:
     scalars_old = sum(p.shape.endswith("[]") for p in old.params)
     scalars_new = sum(p.shape.endswith("[]") for p in new.params)
     if len(old.params) - len(new.params) != scalars_old - scalars_new or scalars_old == scalars_new:
@@ -220,7 +220,7 @@ def _special_constants(old: HloSummary, new: HloSummary, is_internal) -> Explana
     return _explained(NEW_CONSTANT, detail, added, removed, is_internal=is_internal)
 
 
-def _structure(old: HloSummary, new: HloSummary, is_internal) -> Explanation | None:
+def _structure(old: HloSummary, new: HloSummary, is_internal: Callable[[str], bool]) -> Explanation | None:
     """The same program traced with other lengths emits the same instructions in the same order:
     the first position that differs is where the programs part."""
     differ = [i for i, (a, b) in enumerate(zip(old.instrs, new.instrs, strict=False)) if a.key != b.key]

@@ -25,10 +25,14 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any
 
 from neuron_train.graphs import dynamo, loaders, syncs
 from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
+from neuron_train.graphs.records import ScalarChange
 from neuron_train.graphs.report import short
+from neuron_train.graphs.sink import HookSink
 
 __all__ = ["caller_line", "install"]
 
@@ -39,7 +43,7 @@ REFUSED = "Unexpected execution happens inside the compiled function"  # torch_x
 _state = threading.local()
 
 
-def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
+def install(recorder: HookSink, count_syncs: bool = False) -> Callable[[], None]:
     """Hook `recorder` into this process; returns a function that removes the hooks."""
     import torch_xla
 
@@ -70,7 +74,7 @@ def install(recorder, count_syncs: bool = False) -> Callable[[], None]:
     return remove
 
 
-def _wrap_reads(recorder) -> list[Callable[[], None]]:
+def _wrap_reads(recorder: HookSink) -> list[Callable[[], None]]:
     import torch
 
     undo = []
@@ -82,8 +86,8 @@ def _wrap_reads(recorder) -> list[Callable[[], None]]:
     return undo
 
 
-def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
-    def read(self, *args, **kwargs):
+def _read_wrapper(recorder: HookSink, original: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
         depth = getattr(_state, "depth", 0)
         where, noted = None, None
         analyzer = recorder.analyzer
@@ -111,7 +115,7 @@ def _read_wrapper(recorder, original: Callable, kind: str) -> Callable:
     return read
 
 
-def _restore(owner: type, name: str, own) -> Callable[[], None]:
+def _restore(owner: type, name: str, own: object) -> Callable[[], None]:
     def restore() -> None:
         if own is None:
             delattr(owner, name)  # the method came from a base class: uncover it again
@@ -121,14 +125,14 @@ def _restore(owner: type, name: str, own) -> Callable[[], None]:
     return restore
 
 
-def _watch_schedulers(recorder, made: weakref.WeakKeyDictionary) -> Callable[[], None]:
+def _watch_schedulers(recorder: HookSink, made: weakref.WeakKeyDictionary[Any, tuple[str, str]]) -> Callable[[], None]:
     """Note the line that made each LR scheduler, by optimizer (the last one made wins: a
     SequentialLR is made after the schedulers it chains)."""
     from torch.optim.lr_scheduler import LRScheduler
 
     original = LRScheduler.__init__
 
-    def __init__(self, optimizer, *args, **kwargs):
+    def __init__(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         recorder.analyzer.scheduled = True
         original(self, optimizer, *args, **kwargs)
@@ -141,13 +145,13 @@ def _watch_schedulers(recorder, made: weakref.WeakKeyDictionary) -> Callable[[],
     return lambda: setattr(LRScheduler, "__init__", original)
 
 
-def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callable[[], None]:
+def _watch_optimizers(recorder: HookSink, schedulers: weakref.WeakKeyDictionary[Any, tuple[str, str]]) -> Callable[[], None]:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     special: dict[tuple, bool] = {}
     steps: dict[int, int] = {}
 
-    def before_step(optimizer, args, kwargs) -> None:
+    def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         steps[id(optimizer)] = steps.get(id(optimizer), 0) + 1
         if not recorder.analyzer.optimizer_where:  # where a sync goes when the loop has none
             recorder.analyzer.optimizer_where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
@@ -162,13 +166,12 @@ def _watch_optimizers(recorder, schedulers: weakref.WeakKeyDictionary) -> Callab
                 if was is not None and was != now:
                     where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
                     name, made_at = schedulers.get(optimizer, ("", ""))
-                    recorder.note_scalar({"group": g, "key": key, "value": value, "where": made_at or where,
-                                          "step_where": where, "scheduler": name})
+                    recorder.note_scalar(ScalarChange(g, key, value, made_at or where, name))
 
     return register_optimizer_step_pre_hook(before_step).remove
 
 
-def _watch_eager_mode(recorder) -> Callable[[], None]:
+def _watch_eager_mode(recorder: HookSink) -> Callable[[], None]:
     """Note that torch_xla's eager mode was turned on (torch_xla.experimental.eager_mode(True)): its
     per-op compiles leave no PT_XLA_DEBUG record, so they have no hash. torch_xla.compile turns it off
     for the compiled call and back on afterwards, through the same switch."""
@@ -188,20 +191,20 @@ def _watch_eager_mode(recorder) -> Callable[[], None]:
 class _StepAtSync:
     """In a foreign script every sync that ran a graph ends a step (unless our loop numbers them)."""
 
-    def __init__(self, recorder):
+    def __init__(self, recorder: HookSink) -> None:
         self.recorder = recorder
 
     def before_sync(self) -> int:
         return self.recorder.log_size()
 
-    def after_sync(self, before: int, caller) -> None:
+    def after_sync(self, before: int, caller: FrameType | None) -> None:
         self.recorder.syncs += 1
         if getattr(_state, "compiled_calls", 0):
             return  # a sync inside a torch.compile'd call: the call is the step (_count_compiled_calls)
         _end_step_if_ran(self.recorder, before)
 
 
-def _end_step_if_ran(recorder, log_size_before: int) -> None:
+def _end_step_if_ran(recorder: HookSink, log_size_before: int) -> None:
     # Only a sync that ran a graph is a step: MpDeviceLoader's first fetch, torch_xla.compile's
     # clearing of pending work and xm.rendezvous often sync with nothing pending.
     if recorder.log_size() > log_size_before and not recorder.loop_steps:
@@ -209,7 +212,7 @@ def _end_step_if_ran(recorder, log_size_before: int) -> None:
         recorder.step_end(recorder.sync_steps)
 
 
-def _step_at_unsynced_optimizer_steps(recorder) -> Callable[[], None]:
+def _step_at_unsynced_optimizer_steps(recorder: HookSink) -> Callable[[], None]:
     """A loop that never syncs (timm's train.py on an XLA device) still repeats its optimizer step:
     an optimizer step with no sync since the one before ends a step, so what each step runs (a
     `loss.item()` that runs the whole pending graph) is judged step by step."""
@@ -217,7 +220,7 @@ def _step_at_unsynced_optimizer_steps(recorder) -> Callable[[], None]:
 
     last = {"syncs": -1, "log": 0}
 
-    def after_step(optimizer, args, kwargs) -> None:
+    def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         if recorder.syncs == last["syncs"] and not recorder.loop_steps:
             _end_step_if_ran(recorder, last["log"])
         last.update(syncs=recorder.syncs, log=recorder.log_size())
@@ -225,7 +228,7 @@ def _step_at_unsynced_optimizer_steps(recorder) -> Callable[[], None]:
     return register_optimizer_step_post_hook(after_step).remove
 
 
-def _count_compiled_calls(recorder) -> Callable[[], None]:
+def _count_compiled_calls(recorder: HookSink) -> Callable[[], None]:
     """A call of a torch.compile'd function (the outermost one) that ran a graph ends a step too: the
     openxla backend syncs inside the call, so a compiled loop has no sync of its own to count.
     Dynamo runs each `_TorchDynamoContext.enter_exit_hooks` entry on entering a compiled call and
@@ -249,7 +252,7 @@ def _count_compiled_calls(recorder) -> Callable[[], None]:
 
         return leave
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         self.enter_exit_hooks.append(enter)
 
@@ -260,7 +263,7 @@ def _count_compiled_calls(recorder) -> Callable[[], None]:
 INFERENCE_TENSOR = "Cannot set version_counter for inference tensor"  # torch_xla under inference_mode
 
 
-def _watch_inference_mode(recorder) -> Callable[[], None]:
+def _watch_inference_mode(recorder: HookSink) -> Callable[[], None]:
     """Note the user's line that entered torch.inference_mode(): torch_xla cannot run every model
     under it (timm's validate(): `RuntimeError: Cannot set version_counter for inference tensor`)."""
     import torch
@@ -268,7 +271,7 @@ def _watch_inference_mode(recorder) -> Callable[[], None]:
     cls = torch.inference_mode
     original = cls.__enter__
 
-    def __enter__(self):
+    def __enter__(self: Any) -> Any:
         if getattr(self, "mode", True) and not recorder.inference_mode_at:
             recorder.inference_mode_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         return original(self)
@@ -280,14 +283,14 @@ def _watch_inference_mode(recorder) -> Callable[[], None]:
 MARKED_DYNAMIC = "as dynamic but your code specialized it"  # dynamo's ConstraintViolationError
 
 
-def _watch_mark_dynamic(recorder) -> Callable[[], None]:
+def _watch_mark_dynamic(recorder: HookSink) -> Callable[[], None]:
     """Note the user's line that called torch._dynamo.mark_dynamic: on XLA a dimension it marks is
     specialized (one graph per size), and dynamo then refuses the mark (ConstraintViolationError)."""
     import torch._dynamo
 
     original = torch._dynamo.mark_dynamic
 
-    def mark_dynamic(*args, **kwargs):
+    def mark_dynamic(*args: Any, **kwargs: Any) -> Any:
         recorder.mark_dynamic_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         return original(*args, **kwargs)
 
@@ -295,13 +298,13 @@ def _watch_mark_dynamic(recorder) -> Callable[[], None]:
     return lambda: setattr(torch._dynamo, "mark_dynamic", original)
 
 
-def _own_errors_only(recorder) -> Callable[[], None]:
+def _own_errors_only(recorder: HookSink) -> Callable[[], None]:
     """Print an uncaught error without the checker's frames (a host read hook sits between the
     user's line and torch_xla): the traceback the user sees is the one their program makes. An
     error whose cause is known is named with its fix in the process's record."""
     previous = sys.excepthook
 
-    def excepthook(kind, value, tb) -> None:
+    def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         if INFERENCE_TENSOR in str(value):
             where = recorder.inference_mode_at
             recorder.analyzer.notes.append(
@@ -320,7 +323,7 @@ def _own_errors_only(recorder) -> Callable[[], None]:
     return lambda: setattr(sys, "excepthook", previous)
 
 
-def _strip(value: BaseException | None, tb, depth: int = 0):
+def _strip(value: BaseException | None, tb: TracebackType | None, depth: int = 0) -> TracebackType | None:
     kept = []
     while tb is not None:
         if not tb.tb_frame.f_code.co_filename.startswith(HERE):

@@ -8,8 +8,9 @@ run after the step's graph, on values already computed: the recommended pattern,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
@@ -18,6 +19,7 @@ from neuron_train.graphs.records import (
     HOST_READ,
     HOST_READS,
     READ_CAUSES,
+    LineReads,
     Window,
     fix_for,
 )
@@ -30,24 +32,22 @@ def in_closure(event: XlaEvent) -> bool:
 
 
 def reads_by_line(w: Window, is_internal: Callable[[str], bool],
-                  library_of: Callable[[str], str] = lambda path: "") -> dict[str, dict]:
+                  library_of: Callable[[str], str] = lambda path: "") -> dict[str, LineReads]:
     """Host reads of a window by line: from the hooks and from the log's host-access runs."""
-    lines: dict[str, dict] = {}
+    lines: dict[str, LineReads] = {}
     for read in w.reads:
-        entry = lines.setdefault(read.where, {"kind": read.kind, "hooked": 0, "runs": 0, "phase": read.phase,
-                                              "library": read.library})
-        entry["hooked"] += 1
-        entry["padded"] = entry.get("padded", False) or read.answer is False
+        entry = lines.setdefault(read.where, LineReads(read.kind, read.phase, read.library))
+        entry.hooked += 1
+        entry.padded = entry.padded or read.answer is False
         if read.compiled:
             # dynamo broke the compiled step at the read: the part before it ran as a graph of its own
-            entry.update(compiled=True, runs=entry["runs"] + 1)
+            entry.compiled = True
+            entry.runs += 1
     for event, phase in w.events:
         if event.kind == "execute" and event.host_access and not in_closure(event):
             where = user_frames(event.frames, is_internal)[0].where
             kind = "fallback" if w.fallbacks else "value"
-            entry = lines.setdefault(where, {"kind": kind, "hooked": 0, "runs": 0, "phase": phase,
-                                             "library": library_frame(event.frames, is_internal, library_of)})
-            entry["runs"] += 1
+            lines.setdefault(where, LineReads(kind, phase, library_frame(event.frames, is_internal, library_of))).runs += 1
     return lines
 
 
@@ -56,83 +56,87 @@ def read_cause(kind: str | None) -> str:
 
 
 @dataclass
+class _Tally:
+    """A host sync being built, and what only the builder needs: the windows and optimizer steps
+    it read in, and whether a read answered False (a padded batch)."""
+
+    sync: HostSync
+    windows: set[int] = field(default_factory=set)
+    optimizer_steps: set[int] = field(default_factory=set)
+    padded: bool = False
+
+
+@dataclass
 class HostSyncs:
     """Host reads by line over the steady steps, CPU fallback ops, and reads torch_xla refused."""
 
-    host: dict[str, dict] = field(default_factory=dict)
-    fallback: dict[str, dict] = field(default_factory=dict)
+    host: dict[str, _Tally] = field(default_factory=dict)
+    fallback: dict[str, FallbackOp] = field(default_factory=dict)
     scalar_reads: int = 0
 
-    def observe(self, w: Window, reads: dict, step, index: int, steady: bool, optimizer_step: int = 0) -> None:
+    def observe(self, w: Window, reads: dict[str, LineReads], step: int | None, index: int, steady: bool,
+                optimizer_step: int = 0) -> None:
         """`index` numbers the window; `optimizer_step` is the optimizer step the window is in (0
         before any): a Trainer syncs more than once per optimizer step, so a read in every optimizer
         step may be in a minority of the syncs."""
         if steady:
             for where, read in reads.items():
-                entry = self._entry(where, read["kind"], read["phase"])
-                entry["_optimizer_steps"].add(optimizer_step)
-                if read.get("compiled"):
-                    entry["cause"] = COMPILED_READ
-                entry["library"] = entry["library"] or read.get("library", "")
-                entry["_padded"] |= read.get("padded", False)
-                entry["count"] += max(read["hooked"], read["runs"])
-                entry["executes_graph"] |= read["runs"] > 0
-                entry["_windows"].add(index)
-                if len(entry["steps"]) < 10 and step not in entry["steps"]:
-                    entry["steps"].append(step)
+                tally = self._tally(where, read.kind, read.phase)
+                entry = tally.sync
+                tally.optimizer_steps.add(optimizer_step)
+                if read.compiled:
+                    entry.cause = COMPILED_READ
+                entry.library = entry.library or read.library
+                tally.padded |= read.padded
+                entry.count += max(read.hooked, read.runs)
+                entry.executes_graph |= read.runs > 0
+                tally.windows.add(index)
+                if len(entry.steps) < 10 and step not in entry.steps:
+                    entry.steps.append(step)
             self.scalar_reads += w.scalar_reads
         for refused in w.refused:
-            entry = self._entry(refused.read.where, refused.read.kind, refused.read.phase)
-            entry.update(count=entry["count"] + 1, executes_graph=True, refused=refused.message)
-            if step not in entry["steps"]:
-                entry["steps"].append(step)
+            entry = self._tally(refused.read.where, refused.read.kind, refused.read.phase).sync
+            entry.count += 1
+            entry.executes_graph, entry.refused = True, refused.message
+            if step not in entry.steps:
+                entry.steps.append(step)
         self._fallbacks(w, reads, step)
 
-    def _entry(self, where: str, kind: str, phase: str) -> dict:
-        return self.host.setdefault(where, {"where": where, "kind": kind, "what": HOST_READS[kind],
-                                            "cause": read_cause(kind), "phase": phase, "count": 0,
-                                            "steps": [], "executes_graph": False, "_windows": set(),
-                                            "_optimizer_steps": set(), "_padded": False,
-                                            "library": ""})
+    def _tally(self, where: str, kind: str, phase: str) -> _Tally:
+        if where not in self.host:
+            self.host[where] = _Tally(HostSync(where, kind, HOST_READS[kind], read_cause(kind), phase))
+        return self.host[where]
 
-    def _fallbacks(self, w: Window, reads: dict, step) -> None:
-        lines = [where for where, r in reads.items() if r["kind"] == "fallback"]
+    def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None) -> None:
+        lines = [where for where, r in reads.items() if r.kind == "fallback"]
         for op, count in w.fallbacks.items():
-            entry = self.fallback.setdefault(op, {"count": 0, "first_step": step, "where": []})
-            entry["count"] += count
+            entry = self.fallback.setdefault(op, FallbackOp(0, step))
+            entry.count += count
             for where in lines:
-                if where not in entry["where"] and len(entry["where"]) < 5:
-                    entry["where"].append(where)
+                if where not in entry.where and len(entry.where) < 5:
+                    entry.where.append(where)
 
-    def entries(self, steady_steps: int, steady_optimizer_steps: int = 0) -> list[dict]:
-        out = []
-        for entry in self.host.values():
-            h = {k: v for k, v in entry.items() if not k.startswith("_")}
-            if not h["executes_graph"]:
-                h["cause"] = HOST_READ
-            h["fix"] = fix_for(h["cause"], h["library"], entry["_padded"])
+    def report(self, steady_steps: int, steady_optimizer_steps: int = 0) -> tuple[list[HostSync], list[str]]:
+        """The host syncs as reported, and the problems among them."""
+        out, problems = [], []
+        for tally in self.host.values():
+            h = replace(tally.sync, steps=list(tally.sync.steps))
+            if not h.executes_graph:
+                h.cause = HOST_READ
+            h.fix = fix_for(h.cause, h.library, tally.padded)
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
             # A step is what the script repeats: a sync, or an optimizer step (a Trainer syncs more
             # than once per optimizer step), whichever the read is in most of.
-            by_sync = (len(entry["_windows"]), steady_steps)
-            by_optimizer = (min(len(entry["_optimizer_steps"]), steady_optimizer_steps), steady_optimizer_steps)
+            by_sync = (len(tally.windows), steady_steps)
+            by_optimizer = (min(len(tally.optimizer_steps), steady_optimizer_steps), steady_optimizer_steps)
             seen, total = max(by_sync, by_optimizer, key=lambda r: r[0] / r[1] if r[1] else 0.0)
-            h["every_step"] = total > 0 and seen * 2 >= total
-            h["steps_seen"] = (seen, total, "optimizer steps" if (seen, total) == by_optimizer
-                               and by_optimizer != by_sync else "steps")
+            h.every_step = total > 0 and seen * 2 >= total
+            unit = "optimizer steps" if (seen, total) == by_optimizer and by_optimizer != by_sync else "steps"
             out.append(h)
-        return out
-
-    @staticmethod
-    def problems(entries: list[dict]) -> list[str]:
-        out = []
-        for h in entries:
-            if h.get("refused"):
-                out.append(f"{h['cause']}: {h['what']} at {short(h['where'])} inside torch_xla.compile"
-                           f"(full_graph=True): torch_xla refused to run it ({h['refused']})")
-            elif h["executes_graph"] and h["every_step"]:
-                seen, total, unit = h["steps_seen"]
-                out.append(f"{h['cause']}: {h['what']} at {at(h['where'], h['library'])} runs a graph before the step's "
-                           f"sync in {min(seen, total)} of {total} {unit} after warm-up")
-        return out
-
+            if h.refused:
+                problems.append(f"{h.cause}: {h.what} at {short(h.where)} inside torch_xla.compile"
+                                f"(full_graph=True): torch_xla refused to run it ({h.refused})")
+            elif h.executes_graph and h.every_step:
+                problems.append(f"{h.cause}: {h.what} at {at(h.where, h.library)} runs a graph before the step's "
+                                f"sync in {min(seen, total)} of {total} {unit} after warm-up")
+        return out, problems

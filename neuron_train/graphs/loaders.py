@@ -12,23 +12,28 @@ import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from neuron_train.graphs.frames import caller_line, code_line, library_line
 from neuron_train.graphs.records import Batch, LoaderOrigin
+from neuron_train.graphs.sink import HookSink
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 MAX_TENSORS = 8  # tensors of one batch whose shapes are noted
 
 
-def install(recorder) -> list[Callable[[], None]]:
+def install(recorder: HookSink) -> list[Callable[[], None]]:
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # loader -> LoaderOrigin.key
+    made: weakref.WeakKeyDictionary[DataLoader[Any], str] = weakref.WeakKeyDictionary()  # loader -> LoaderOrigin.key
     by_user: dict[int, LoaderOrigin] = {}  # id(dataset) -> the first loader made over it
-    running: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # its iterators -> the same key
+    running: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()  # its iterators -> the same key
     init, iterate, fetch = DataLoader.__init__, DataLoader.__iter__, _BaseDataLoaderIter.__next__
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         analyzer = recorder.analyzer
         where = caller_line(analyzer.is_internal, sys._getframe(1)) or ""
@@ -42,13 +47,13 @@ def install(recorder) -> list[Callable[[], None]]:
         made[self] = made_here.key
         recorder.note_loader(made_here)
 
-    def __iter__(self):
+    def __iter__(self: DataLoader[Any]) -> Any:
         it = iterate(self)
         if self in made:
             running[it] = made[self]
         return it
 
-    def __next__(self):
+    def __next__(self: Any) -> Any:
         batch = fetch(self)
         key = running.get(self)
         if key is not None:
@@ -63,11 +68,11 @@ def install(recorder) -> list[Callable[[], None]]:
     return [restore]
 
 
-def origin(loader, where: str, library: str = "") -> LoaderOrigin:
+def origin(loader: DataLoader[Any], where: str, library: str = "") -> LoaderOrigin:
     from torch.utils.data._utils.collate import default_collate, default_convert
 
     try:
-        samples = len(loader.dataset)
+        samples = len(loader.dataset)  # type: ignore[arg-type]  # a Dataset may have a length: asked here
     except TypeError:  # an iterable dataset
         samples = None
     collate = loader.collate_fn
@@ -84,14 +89,14 @@ def origin(loader, where: str, library: str = "") -> LoaderOrigin:
                         grouped=_grouped(loader))
 
 
-def _grouped(loader) -> bool:
+def _grouped(loader: DataLoader[Any]) -> bool:
     """Does its sampler group samples by length (transformers' LengthGroupedSampler)? Accelerate re-makes
     the Trainer's loader with the sampler inside its batch_sampler."""
     samplers = (loader.sampler, getattr(loader.batch_sampler, "sampler", None))
     return any(type(s).__name__ == "LengthGroupedSampler" for s in samplers)
 
 
-def shapes(batch, limit: int = MAX_TENSORS) -> list[str]:
+def shapes(batch: object, limit: int = MAX_TENSORS) -> list[str]:
     """The tensors of a batch (nested tuples, lists, mappings), named as XLA's HLO names them."""
     from collections.abc import Mapping
 
@@ -110,14 +115,14 @@ def shapes(batch, limit: int = MAX_TENSORS) -> list[str]:
     return out
 
 
-def hlo_shape(dtype, dims: tuple) -> str:
+def hlo_shape(dtype: object, dims: tuple[int, ...]) -> str:
     name = str(dtype).removeprefix("torch.")
     kind = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "s64",
             "int32": "s32", "int16": "s16", "int8": "s8", "uint8": "u8", "bool": "pred"}.get(name, name)
     return f"{kind}[{','.join(map(str, dims))}]"
 
 
-def _patch(init, iterate, fetch) -> None:
+def _patch(init: Callable[..., Any], iterate: Callable[..., Any], fetch: Callable[..., Any]) -> None:
     """DataLoader's methods replaced (and put back) through setattr: a deliberate patch of a class's
     methods, which mypy refuses as an assignment (method-assign)."""
     from torch.utils.data import DataLoader

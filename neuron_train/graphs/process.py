@@ -13,7 +13,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,7 +116,7 @@ _ALSO_INTERNAL: list[str] = []
 
 
 @contextlib.contextmanager
-def debug_env_kept():
+def debug_env_kept() -> Iterator[None]:
     """torch_xla has read the debug variables by the end of the run: keep them from leaking into
     processes the test suite starts later."""
     names = ("PT_XLA_DEBUG_FILE", "PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_MAX_FRAME", "XLA_FLAGS", ENV_XLA_FLAGS)

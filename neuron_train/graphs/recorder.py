@@ -46,6 +46,7 @@ from neuron_train.graphs.records import (
     HostRead,
     LoaderOrigin,
     Refused,
+    ScalarChange,
     Window,
 )
 
@@ -70,7 +71,7 @@ class Recorder:
         self._offset = max(files.start, self.log_size())  # what ran before this recorder is not ours
         self._log: BinaryIO | None = None
         self._reads: list[HostRead] = []
-        self._scalars: list[dict] = []
+        self._scalars: list[ScalarChange] = []
         self._optimizer_steps: list[int] = []
         self._loaders: list[LoaderOrigin] = []
         self._batches: list[Batch] = []
@@ -114,7 +115,7 @@ class Recorder:
             self._reads.append(read)
         return read
 
-    def note_scalar(self, change: dict) -> None:
+    def note_scalar(self, change: ScalarChange) -> None:
         with self._lock:
             self._scalars.append(change)
 

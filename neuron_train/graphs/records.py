@@ -8,8 +8,10 @@ keeps each graph's fields by name (`dataclasses.asdict`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from neuron_train.graphs import hlo_diff
+from neuron_train.graphs.findings import DynamoEntry, FallbackOp, HostSync, ProcessSummary
 from neuron_train.graphs.log import XlaEvent
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"  # the merged report's "format" (check-graphs --json)
@@ -141,6 +143,31 @@ class HostRead:
 
 
 @dataclass
+class LineReads:
+    """A window's host reads at one line (graphs/hostsync.py `reads_by_line`): the hooks' reads and
+    the log's host-access runs there."""
+
+    kind: str            # a HOST_READS key
+    phase: str
+    library: str = ""
+    hooked: int = 0      # reads the hooks saw
+    runs: int = 0        # graphs the log saw it run before the sync
+    padded: bool = False  # a bool() read answered False (a padded batch's mask)
+    compiled: bool = False  # inside a torch.compile'd call
+
+
+@dataclass
+class ScalarChange:
+    """An optimizer hyperparameter that became, or stopped being, exactly 0 or 1 (graphs/hooks.py)."""
+
+    group: int           # param_groups index
+    key: str             # its key there ("lr")
+    value: float
+    where: str           # the scheduler's line when one made it, else the optimizer step's
+    scheduler: str       # the scheduler's class name, "" without one
+
+
+@dataclass
 class LoaderOrigin:
     """Where a torch DataLoader was made: the line to fix when its batches change shape."""
 
@@ -194,7 +221,7 @@ class Window:
     reads: list[HostRead]
     fallbacks: dict[str, int]                 # CPU fallback op -> new executions
     scalar_reads: int                         # new aten::_local_scalar_dense
-    scalars: list[dict]                       # optimizer scalars that became / stopped being 0 or 1
+    scalars: list[ScalarChange]               # optimizer scalars that became / stopped being 0 or 1
     phase: str
     optimizer_steps: list[int] = field(default_factory=list)    # n for an optimizer's n-th step()
     loaders: list[LoaderOrigin] = field(default_factory=list)   # DataLoaders made in this window
@@ -236,7 +263,7 @@ class CommandRun:
     interrupted_by: str | None
     command_tail: list[str]        # a failed command's last stderr lines
     max_graphs: int | None
-    processes: list[dict]          # per process: pid, rank, local_rank, argv, steps, ... stable
+    processes: list[ProcessSummary]
 
 
 @dataclass
@@ -248,9 +275,9 @@ class GraphReport:
     warmup_steps: int
     steps: int
     graphs: list[Graph]
-    host_syncs: list[dict]         # HostSyncs.entries: one per line that read the device
-    fallback_ops: dict[str, dict]  # CPU fallback op -> count, first_step, where
-    dynamo: list[dict]             # dynamo's recompiles, limits, graph breaks (Analyzer._dynamo_notes)
+    host_syncs: list[HostSync]     # HostSyncs.report: one per line that read the device
+    fallback_ops: dict[str, FallbackOp]  # CPU fallback op -> how often, from which step, where
+    dynamo: list[DynamoEntry]      # dynamo's recompiles, limits, graph breaks (Analyzer._dynamo_notes)
     problems: list[str]
     compile_count: int = 0
     compile_time_s: float = 0.0
@@ -275,11 +302,12 @@ class GraphReport:
     def recompiles(self) -> list[Graph]:
         return [g for g in self.graphs if g.kind == "recompile"]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         graphs = [asdict(g) for g in self.graphs]
-        body = {"steps": self.steps, "distinct_graphs": len(graphs), "graphs": graphs,
-                "late_graphs": [g for g in graphs if g["kind"] == "late"],
-                "recompiles": [g for g in graphs if g["kind"] == "recompile"], "host_syncs": self.host_syncs}
+        late, recompiles = [asdict(g) for g in self.late_graphs], [asdict(g) for g in self.recompiles]
+        host = [h.to_json() for h in self.host_syncs]
+        fallback = {op: f.to_json() for op, f in self.fallback_ops.items()}
+        dynamo = [d.to_json() for d in self.dynamo]
         verdict = {"problems": self.problems, "stable": self.stable}
         if self.run is not None:
             r = self.run
@@ -287,26 +315,30 @@ class GraphReport:
                     "killed_by": r.killed_by, "interrupted_by": r.interrupted_by, "command_tail": r.command_tail,
                     "warmup_steps": self.warmup_steps, "max_graphs": r.max_graphs, "steps": self.steps,
                     "distinct_graphs": len(graphs), "compile_count": self.compile_count,
-                    "compile_time_s": self.compile_time_s, "graphs": graphs, "late_graphs": body["late_graphs"],
-                    "recompiles": body["recompiles"], "host_syncs": self.host_syncs,
-                    "fallback_ops": self.fallback_ops, "dynamo": self.dynamo, "processes": r.processes, **verdict}
+                    "compile_time_s": self.compile_time_s, "graphs": graphs, "late_graphs": late,
+                    "recompiles": recompiles, "host_syncs": host, "fallback_ops": fallback, "dynamo": dynamo,
+                    "processes": [p.to_json() for p in r.processes], **verdict}
         who = ({"pid": self.pid, "argv": self.argv, "rank": self.rank, "local_rank": self.local_rank}
                if self.pid is not None else {})
-        return {**who, "warmup_steps": self.warmup_steps, **body,
-                "scalar_reads_after_warmup": self.scalar_reads_after_warmup, "fallback_ops": self.fallback_ops,
-                "dynamo": self.dynamo, "source": self.source, **verdict, "compile_count": self.compile_count,
+        return {**who, "warmup_steps": self.warmup_steps, "steps": self.steps, "distinct_graphs": len(graphs),
+                "graphs": graphs, "late_graphs": late, "recompiles": recompiles, "host_syncs": host,
+                "scalar_reads_after_warmup": self.scalar_reads_after_warmup, "fallback_ops": fallback,
+                "dynamo": dynamo, "source": self.source, **verdict, "compile_count": self.compile_count,
                 "compile_time_s": self.compile_time_s,
                 **({"input_shapes": self.input_shapes} if self.pid is not None else {})}
 
     @classmethod
-    def from_json(cls, data: dict) -> GraphReport:
+    def from_json(cls, data: dict[str, Any]) -> GraphReport:
         """A report or a process's record as written by `to_json` (derived keys are recomputed)."""
         run = (CommandRun(data["command"], data["exit_code"], data.get("killed_by"), data.get("interrupted_by"),
-                          data.get("command_tail", []), data.get("max_graphs"), data.get("processes", []))
+                          data.get("command_tail", []), data.get("max_graphs"),
+                          [ProcessSummary.from_json(p) for p in data.get("processes", [])])
                if "command" in data else None)
         return cls(warmup_steps=data["warmup_steps"], steps=data["steps"],
-                   graphs=[Graph(**g) for g in data["graphs"]], host_syncs=data["host_syncs"],
-                   fallback_ops=data["fallback_ops"], dynamo=data.get("dynamo", []), problems=data["problems"],
+                   graphs=[Graph(**g) for g in data["graphs"]],
+                   host_syncs=[HostSync.from_json(h) for h in data["host_syncs"]],
+                   fallback_ops={op: FallbackOp.from_json(f) for op, f in data["fallback_ops"].items()},
+                   dynamo=[DynamoEntry.from_json(d) for d in data.get("dynamo", [])], problems=data["problems"],
                    compile_count=data.get("compile_count", 0), compile_time_s=data.get("compile_time_s", 0.0),
                    source=data.get("source", ""), scalar_reads_after_warmup=data.get("scalar_reads_after_warmup", 0),
                    pid=data.get("pid"), argv=data.get("argv", []), rank=data.get("rank"),

@@ -31,30 +31,30 @@ def format_report(r: GraphReport) -> str:
         lines.append(f"  step {g.step} ({g.phase}): {g.cause} at {at(g.where, g.library)}")
     lines.append(f"host syncs after warm-up: {len(r.host_syncs)}")
     for h in r.host_syncs:
-        effect = (f"{h['cause']}: runs a graph before the step's sync" if h["executes_graph"]
+        effect = (f"{h.cause}: runs a graph before the step's sync" if h.executes_graph
                   else "waits for the device, no extra graph")
-        often = ("refused inside torch_xla.compile(full_graph=True)" if h.get("refused") else "every step"
-                 if h["every_step"] else f"steps {', '.join(map(str, h['steps']))}")
-        lines.append(f"  {at(h['where'], h.get('library', ''))}: {h['what']} x{h['count']} ({often}; {effect})")
-        if h["executes_graph"] and h.get("library"):
-            lines.append(f"    fix: {h.get('fix') or fix_for(h['cause'], h['library'])}")
+        often = ("refused inside torch_xla.compile(full_graph=True)" if h.refused else "every step"
+                 if h.every_step else f"steps {', '.join(map(str, h.steps))}")
+        lines.append(f"  {at(h.where, h.library)}: {h.what} x{h.count} ({often}; {effect})")
+        if h.executes_graph and h.library:
+            lines.append(f"    fix: {h.fix or fix_for(h.cause, h.library)}")
     dynamo = r.dynamo
     if dynamo:
-        defects = sum(d["defect"] for d in dynamo)
+        defects = sum(d.defect for d in dynamo)
         lines.append(f"torch.compile (dynamo): {defects} recompilation(s) after warm-up or fall-back(s) to eager, "
-                     f"{sum(d['kind'] == 'graph_break' for d in dynamo)} graph break(s)")
+                     f"{sum(d.kind == 'graph_break' for d in dynamo)} graph break(s)")
         for d in dynamo:
-            if d["defect"] or d["kind"] == "graph_break":
-                count = f" x{d['count']}" if d["count"] > 1 else ""
-                lines.append(f"  step {d['step']}: {d['cause']}{count} of {d['function']} at "
-                             f"{at(d['where'], d['library'])}: {d['reason']}")
-        fixes = {d["fix"] for d in dynamo if d["defect"] and not d.get("graph")}
+            if d.defect or d.kind == "graph_break":
+                count = f" x{d.count}" if d.count > 1 else ""
+                lines.append(f"  step {d.step}: {d.cause}{count} of {d.function} at "
+                             f"{at(d.where, d.library)}: {d.reason}")
+        fixes = {d.fix for d in dynamo if d.defect and not d.graph}
         lines += [f"    fix: {fix}" for fix in sorted(fixes)]
     fallbacks = r.fallback_ops
     lines.append(f"CPU fallback ops: {len(fallbacks)}")
     for op, f in fallbacks.items():
-        lines.append(f"  {op} x{f['count']} from step {f['first_step']}"
-                     + (f" at {', '.join(map(short, f['where']))}" if f["where"] else ""))
+        lines.append(f"  {op} x{f.count} from step {f.first_step}"
+                     + (f" at {', '.join(map(short, f.where))}" if f.where else ""))
     if r.run is not None and r.run.command_tail:
         lines.append("the command failed; its last lines:")
         lines += [f"  | {line}" for line in r.run.command_tail]
@@ -67,7 +67,7 @@ def recompile_headline(r: GraphReport) -> str:
     """The first count: every recompilation, the dynamo ones that made no XLA graph of their own too
     (those that did are among the graphs already), so it never contradicts the dynamo section."""
     graphs = len(r.recompiles)
-    dynamo = sum(d["defect"] and d["kind"] == "recompile" and not d.get("graph") for d in r.dynamo)
+    dynamo = sum(d.defect and d.kind == "recompile" and not d.graph for d in r.dynamo)
     if not dynamo:
         return f"recompilations (new graphs at warm call sites): {graphs}"
     return (f"recompilations: {graphs + dynamo} ({graphs} new graphs at warm call sites, {dynamo} torch.compile "

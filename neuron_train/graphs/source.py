@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from collections.abc import Iterator
 
 _JUMPS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
 
@@ -23,7 +24,7 @@ def _split(where: str) -> tuple[str, int]:
     return path, int(line) if line.isdigit() else 0
 
 
-def _blocks(tree: ast.AST):
+def _blocks(tree: ast.AST) -> Iterator[tuple[ast.AST, list[ast.stmt]]]:
     """Every statement list in the tree (bodies, else branches, handlers)."""
     for node in ast.walk(tree):
         for name in ("body", "orelse", "finalbody"):

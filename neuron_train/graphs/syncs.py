@@ -52,7 +52,7 @@ def _install() -> None:
     module = sys.modules["torch_xla.torch_xla"]
     original = module.sync
 
-    def sync(*args, **kwargs):
+    def sync(*args: Any, **kwargs: Any) -> Any:
         # A sync inside a sync (a step closure that syncs) belongs to the outer one.
         if getattr(_state, "in_sync", False):
             return original(*args, **kwargs)

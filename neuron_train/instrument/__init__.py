@@ -4,6 +4,6 @@
 watchdog, signals passed on); `runner` runs it with the start-up hook (`_startup/` -> `start`)
 first on its PYTHONPATH and merges its processes' graph records; `script` runs it for precompile,
 check-graphs --compile-cache and bench; `probe` is the part inside its processes (step windows,
-why it stopped), `epochs` where the script's epochs end (the default precompile tour); `steps`
-the rules on step windows (pure).
+why it stopped), `marker` the note each process leaves when it imports torch_xla, `epochs` where
+the script's epochs end (the default precompile tour); `steps` the rules on step windows (pure).
 """

@@ -17,13 +17,15 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 EPOCH_ENV = "NEURON_TRAIN_PROBE_TO_EPOCH_END"   # "1": tour to the first epoch's end
 MAX_EPOCH_STEPS = 1000   # longer epochs are not toured whole by default (a choice: a few minutes of tour)
 
 
 class Epochs:
-    def __init__(self, began) -> None:
+    def __init__(self, began: Callable[[], None]) -> None:
         self.began = began                    # called when a loader starts its second epoch
         self.ended: set[int] = set()          # ids of loaders iterated to their end
         self.feeding: int | None = None       # len() of the loader that yielded the latest batch
@@ -44,16 +46,16 @@ class Epochs:
         return True, (f"the tour runs to the end of the first epoch ({length} steps) and through what runs "
                       "then (evaluation, checkpoint), until the next epoch's steps are warm")
 
-    def ended_one(self, loader) -> None:
+    def ended_one(self, loader: object) -> None:
         with self.lock:
             self.ended.add(id(loader))
 
-    def starting(self, loader) -> None:
+    def starting(self, loader: object) -> None:
         """`loader` is iterated: if it ran to its end before, its next epoch begins."""
         if id(loader) in self.ended:
             self.began()
 
-    def fed(self, loader) -> None:
+    def fed(self, loader: Any) -> None:
         """`loader` yielded the latest batch: its length is the epoch's."""
         try:
             self.feeding = len(loader)
@@ -69,16 +71,16 @@ class Epochs:
 
         iterate, fetch = DataLoader.__iter__, _BaseDataLoaderIter.__next__
         parallel, device_next = pl.ParallelLoader.__init__, pl.PerDeviceLoader.next
-        loaders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DataLoader iterator -> loader
+        loaders: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # DataLoader iterator -> loader
         epochs = self
 
-        def __iter__(self):
+        def __iter__(self: Any) -> Any:
             epochs.starting(self)
             it = iterate(self)
             loaders[it] = self
             return it
 
-        def __next__(self):
+        def __next__(self: Any) -> Any:
             loader = loaders.get(self)
             try:
                 batch = fetch(self)
@@ -90,11 +92,11 @@ class Epochs:
                 epochs.fed(loader)
             return batch
 
-        def parallel_init(self, cpu_loader, *args, **kwargs):
+        def parallel_init(self: Any, cpu_loader: Any, *args: Any, **kwargs: Any) -> None:
             epochs.starting(cpu_loader)
             parallel(self, cpu_loader, *args, **kwargs)
 
-        def next_on_device(self):
+        def next_on_device(self: Any) -> Any:
             # Noted before the call: PerDeviceLoader.next() syncs before it takes the batch, and that
             # sync closes a step the loader feeds (in the training thread: the loader of its steps).
             epochs.fed(self._loader._cpu_loader)

@@ -32,11 +32,19 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from neuron_train.graphs import syncs
 from neuron_train.graphs.process import internal_predicate, xla_counter, xla_metric
 from neuron_train.instrument.epochs import EPOCH_ENV, Epochs, say
 from neuron_train.instrument.steps import Sites, StepWindow
+
+if TYPE_CHECKING:
+    import torch
+
+    from neuron_train.graphs.log import XlaEvent
+    from neuron_train.graphs.recorder import Recorder
 
 MODE_ENV = "NEURON_TRAIN_PROBE_MODE"          # tour | check | bench
 STEPS_ENV = "NEURON_TRAIN_PROBE_STEPS"        # tour: steps before stopping; bench: measured steps
@@ -78,12 +86,22 @@ class ProbeRecord:
     epoch_steps: int = 0           # ... whose length (the loader that fed the steps), when it does
     note: str = ""
 
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProbeRecord:
+        """A record as `to_json` wrote it (`probe.<pid>.json`)."""
+        stop = data.get("stop")
+        return cls(**{**data, "windows": [StepWindow(**w) for w in data.get("windows", [])],
+                      "stop": Stop(**stop) if stop else None})
+
 
 class Probe:
     """One process's probe. `recorder` is the checker's (None under bench: the probe alone):
     steps are counted here from torch_xla's own counters, so both modes number them alike."""
 
-    def __init__(self, recorder, mode: str, folder: Path):
+    def __init__(self, recorder: Recorder | None, mode: str, folder: Path) -> None:
         self.rec, self.mode, self.folder = recorder, mode, folder
         self.is_internal = recorder.analyzer.is_internal if recorder is not None else internal_predicate()
         self.record = ProbeRecord(os.getpid(), mode, int(os.environ.get(STEPS_ENV, "0") or 0))
@@ -102,7 +120,7 @@ class Probe:
         """Compile-cache lookups: one per sync that ran a graph, whether it compiled or not."""
         return xla_counter("UncachedCompile") + xla_counter("CachedCompile")
 
-    def note_copy(self, tensor) -> None:
+    def note_copy(self, tensor: torch.Tensor) -> None:
         """A tensor that arrived on the XLA device from the host."""
         try:
             size, shape = tensor.numel(), list(tensor.shape)
@@ -112,7 +130,7 @@ class Probe:
             if shape and (self.copy is None or size > self.copy[0]):
                 self.copy = (size, shape)
 
-    def note_parameters(self, optimizer) -> None:
+    def note_parameters(self, optimizer: torch.optim.Optimizer) -> None:
         if id(optimizer) in self.seen_params:
             return
         self.seen_params.add(id(optimizer))
@@ -166,7 +184,7 @@ class Probe:
             self.record.device = xr.device_type() or ""
         path = self.folder / f"{PROBE_PREFIX}{os.getpid()}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self.record)))
+        tmp.write_text(json.dumps(self.record.to_json()))
         os.replace(tmp, path)
 
 
@@ -175,7 +193,7 @@ STOP_WORDS = {"tour": "graph tour complete (every call site warm)",
 
 
 # ----- arming ------------------------------------------------------------------------------------
-def arm(recorder, folder: Path) -> None:
+def arm(recorder: Recorder | None, folder: Path) -> None:
     """Called by start.py in each process right after torch_xla's import (`recorder`: the checker's,
     None under bench)."""
     mode = os.environ.get(MODE_ENV, "")
@@ -192,9 +210,9 @@ def arm(recorder, folder: Path) -> None:
         if os.environ.get(EPOCH_ENV) == "1":
             probe.epochs = Epochs(probe.sites.epoch_began)
             probe.epochs.install()
-    if mode == "check" and os.environ.get(COVERED_ENV):
+    if mode == "check" and recorder is not None and os.environ.get(COVERED_ENV):
         covered = set(json.loads(Path(os.environ[COVERED_ENV]).read_text()))
-        CompileWatch(probe, covered).start()
+        CompileWatch(probe, recorder, covered).start()
 
 
 class _StepWindows:
@@ -206,7 +224,7 @@ class _StepWindows:
     def before_sync(self) -> int:
         return self.probe.graph_runs()
 
-    def after_sync(self, before: int, caller) -> None:
+    def after_sync(self, before: int, caller: FrameType | None) -> None:
         from neuron_train.graphs.frames import caller_line
 
         if self.probe.graph_runs() != before:  # this sync ran a graph: a step (an idle sync is not one)
@@ -220,7 +238,7 @@ def _watch_copies(probe: Probe) -> None:
 
     to = torch.Tensor.to
 
-    def copy_to(self, *args, **kwargs):
+    def copy_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         out = to(self, *args, **kwargs)
         if out is not self and out.device.type == "xla" and self.device.type != "xla":
             probe.note_copy(out)
@@ -231,7 +249,7 @@ def _watch_copies(probe: Probe) -> None:
     setattr(torch.Tensor, "to", copy_to)  # noqa: B010
     from_aten = torch_xla._XLAC._xla_tensors_from_aten
 
-    def tensors_from_aten(tensors, *args, **kwargs):
+    def tensors_from_aten(tensors: list[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
         for t in tensors:
             probe.note_copy(t)
         return from_aten(tensors, *args, **kwargs)
@@ -270,11 +288,11 @@ class CompileWatch(threading.Thread):
     uncovered graph within WATCH_INTERVAL_S of its compile's start and ends the process there.
     """
 
-    def __init__(self, probe: Probe, covered: set[str]):
+    def __init__(self, probe: Probe, recorder: Recorder, covered: set[str]) -> None:
         super().__init__(name="neuron-train-require-precompiled", daemon=True)
-        self.probe, self.covered = probe, covered
-        self.log = probe.rec.files.log
-        self.offset = probe.rec.log_size()
+        self.probe, self.rec, self.covered = probe, recorder, covered
+        self.log = recorder.files.log
+        self.offset = recorder.log_size()
         self.started = 0
         self.finished0 = self._finished()
 
@@ -300,17 +318,17 @@ class CompileWatch(threading.Thread):
                 if event.graph_hash and event.graph_hash not in self.covered:
                     self.stop(event, written)
 
-    def _wait_for_hlo(self, event) -> None:
+    def _wait_for_hlo(self, event: XlaEvent) -> None:
         """XLA dumps a graph's HLO as its compile starts: wait (briefly) to record its input shapes."""
         from neuron_train.graphs.recorder import compiled_hlo
 
         deadline = time.monotonic() + HLO_DUMP_WAIT_S
-        while self.probe.rec.files.hlo_dir is not None and time.monotonic() < deadline:
-            if compiled_hlo(self.probe.rec.files.hlo_dir, event) is not None:
+        while self.rec.files.hlo_dir is not None and time.monotonic() < deadline:
+            if compiled_hlo(self.rec.files.hlo_dir, event) is not None:
                 return
             time.sleep(WATCH_INTERVAL_S)
 
-    def stop(self, event, logged_at: float) -> None:
+    def stop(self, event: XlaEvent, logged_at: float) -> None:
         """Record why, write every record, end the compiler's processes and this one (exit 3)."""
         from neuron_train.graphs.log import user_frames
         from neuron_train.graphs.recorder import write_record
@@ -325,7 +343,7 @@ class CompileWatch(threading.Thread):
             self.probe.record.stop = Stop("uncovered", self.probe.steps, event.graph_hash, where,
                                           round(time.time() - logged_at, 3), self.started,
                                           self._finished() - self.finished0)
-            write_record(self.probe.rec, self.probe.folder)
+            write_record(self.rec, self.probe.folder)
             self.probe.write()
         finally:
             sys.stdout.flush()

@@ -26,6 +26,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import IO, TextIO
 
 _WATCHDOG = Path(__file__).resolve().with_name("_watchdog.py")
 GRACE_S = 10.0      # after SIGTERM, before SIGKILL (the group's processes write their records)
@@ -61,7 +63,9 @@ def run(command: list[str], env: dict[str, str], *, stdout_too: bool, tail_lines
                             stderr=subprocess.STDOUT if stdout_too else subprocess.PIPE, start_new_session=True)
     watchdog = subprocess.Popen([sys.executable, str(_WATCHDOG), str(proc.pid), str(GRACE_S)],
                                 stdin=subprocess.PIPE, start_new_session=True)
-    child = _Child(proc, proc.stdout if stdout_too else proc.stderr, tail_lines)
+    pipe = proc.stdout if stdout_too else proc.stderr
+    assert pipe is not None  # the one Popen was given PIPE for
+    child = _Child(proc, pipe, tail_lines)
     previous = child.forward_signals()
     try:
         child.read((sys.stdout if stdout_too else sys.stderr) if echo else None)
@@ -81,13 +85,13 @@ def run(command: list[str], env: dict[str, str], *, stdout_too: bool, tail_lines
 
 
 class _Child:
-    def __init__(self, proc: subprocess.Popen, pipe, tail_lines: int):
+    def __init__(self, proc: subprocess.Popen[bytes], pipe: IO[bytes], tail_lines: int) -> None:
         self.proc, self.pipe = proc, pipe
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self.got: list[int] = []          # signals we received
         self.signalled_at = 0.0
 
-    def read(self, out) -> None:
+    def read(self, out: TextIO | None) -> None:
         """Echo and keep the output until the command has exited (then at most DRAIN_S more)."""
         fd, partial, ended_at, killed = self.pipe.fileno(), b"", None, False
         while True:
@@ -118,7 +122,7 @@ class _Child:
 
     def forward_signals(self) -> dict:
         """SIGTERM/SIGINT to us end the command's group too; a second one kills it outright."""
-        def handler(signum, frame) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
             if not self.got:
                 self.signalled_at = time.monotonic()
             self.got.append(signum)

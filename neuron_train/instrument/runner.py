@@ -10,9 +10,11 @@ import signal
 from dataclasses import replace
 from pathlib import Path
 
+from neuron_train.graphs.findings import FallbackOp, HostSync, ProcessSummary
 from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, PARTIAL_PREFIX, RECORD_PREFIX
 from neuron_train.graphs.records import CommandRun, Graph, GraphReport
 from neuron_train.instrument import proc
+from neuron_train.instrument.marker import Started
 
 DEFAULT_WARMUP = 0  # --warmup-steps: the per-call-site rule alone (analyzer.py)
 _INSTRUMENT_DIR = Path(__file__).resolve().parent / "_startup"
@@ -69,13 +71,13 @@ def load_records(folder: Path) -> list[GraphReport]:
 
 
 def merge_records(records: list[GraphReport], command: list[str], ended: proc.Ended, warmup_steps: int,
-                  max_graphs: int | None, started: list[dict] | None = None) -> GraphReport:
+                  max_graphs: int | None, started: list[Started] | None = None) -> GraphReport:
     """One report over all processes: graphs by hash, host syncs by line, counts summed; a failed
     command's own error (from its last stderr lines) is reported as such, and so is a process that
     imported torch_xla but never wrote its record (`started`: start.py's markers)."""
     merged_graphs: dict[str, Graph] = {}
-    host: dict[str, dict] = {}
-    fallback: dict[str, dict] = {}
+    host: dict[str, HostSync] = {}
+    fallback: dict[str, FallbackOp] = {}
     problems: list[str] = []
     for n, record in enumerate(records):
         for g in record.graphs:
@@ -97,10 +99,8 @@ def merge_records(records: list[GraphReport], command: list[str], ended: proc.En
     run = CommandRun(command=command, exit_code=ended.code, killed_by=signal_name(ended.signal),
                      interrupted_by=signal_name(ended.interrupted),
                      command_tail=ended.tail[-TAIL_LINES:] if failed else [], max_graphs=max_graphs,
-                     processes=[{"pid": r.pid, "rank": r.rank, "local_rank": r.local_rank, "argv": r.argv,
-                                 "steps": r.steps, "compile_count": r.compile_count,
-                                 "distinct_graphs": len(r.graphs), "source": r.source, "stable": r.stable}
-                                for r in records])
+                     processes=[ProcessSummary(r.pid, r.rank, r.local_rank, r.argv, r.steps, r.compile_count,
+                                               len(r.graphs), r.source, r.stable) for r in records])
     return GraphReport(warmup_steps=warmup_steps, steps=max((r.steps for r in records), default=0),
                        graphs=all_graphs, host_syncs=list(host.values()), fallback_ops=fallback,
                        dynamo=[d for r in records for d in r.dynamo], problems=problems,
@@ -112,16 +112,16 @@ def signal_name(signum: int | None) -> str | None:
     return signal.Signals(signum).name if signum else None
 
 
-def _run_problems(records: list[GraphReport], started: list[dict], ended: proc.Ended) -> list[str]:
+def _run_problems(records: list[GraphReport], started: list[Started], ended: proc.Ended) -> list[str]:
     """What the run itself lost: an interruption, processes without a record, the command's failure."""
     problems = []
     if ended.interrupted is not None:
         problems.append(f"interrupted by {signal_name(ended.interrupted)}: the command was ended; "
                         "this report covers what ran until then")
     written = {r.pid for r in records}
-    lost = [s for s in started if s["pid"] not in written]
+    lost = [s for s in started if s.pid not in written]
     for s in lost[:3]:
-        problems.append(f"process {s['pid']} ({' '.join(s['argv'])[:80]}) imported torch_xla but ended without "
+        problems.append(f"process {s.pid} ({' '.join(s.argv)[:80]}) imported torch_xla but ended without "
                         f"writing its record (os._exit, or killed by a signal): its graphs are not in this report")
     if not records and not started:
         problems.append(f"the command {ended.how()} before any of its processes imported torch_xla: nothing "
@@ -133,18 +133,18 @@ def _run_problems(records: list[GraphReport], started: list[dict], ended: proc.E
     return problems
 
 
-def _merge_host(host: dict[str, dict], h: dict) -> None:
-    entry = host.get(h["where"])
+def _merge_host(host: dict[str, HostSync], h: HostSync) -> None:
+    entry = host.get(h.where)
     if entry is None:
-        host[h["where"]] = dict(h, steps=list(h["steps"]))
+        host[h.where] = replace(h, steps=list(h.steps))
         return
-    entry["count"] += h["count"]
-    entry["executes_graph"] |= h["executes_graph"]
-    entry["every_step"] |= h["every_step"]
-    entry["steps"] += [s for s in h["steps"] if s not in entry["steps"]][:10 - len(entry["steps"])]
+    entry.count += h.count
+    entry.executes_graph |= h.executes_graph
+    entry.every_step |= h.every_step
+    entry.steps += [s for s in h.steps if s not in entry.steps][:10 - len(entry.steps)]
 
 
-def _merge_fallback(fallback: dict[str, dict], op: str, f: dict) -> None:
-    entry = fallback.setdefault(op, {"count": 0, "first_step": f["first_step"], "where": []})
-    entry["count"] += f["count"]
-    entry["where"] += [w for w in f["where"] if w not in entry["where"]]
+def _merge_fallback(fallback: dict[str, FallbackOp], op: str, f: FallbackOp) -> None:
+    entry = fallback.setdefault(op, FallbackOp(0, f.first_step))
+    entry.count += f.count
+    entry.where += [w for w in f.where if w not in entry.where]

@@ -12,14 +12,14 @@ import json
 import re
 import shlex
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.graphs.records import Graph, GraphReport
 from neuron_train.instrument import probe, proc
 from neuron_train.instrument import runner as graph_runner
-from neuron_train.instrument.start import started
+from neuron_train.instrument.marker import started
 
 TAIL_LINES = 4000
 RETRIES_ENV = "NEURON_PARALLEL_COMPILE_MAX_RETRIES"
@@ -30,14 +30,14 @@ class ScriptRun:
     command: list[str]
     exit_code: int
     records: list[GraphReport]  # the graph checker's, one per process that imported torch_xla
-    probes: list[dict]       # the probe's, one per process that imported torch_xla
+    probes: list[probe.ProbeRecord]  # the probe's, one per process that imported torch_xla
     tail: str                # the command's last output lines
     how: str = ""            # how it ended: "exit code N", "killed by SIGKILL"
     started: int = 0         # its processes that imported torch_xla (with a record or not)
 
-    def stop(self, reason: str) -> dict | None:
+    def stop(self, reason: str) -> probe.Stop | None:
         """The first process that stopped for `reason` ('tour', 'bench', 'uncovered')."""
-        return next((p["stop"] for p in self.probes if p.get("stop") and p["stop"]["reason"] == reason), None)
+        return next((p.stop for p in self.probes if p.stop is not None and p.stop.reason == reason), None)
 
     def graphs(self) -> list[Graph]:
         """Every graph compiled, once per hash (processes compile the same graphs), with the phase a
@@ -62,7 +62,7 @@ class ScriptRun:
         return shapes
 
     def steps(self) -> int:
-        return max((len(p["windows"]) for p in self.probes), default=0)
+        return max((len(p.windows) for p in self.probes), default=0)
 
     @property
     def line(self) -> str:
@@ -107,8 +107,9 @@ def probe_vars(mode: str, steps: int = 0) -> dict[str, str]:
     return {probe.MODE_ENV: mode, probe.STEPS_ENV: str(steps)}
 
 
-def load_probes(folder: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{probe.PROBE_PREFIX}*.json"))]
+def load_probes(folder: Path) -> list[probe.ProbeRecord]:
+    return [probe.ProbeRecord.from_json(json.loads(p.read_text()))
+            for p in sorted(folder.glob(f"{probe.PROBE_PREFIX}*.json"))]
 
 
 def run_script(command: list[str], folder: Path, *, mode: str, steps: int,
@@ -137,19 +138,36 @@ def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:
                        "give a PyTorch/XLA training command, e.g. `python my_train.py`")
 
 
-def parse_compile_summary(log: str) -> dict:
+@dataclass
+class CompileSummary:
+    """neuron_parallel_compile's closing summary (None: a total it did not print)."""
+
+    graphs: int | None = None
+    compiled: int | None = None
+    failed: int | None = None
+    failed_graphs: list[str] = field(default_factory=list)   # their paths
+
+    def line(self) -> str:
+        """`neuron_parallel_compile: 2 graphs, 2 compiled, 0 failed`."""
+        def said(n: int | None) -> str:
+            return "?" if n is None else str(n)
+        return (f"neuron_parallel_compile: {said(self.graphs)} graphs, {said(self.compiled)} compiled, "
+                f"{said(self.failed)} failed")
+
+
+def parse_compile_summary(log: str) -> CompileSummary | None:
     """neuron_parallel_compile's closing summary: totals and the graphs that failed to compile."""
-    totals = {}
-    for key, pattern in (("graphs", r"Total graphs: (\d+)"),
-                         ("compiled", r"Total successful compilations: (\d+)"),
-                         ("failed", r"Total failed compilations: (\d+)")):
+    def total(pattern: str) -> int | None:
         found = re.findall(pattern, log)
-        if found:
-            totals[key] = int(found[-1])
+        return int(found[-1]) if found else None
+
+    graphs, compiled, failed = (total(rf"Total {what}: (\d+)")
+                                for what in ("graphs", "successful compilations", "failed compilations"))
     report = _summary_json(log)
-    failed = sorted(path for path, r in report.get("compilation_report", {}).items()
-                    if not r.get("status"))
-    return {**totals, "failed_graphs": failed} if totals or report else {}
+    if graphs is None and compiled is None and failed is None and not report:
+        return None
+    return CompileSummary(graphs, compiled, failed, sorted(path for path, r in report.get("compilation_report", {}).items()
+                                                            if not r.get("status")))
 
 
 def _summary_json(log: str) -> dict:

@@ -17,8 +17,6 @@ import sys
 
 from neuron_train.common.after_import import AfterImport
 
-STARTED_PREFIX = "started."   # <dir>/started.<pid>.json: this process imported torch_xla
-
 
 def arm() -> None:
     """sitecustomize calls this when the command runs under us (NEURON_TRAIN_GRAPHS_DIR is set)."""
@@ -46,16 +44,14 @@ def _prepare() -> None:
 
 def _on_import() -> None:
     """Right after torch_xla's import: the checker's hooks (unless bench), then the probe."""
-    import json
     from pathlib import Path
 
     from neuron_train.graphs import process, recorder
-    from neuron_train.instrument import probe
+    from neuron_train.instrument import marker, probe
 
     rec = recorder.start_instrumented_process() if _checking() else None
     folder = Path(os.environ[process.ENV_DIR])
-    marker = folder / f"{STARTED_PREFIX}{os.getpid()}.json"
-    marker.write_text(json.dumps({"pid": os.getpid(), "argv": sys.argv}))
+    marker.mark(folder)
     _exit_cleanly_on_sigterm()
     probe.arm(rec, folder)
 
@@ -71,11 +67,3 @@ def _exit_cleanly_on_sigterm() -> None:
             signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     except ValueError:  # torch_xla imported in another thread than the main one: leave it
         pass
-
-
-def started(folder) -> list[dict]:
-    """The processes that imported torch_xla (each one's marker)."""
-    import json
-    from pathlib import Path
-
-    return [json.loads(p.read_text()) for p in sorted(Path(folder).glob(STARTED_PREFIX + "*.json"))]

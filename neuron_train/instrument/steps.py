@@ -45,7 +45,7 @@ class Sites:
     nothing: intervals spanning another site's windows (an evaluation) or a compile are left out.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.by_site: dict[str, SiteState] = {}
         self.count = 0
         self.last: StepWindow | None = None

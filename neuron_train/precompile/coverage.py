@@ -18,6 +18,8 @@ import re
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from neuron_train.common.neuron_env import compiler_flags, library_versions
 from neuron_train.graphs.records import Graph
@@ -170,8 +172,42 @@ def explain(manifest: Manifest, config: dict, cache_dir: str, labels: Mapping[st
     return "; ".join(diffs) + f" (compared with precompiled configuration {nearest})"
 
 
+@dataclass
+class MissingGraph:
+    """A graph the run compiled that the cache was not precompiled with, and the nearest that was."""
+
+    hash: str
+    phase: str
+    step: int | None
+    cause: str
+    where: str
+    nearest: str | None     # the precompiled graph of the same call site closest to it
+    difference: str         # how the two differ ("" when nothing names it)
+
+
+@dataclass
+class CoverageReport:
+    """A run's coverage by a compile cache (`precompile_coverage.json`)."""
+
+    cache_dir: str
+    fingerprint: str
+    precompiled: bool          # this configuration was precompiled into the cache
+    graphs: int                # graphs compiled that have a hash
+    covered: int
+    coverage: float | None     # None: a graph without a hash makes it unknown
+    unidentified: int          # graphs compiled without a hash
+    missing: list[MissingGraph]
+    unused: list[str]          # precompiled graphs the run did not compile
+    config: dict[str, Any]
+    explanation: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def coverage_report(graphs: Sequence[Graph], manifest: Manifest, config: dict, cache_dir: str,
-                    labels: Mapping[str, str] | None = None, shapes: Mapping[str, list[str]] | None = None) -> dict:
+                    labels: Mapping[str, str] | None = None,
+                    shapes: Mapping[str, list[str]] | None = None) -> CoverageReport:
     """Compare the graphs a run compiled with the manifest (pure); `labels` name the settings,
     `shapes` are the graphs' input shapes by hash when known (GraphReport.input_shapes)."""
     fp = fingerprint(config)
@@ -186,31 +222,26 @@ def coverage_report(graphs: Sequence[Graph], manifest: Manifest, config: dict, c
     covered = len(seen) - len(missing)
     # A graph without a hash cannot be compared with the manifest: coverage is unknown, never 100%.
     ratio = None if unidentified else covered / len(seen) if seen else 1.0
-    report = {
-        "cache_dir": cache_dir, "fingerprint": fp, "precompiled": fp in manifest.configs,
-        "graphs": len(seen), "covered": covered, "coverage": ratio, "unidentified": unidentified,
-        "missing": missing, "unused": sorted(precompiled - set(seen)), "config": config,
-        "explanation": _explanation(manifest, config, cache_dir, missing, labels),
-    }
-    return report
+    return CoverageReport(cache_dir, fp, fp in manifest.configs, len(seen), covered, ratio, unidentified, missing,
+                          sorted(precompiled - set(seen)), config,
+                          _explanation(manifest, config, cache_dir, missing, labels))
 
 
-def _explanation(manifest: Manifest, config: dict, cache_dir: str, missing: list[dict],
+def _explanation(manifest: Manifest, config: dict, cache_dir: str, missing: list[MissingGraph],
                  labels: Mapping[str, str] | None) -> str:
     """Why graphs are missing. A script's command line can be the one precompiled while the script
     itself changed (a constant, its data): then its graphs differ at lines the tour did reach."""
     if not missing:
         return ""
-    if "script" in config and fingerprint(config) in manifest.configs and any(m["nearest"] for m in missing):
+    if "script" in config and fingerprint(config) in manifest.configs and any(m.nearest for m in missing):
         return ("this command line was precompiled, but the script compiled other graphs at lines its tour "
                 "reached (the script or its data changed since: see each graph)")
     return explain(manifest, config, cache_dir, labels)
 
 
-def _missing(graph: Graph, manifest: Manifest, config: dict, shapes: list[str] | None) -> dict:
+def _missing(graph: Graph, manifest: Manifest, config: dict, shapes: list[str] | None) -> MissingGraph:
     nearest, difference = nearest_graph(graph.where, shapes, manifest, config)
-    return {"hash": graph.hash, "phase": graph.phase, "step": graph.step, "cause": graph.cause,
-            "where": graph.where, "nearest": nearest, "difference": difference}
+    return MissingGraph(graph.hash, graph.phase, graph.step, graph.cause, graph.where, nearest, difference)
 
 
 def same_site(a: str | None, b: str | None) -> bool:
@@ -276,25 +307,25 @@ def nearest_graph(where: str, shapes: list[str] | None, manifest: Manifest,
     return nearest, "; ".join(changes[:MAX_NAMED]) + more
 
 
-def _when(graph: dict) -> str:
-    step = "before the first step ended" if graph["step"] is None else f"step {graph['step']}"
-    return f"{graph['phase']}, {step}" if graph.get("phase") else step
+def _when(graph: MissingGraph) -> str:
+    step = "before the first step ended" if graph.step is None else f"step {graph.step}"
+    return f"{graph.phase}, {step}" if graph.phase else step
 
 
-def format_coverage(report: dict) -> str:
-    if report["coverage"] is None:
-        known = (f"; of the {report['graphs']} with one, {report['covered']} in {report['cache_dir']}/{MANIFEST}"
-                 if report["graphs"] else "")
-        return (f"precompile coverage unknown: {report['unidentified']} graph(s) compiled without a "
+def format_coverage(report: CoverageReport) -> str:
+    if report.coverage is None:
+        known = (f"; of the {report.graphs} with one, {report.covered} in {report.cache_dir}/{MANIFEST}"
+                 if report.graphs else "")
+        return (f"precompile coverage unknown: {report.unidentified} graph(s) compiled without a "
                 f"fingerprint (graph hashes unavailable){known}")
-    line = (f"precompile coverage {report['coverage']:.0%} ({report['covered']}/{report['graphs']} "
-            f"graphs in {report['cache_dir']}/{MANIFEST})")
-    if not report["missing"]:
+    line = (f"precompile coverage {report.coverage:.0%} ({report.covered}/{report.graphs} "
+            f"graphs in {report.cache_dir}/{MANIFEST})")
+    if not report.missing:
         return line
-    first = report["missing"][0]
-    lines = [line + f": {len(report['missing'])} graph(s) not precompiled, first {first['hash'][:12]} "
-             f"({_when(first)}): {report['explanation']}"]
-    for g in report["missing"]:
-        lines.append(f"  not precompiled: {g['hash'][:12]} at {short(g['where'] or '?')} ({_when(g)})"
-                     + (f": {g['difference']}" if g.get("difference") else ""))
+    first = report.missing[0]
+    lines = [line + f": {len(report.missing)} graph(s) not precompiled, first {first.hash[:12]} "
+             f"({_when(first)}): {report.explanation}"]
+    for g in report.missing:
+        lines.append(f"  not precompiled: {g.hash[:12]} at {short(g.where or '?')} ({_when(g)})"
+                     + (f": {g.difference}" if g.difference else ""))
     return "\n".join(lines)

@@ -5,7 +5,9 @@ configurations, as data (`cache_listing`) and as text (`format_listing`).
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from neuron_train.precompile.store import FILE, Entry, load_manifest, recordable, scan
 
@@ -38,7 +40,38 @@ def describe_config(config: dict) -> str:
     return ", ".join(parts)
 
 
-def cache_listing(cache: Path, now: float | None = None) -> dict:
+@dataclass
+class ConfigListing:
+    """One precompiled configuration of the cache."""
+
+    fingerprint: str
+    summary: str          # describe_config's line
+    graphs: int
+    entries: int          # cache entries it recorded
+    bytes: int
+    updated: str
+    host: str | None
+    pruned_files: int
+
+
+@dataclass
+class CacheListing:
+    """What `cache list` shows (`--json`: this record's fields)."""
+
+    cache_dir: str
+    entries: int
+    bytes: int
+    states: dict[str, int]     # entry state -> how many
+    oldest_age_s: float
+    newest_age_s: float
+    configs: list[ConfigListing]
+    unrecorded: int            # entries a precompile did not record
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cache_listing(cache: Path, now: float | None = None) -> CacheListing:
     """What `cache list` shows, as data."""
     cache = Path(cache)
     now = time.time() if now is None else now
@@ -55,29 +88,26 @@ def cache_listing(cache: Path, now: float | None = None) -> dict:
     configs = []
     for fp, record in sorted(manifest.configs.items(), key=lambda kv: kv[1].updated):
         mine = by_config.get(fp, [])
-        configs.append({"fingerprint": fp, "summary": describe_config(record.config),
-                        "graphs": len(record.graphs), "entries": len(mine),
-                        "bytes": sum(e.size for e in mine), "updated": record.updated,
-                        "host": record.host, "pruned_files": record.pruned_files})
-    return {"cache_dir": str(cache.absolute()), "entries": len(entries), "bytes": sum(e.size for e in entries),
-            "states": states, "oldest_age_s": now - min((e.mtime for e in entries), default=now),
-            "newest_age_s": now - max((e.mtime for e in entries), default=now),
-            "configs": configs,
-            "unrecorded": sum(1 for e in entries if recordable(e) and not any(f in manifest.files for f in e.files))}
+        configs.append(ConfigListing(fp, describe_config(record.config), len(record.graphs), len(mine),
+                                     sum(e.size for e in mine), record.updated, record.host, record.pruned_files))
+    return CacheListing(str(cache.absolute()), len(entries), sum(e.size for e in entries), states,
+                        now - min((e.mtime for e in entries), default=now),
+                        now - max((e.mtime for e in entries), default=now), configs,
+                        sum(1 for e in entries if recordable(e) and not any(f in manifest.files for f in e.files)))
 
 
-def format_listing(info: dict) -> str:
-    lines = [f"cache      {info['cache_dir']}",
-             f"entries    {info['entries']} ({human_size(info['bytes'])})"
-             + (": " + ", ".join(f"{n} {state_word(s)}" for s, n in sorted(info["states"].items()))
-                if info["states"] else ""),
+def format_listing(info: CacheListing) -> str:
+    lines = [f"cache      {info.cache_dir}",
+             f"entries    {info.entries} ({human_size(info.bytes)})"
+             + (": " + ", ".join(f"{n} {state_word(s)}" for s, n in sorted(info.states.items()))
+                if info.states else ""),
              ]
-    if info["entries"]:
-        lines.append(f"age        newest {human_age(info['newest_age_s'])}, oldest {human_age(info['oldest_age_s'])}")
-    lines.append(f"configs    {len(info['configs'])} precompiled configuration(s)"
-                 + (f"; {info['unrecorded']} entries not from a precompile" if info["unrecorded"] else ""))
-    for c in info["configs"]:
-        pruned = f", {c['pruned_files']} files pruned" if c["pruned_files"] else ""
-        lines.append(f"  {c['fingerprint']}  {c['summary']}: {c['graphs']} graphs, {c['entries']} entries "
-                     f"({human_size(c['bytes'])}), updated {c['updated']} on {c['host']}{pruned}")
+    if info.entries:
+        lines.append(f"age        newest {human_age(info.newest_age_s)}, oldest {human_age(info.oldest_age_s)}")
+    lines.append(f"configs    {len(info.configs)} precompiled configuration(s)"
+                 + (f"; {info.unrecorded} entries not from a precompile" if info.unrecorded else ""))
+    for c in info.configs:
+        pruned = f", {c.pruned_files} files pruned" if c.pruned_files else ""
+        lines.append(f"  {c.fingerprint}  {c.summary}: {c.graphs} graphs, {c.entries} entries "
+                     f"({human_size(c.bytes)}), updated {c.updated} on {c.host}{pruned}")
     return "\n".join(lines)

@@ -89,23 +89,23 @@ class CoverageCheck:
             stop = run.stop("uncovered")
             if stop:
                 lines.append(self._stopped(stop, graphs, shapes))
-            elif report["missing"]:
+            elif report.missing:
                 lines.append(f"precompile what was missed: {self.hint}")
-            return "\n".join(lines), not (self.require and (stop or report["missing"]))
+            return "\n".join(lines), not (self.require and (stop or report.missing))
         finally:
             self.use.release()
 
-    def _stopped(self, stop: dict, graphs: list[Graph], shapes: dict[str, list[str]]) -> str:
-        graph = next((g for g in graphs if g.hash == stop["graph"]), None)
-        where = graph.where if graph else stop["where"]
-        difference = nearest_graph(where or "", shapes.get(stop["graph"]), self.manifest, self.config)[1]
-        unfinished = stop["compiles_finished"] < stop["compiles_started"]
-        when = (f"{stop['seconds_into_compile']:.2f} s after its compile started, before it finished" if unfinished
+    def _stopped(self, stop: probe.Stop, graphs: list[Graph], shapes: dict[str, list[str]]) -> str:
+        graph = next((g for g in graphs if g.hash == stop.graph), None)
+        where = graph.where if graph else stop.where
+        difference = nearest_graph(where or "", shapes.get(stop.graph), self.manifest, self.config)[1]
+        unfinished = stop.compiles_finished < stop.compiles_started
+        when = (f"{stop.seconds_into_compile or 0.0:.2f} s after its compile started, before it finished" if unfinished
                 else "right after its compile")
         hint = self.hint
         if graph and graph.step and difference.startswith("no precompiled graph comes from"):  # the tour stopped before
             hint = self._precompile_command(steps=graph.step + 1)
             difference += f" (it compiled after step {graph.step}: a tour of {graph.step + 1} steps reaches it)"
-        return (f"--require-precompiled stopped {shlex.join(self.command)} at graph {stop['graph'][:12]} from "
-                f"{short(stop['where'] or '?')} {when}" + (f": {difference}" if difference else "")
+        return (f"--require-precompiled stopped {shlex.join(self.command)} at graph {stop.graph[:12]} from "
+                f"{short(stop.where or '?')} {when}" + (f": {difference}" if difference else "")
                 + f". Precompile it: {hint}")

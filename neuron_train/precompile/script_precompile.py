@@ -27,6 +27,7 @@ from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.epochs import EPOCH_ENV, MAX_EPOCH_STEPS
 from neuron_train.instrument.script import (
+    CompileSummary,
     ScriptRun,
     parse_compile_summary,
     require_ran,
@@ -102,10 +103,10 @@ def execute_script_plan(plan: ScriptPlan, device: str) -> str:
             extra = {**plan.env, **({probe.STAGING_ENV: str(staging)} if plan.target != "neuron" else {}),
                      **({EPOCH_ENV: "1"} if plan.to_epoch_end else {})}
             run = run_script(plan.command, Path(folder), mode="tour", steps=plan.steps, extra_env=extra)
-        summary = parse_compile_summary(run.tail) if plan.target == "neuron" else {}
+        summary = parse_compile_summary(run.tail) if plan.target == "neuron" else None
         require_ran(run, f"nothing was recorded in {plan.cache}", stopped_ok=("tour",))
-        if summary.get("failed"):
-            raise RunError(f"{summary['failed']} graph(s) failed to compile (cached as failed): fix the cause, "
+        if summary is not None and summary.failed:
+            raise RunError(f"{summary.failed} graph(s) failed to compile (cached as failed): fix the cause, "
                            "then precompile again with --retry-failed")
         return _record(plan, run, run_id, device, summary)
     finally:
@@ -113,7 +114,7 @@ def execute_script_plan(plan: ScriptPlan, device: str) -> str:
         use.release()
 
 
-def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary: dict) -> str:
+def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary: CompileSummary | None) -> str:
     graphs = run.graphs()
     if not graphs:
         raise RunError(f"{run.line} imported torch_xla but compiled no graph before it ended: "
@@ -124,14 +125,15 @@ def _record(plan: ScriptPlan, run: ScriptRun, run_id: str, device: str, summary:
                   shapes=run.input_shapes())
     vouched = 0
     for p in run.probes:
-        if p.get("staging"):
-            vouched += store.commit_staged(plan.cache, Path(p["staging"]), fp)
+        if p.staging:
+            vouched += store.commit_staged(plan.cache, Path(p.staging), fp)
     if plan.target == "neuron":
         vouched += len(store.record_entries(plan.cache, fp))
     return _report(plan, run, fp, graphs, vouched, summary)
 
 
-def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouched: int, summary: dict) -> str:
+def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouched: int,
+            summary: CompileSummary | None) -> str:
     sites = {g.where or "?" for g in graphs}
     ended = tour_ended(run.stop("tour"), run.probes, run.steps())
     lines = [f"precompiled  {run.line} (configuration {fp})",
@@ -141,27 +143,26 @@ def _report(plan: ScriptPlan, run: ScriptRun, fp: str, graphs: list[Graph], vouc
         lines.append(f"  {g.hash[:12]}  {short(g.where or '?')}  ({g.phase}, step {g.step}, "
                      f"{(g.compile_time_s or 0):.1f} s to compile)")
     lines += [f"tour         {ended}", f"cache        {vouched} cache file(s) vouched for"]
-    if summary:
-        lines.append(f"compile      neuron_parallel_compile: {summary.get('graphs', '?')} graphs, "
-                     f"{summary.get('compiled', '?')} compiled, {summary.get('failed', '?')} failed")
+    if summary is not None:
+        lines.append(f"compile      {summary.line()}")
     lines.append(f"then run     {plan.real_run}")
     return "\n".join(lines)
 
 
-def tour_ended(stop: dict | None, probes: list[dict], steps: int) -> str:
+def tour_ended(stop: probe.Stop | None, probes: list[probe.ProbeRecord], steps: int) -> str:
     """How the tour ended, and what a stopped tour did not precompile with the --steps that reaches it:
     a tour past the first epoch's end has not seen code that runs once, after the last epoch (the
     final evaluation of transformers' examples: trainer.evaluate() after trainer.train())."""
     if stop is None:
         return f"the command ended by itself after {steps} steps"
-    epoch = next((p.get("epoch_steps") or 0 for p in probes if p.get("to_epoch_end")), None)
+    epoch = next((p.epoch_steps for p in probes if p.to_epoch_end), None)
     if epoch is None:
-        return (f"stopped after step {stop['step']}: every call site it reached was warm; code that runs later "
+        return (f"stopped after step {stop.step}: every call site it reached was warm; code that runs later "
                 "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
                 "run the command whole")
     length = f" ({epoch} steps an epoch)" if epoch else ""
     reach = (f"--steps 0 runs the command whole, or --steps {epoch} x epochs + {DEFAULT_STEPS} reaches it"
              if epoch else "--steps 0 runs the command whole")
-    return (f"stopped after step {stop['step']}, past the first epoch's end{length}, every call site warm; code "
+    return (f"stopped after step {stop.step}, past the first epoch's end{length}, every call site warm; code "
             f"that runs once after the last epoch (a final evaluation or save, e.g. trainer.evaluate() after "
             f"trainer.train()) is not precompiled: {reach}")

@@ -183,10 +183,10 @@ class CompileCacheHook:
             if self.writes_report:
                 print(format_coverage(report), flush=True)
                 if run_dir is not None:
-                    write_json_atomic(Path(run_dir) / "precompile_coverage.json", report)
-            if self.require and report["missing"]:
+                    write_json_atomic(Path(run_dir) / "precompile_coverage.json", report.to_json())
+            if self.require and report.missing:
                 raise RunError(f"--require-precompiled: {format_coverage(report)}")
-            return report["coverage"]
+            return report.coverage
         finally:
             self.use.release()
 

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ from neuron_train.training.optim import lr_at, set_lr
 from neuron_train.training.profiler import build_profiler
 from neuron_train.training.rundir import open_run_dir
 from neuron_train.training.step import StepPath, autocast
+from neuron_train.training.summary import RunSummary
 from neuron_train.training.tasks import build_task
 from neuron_train.training.throughput import Throughput
 
@@ -240,7 +241,7 @@ class Trainer:
                               start_batch=self.pos.batch, collate=self.collate)
         return iter(to_device(loader, b.device, self.cfg.data.batches_per_execution))
 
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         progress = self._start()
         clock = Throughput(self.pos.step, self.cfg.train.warmup_measure_steps)
         accum, epoch_batches = self.cfg.train.grad_accum, self.steps_per_epoch * self.cfg.train.grad_accum
@@ -263,33 +264,29 @@ class Trainer:
         return self._finish(clock)
 
     # ----- the end ---------------------------------------------------------------------------
-    def _finish(self, clock: Throughput) -> dict:
+    def _finish(self, clock: Throughput) -> RunSummary:
         profile = self.profiler.finish()  # writes profile.json and prints its table (rank 0)
         checksums = self._check_replicas()
         graphs = self.watch.summary()
         coverage = self.cache.finish(graphs, self.run_dir if self.writes else None)
         t = self.cfg.train
-        summary = {
-            "model": self.cfg.model.name, "params": self.params, "device": self.backend.kind,
-            "precision": t.precision, "world_size": self.backend.world_size,
-            "batch_size": t.batch_size, "global_batch_size": self._global_batch(),
-            "steps": self.pos.step, "epochs": round(self.pos.step / self.steps_per_epoch, 3),
+        evals: dict[str, Any] = dict(self.eval_result)  # eval_accuracy, eval_loss (and the EMA's): its fields
+        summary = RunSummary(
+            model=self.cfg.model.name, params=self.params, device=self.backend.kind, precision=t.precision,
+            world_size=self.backend.world_size, batch_size=t.batch_size, global_batch_size=self._global_batch(),
+            steps=self.pos.step, epochs=round(self.pos.step / self.steps_per_epoch, 3),
             **clock.figures(self._global_batch()),
-            "compile_count": graphs.compile_count, "compile_time_s": graphs.compile_time_s,
-            "precompile_coverage": coverage,
-            "xla_execute_ms_median": _median_ms(met.metric_data("ExecuteTime")),
-            "final_loss": self.last.get("loss"), **self.eval_result,
-            "param_checksums": checksums, "resumed_from": self.resumed_from, "run_dir": str(self.run_dir),
-            **self.task.info(),  # e.g. teacher/student parameters, samples back-propagated
-            **self._optimizer_memory(),
-            **({"bottleneck": profile.get("bottleneck")} if profile else {}),
-        }
+            compile_count=graphs.compile_count, compile_time_s=graphs.compile_time_s, precompile_coverage=coverage,
+            xla_execute_ms_median=_median_ms(met.metric_data("ExecuteTime")), final_loss=self.last.get("loss"),
+            **evals, param_checksums=checksums, resumed_from=self.resumed_from, run_dir=str(self.run_dir),
+            extra={**self.task.info(),  # e.g. teacher/student parameters, samples back-propagated
+                   **self._optimizer_memory(), **({"bottleneck": profile.get("bottleneck")} if profile else {})})
         if self.metrics is not None:  # made by _start on the rank that writes
             self.metrics.close()
         if self.writes:
             self._check_metrics()
             # summary.json last: it marks the run complete. Each file is whole or absent.
-            for name, data in (("graphs.json", graphs.to_json()), ("summary.json", summary)):
+            for name, data in (("graphs.json", graphs.to_json()), ("summary.json", summary.to_json())):
                 try:
                     write_json_atomic(self.run_dir / name, data)
                 except OSError as exc:
@@ -344,5 +341,5 @@ def _median_ms(data: tuple[int, float, list[tuple[float, float]]] | None) -> flo
     return values[len(values) // 2] / 1e6
 
 
-def train(cfg: RunConfig, backend: Backend) -> dict:
+def train(cfg: RunConfig, backend: Backend) -> RunSummary:
     return Trainer(cfg, backend).run()

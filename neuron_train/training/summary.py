@@ -16,10 +16,15 @@ from typing import Any
 
 from neuron_train.common.errors import RunError
 
+# Written only when the run has them (a validation set; an EMA of the weights): never as null.
+_WHEN_MEASURED = ("eval_accuracy", "eval_loss", "eval_ema_accuracy", "eval_ema_loss")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class RunSummary:
-    run_dir: str
+    """Fields in the order summary.json has them; `extra` (task details, optimizer memory, the
+    profile's bottleneck) after them."""
+
     model: str
     params: int
     device: str                          # the XLA device kind: CPU, NEURON, ...
@@ -29,16 +34,24 @@ class RunSummary:
     global_batch_size: int
     steps: int
     epochs: float
-    measured_steps: int                  # steps in the steady-state figures
-    warmup_steps_excluded: int
-    compile_count: int
-    compile_time_s: float
     samples_per_sec: float | None = None  # None: the run was too short to measure
     step_time_ms_median: float | None = None
+    step_time_ms_spread: float | None = None
+    measured_steps: int                  # steps in the steady-state figures
+    warmup_steps_excluded: int
+    wall_time_s: float | None = None
+    compile_count: int
+    compile_time_s: float
+    precompile_coverage: float | None = None   # None: no --compile-cache (or a graph tour)
     xla_execute_ms_median: float | None = None
     final_loss: float | None = None
     eval_accuracy: float | None = None
     eval_loss: float | None = None
+    eval_ema_accuracy: float | None = None
+    eval_ema_loss: float | None = None
+    param_checksums: list[float] | None = None  # one per rank when checked (the replicas agree)
+    resumed_from: str | None = None
+    run_dir: str
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -64,4 +77,5 @@ class RunSummary:
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        return {**out.pop("extra"), **out}
+        extra = out.pop("extra")
+        return {**{k: v for k, v in out.items() if v is not None or k not in _WHEN_MEASURED}, **extra}

@@ -1,0 +1,59 @@
+"""The recorder as the hooks see it (hooks.py, dynamo.py, loaders.py): what they read and note.
+
+The recorder hands itself to the hooks and they never import it (or the analyzer) back; these
+protocols say what they may use of it. `Recorder` and `Analyzer` match them (mypy checks where
+`hooks.install(recorder)` is called).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from neuron_train.graphs.records import Batch, DynamoNote, Graph, HostRead, LoaderOrigin, ScalarChange
+
+
+class AnalyzerView(Protocol):
+    notes: list[str]                     # known errors named with their fix
+    optimizer_where: str                 # the user's line of the first optimizer step
+    scheduled: bool                      # an LR scheduler was made
+
+    @property
+    def is_internal(self) -> Callable[[str], bool]:
+        """Not the user's file: a library, the standard library, the checker."""
+
+    @property
+    def library_of(self) -> Callable[[str], str]:
+        """A library file named package-relative (`transformers/trainer.py`), else ""."""
+
+
+class HookSink(Protocol):
+    compiled_at: str         # the user's line of the last torch.compile'd call
+    eager_mode: bool         # torch_xla's eager mode was ever on
+    inference_mode_at: str   # the user's line that first entered torch.inference_mode()
+    mark_dynamic_at: str     # the user's line that last called torch._dynamo.mark_dynamic
+    lines: bool              # trace ops with their Python line
+    loop_steps: bool         # our loop numbers the steps
+    sync_steps: int          # syncs that ran a graph
+    syncs: int               # syncs and compiled calls
+
+    @property
+    def analyzer(self) -> AnalyzerView: ...
+
+    def log_size(self) -> int: ...
+
+    def step_end(self, step: int | None, is_step: bool = True) -> list[Graph]: ...
+
+    def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> HostRead: ...
+
+    def note_refused(self, kind: str, where: str, message: str) -> None: ...
+
+    def note_scalar(self, change: ScalarChange) -> None: ...
+
+    def note_optimizer_step(self, n: int) -> None: ...
+
+    def note_dynamo(self, note: DynamoNote) -> None: ...
+
+    def note_loader(self, origin: LoaderOrigin) -> None: ...
+
+    def note_batch(self, batch: Batch) -> None: ...
