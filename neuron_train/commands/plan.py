@@ -1,6 +1,10 @@
 """`neuron-train plan`: estimate throughput and cost on every trn1/inf2 (and inf1 for inference)
 instance type from one CPU run, before renting any; `--calibrate bench.json` re-fits the device
 side from one real bench. Everything it prints is an estimate (docs/plan.md).
+
+The command parses and checks its options and runs the steps, which are library code in cost/:
+`plan_measure` (the step traced or counted), `plan_model` (the estimates), `plan_calibrate`,
+`plan_result` (the one printer of the estimates, and plan.json).
 """
 
 from __future__ import annotations
