@@ -4,8 +4,9 @@
 - no circle between its subpackages either (training -> precompile and precompile -> training is one);
 - libraries never import commands: only `neuron_train.cli` names a module of `neuron_train.commands`
   (a command may import any library, not another command), and it uses only their `configure_parser`
-  and `main`; no test or script imports anything else from a command module either (what they need
-  lives in a library), but for the known debt in COMMAND_DEBT;
+  and `main`; no test or script takes anything else from a command module either, and a command
+  module defines nothing public but those two (its helpers are `_private`): what others need lives
+  in a library;
 - `neuron_train.common` imports no other neuron_train subpackage;
 - the training loop uses the checker through `neuron_train.graphs` only, and the compile cache
   library from its cache hook (training/cache_hook.py) only;
@@ -26,16 +27,6 @@ COMMANDS = "neuron_train.commands"
 TRAINING_MAY_USE = {"neuron_train.graphs"}
 CACHE_HOOK = "neuron_train.training.cache_hook"  # the loop's one link to the compile cache
 COMMAND_API = {"configure_parser", "main"}  # all that neuron_train.cli calls in a command module
-# Known debt (issue 33): library code that tests still import from these command modules, to move into
-# cost/ with the split of bench, report and plan (another change; plan's is the module object a reliability
-# test patches to prove its output is probed before measuring). An entry
-# names exactly what is imported (MODULE: the module object itself), so nothing new can join it.
-COMMAND_DEBT = {
-    "neuron_train.commands.bench": {"MeasureFailed", "Measurement", "Plan", "detect_instance_type",
-                                    "resolve_instance_type", "sweep", "validate_result", "_write_result", "MODULE"},
-    "neuron_train.commands.report": {"OUTPUT_FILES", "MODULE"},
-    "neuron_train.commands.plan": {"MODULE"},
-}
 
 
 def module_name(path: Path) -> str:
@@ -156,16 +147,48 @@ def command_uses(source: str) -> dict[str, set[str]]:
     return uses
 
 
-def command_api_violations(sources: dict[str, str], debt: dict[str, set[str]]) -> list[str]:
-    """A command module used for more than its configure_parser/main (outside the known debt)."""
+def command_api_violations(sources: dict[str, str]) -> list[str]:
+    """A command module used for more than its configure_parser/main."""
     found = []
     for where, source in sorted(sources.items()):
         for module, names in sorted(command_uses(source).items()):
-            extra = names - COMMAND_API - debt.get(module, set())
+            extra = names - COMMAND_API
             if extra:
                 found.append(f"{where} takes {', '.join(sorted(extra))} from the command module {module}: "
                              "move it into its library and import it from there")
     return found
+
+
+def public_definitions(source: str) -> set[str]:
+    """The public names a module defines at its top level (functions, classes, assignments, also under
+    a top-level if/try): what another module could import from it."""
+    names: set[str] = set()
+    body = list(ast.parse(source).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try)):
+            body += [*node.body, *node.orelse, *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    return {n for n in names if not n.startswith("_")}
+
+
+def command_definition_violations(sources: dict[str, str]) -> list[str]:
+    """A command module that defines something public besides configure_parser and main: library code
+    (or a constant) others would import from it."""
+    return [f"{where} defines {', '.join(sorted(extra))}: a command module defines only configure_parser and "
+            "main (and _private helpers); move the rest into its library"
+            for where, source in sorted(sources.items())
+            if (extra := public_definitions(source) - COMMAND_API)]
+
+
+def command_sources() -> dict[str, str]:
+    return {str(p.relative_to(ROOT)): p.read_text() for p in (PACKAGE / "commands").glob("*.py")
+            if p.name != "__init__.py"}
 
 
 def cli_command_attributes(source: str) -> set[str]:
@@ -190,8 +213,32 @@ def test_the_package_follows_its_dependency_rules():
 
 
 def test_command_modules_are_used_only_through_configure_parser_and_main():
-    assert command_api_violations(outside_sources(), COMMAND_DEBT) == []
+    assert command_api_violations(outside_sources()) == []
     assert cli_command_attributes((PACKAGE / "cli.py").read_text()) == COMMAND_API
+
+
+def test_command_modules_define_only_configure_parser_and_main():
+    sources = command_sources()
+    assert "neuron_train/commands/bench.py" in sources  # the modules are found
+    assert command_definition_violations(sources) == []
+
+
+@pytest.mark.parametrize("source", [
+    "def sweep(plan, measure, log):\n    pass",                     # library code a test would import
+    "class Plan:\n    pass",
+    "OUTPUT_FILES = ('report.md',)",                               # a constant a library would import
+    "MODES: tuple[str, ...] = ('train',)",
+    "if True:\n    def helper():\n        pass",
+    "_USAGE = 'x'\ndef _helper():\n    pass\ndef main(args):\n    pass\nbench_main = main",
+])
+def test_a_command_module_defining_library_code_is_caught(source):
+    assert command_definition_violations({"neuron_train/commands/planted.py": source}), source
+
+
+def test_a_command_module_with_private_helpers_only_passes():
+    source = ("import argparse\nfrom x import helper\n_USAGE = 'x'\n\ndef configure_parser(p):\n    pass\n\n"
+              "def _helper():\n    pass\n\ndef main(args):\n    return 0\n")
+    assert command_definition_violations({"neuron_train/commands/planted.py": source}) == []
 
 
 @pytest.mark.parametrize("source", [
@@ -199,15 +246,16 @@ def test_command_modules_are_used_only_through_configure_parser_and_main():
     "from neuron_train.commands import cache as c\nc.list_entries()",
     "import neuron_train.commands.train as t\nt.format_summary(s)",
     "from neuron_train.commands import precompile\nmonkeypatch.setattr(precompile, 'x', 1)",
-    "from neuron_train.commands.bench import detect_ec2",  # a debt module, a name not in its debt
+    "from neuron_train.commands.bench import resolve_instance_type",  # the debt this rule once allowed
+    "from neuron_train.commands import plan\nmonkeypatch.setattr(plan, '_measure_loop', f)",
 ])
 def test_a_command_module_used_for_its_library_code_is_caught(source):
-    assert command_api_violations({"tests/test_planted.py": source}, COMMAND_DEBT), source
+    assert command_api_violations({"tests/test_planted.py": source}), source
 
 
 def test_a_command_module_used_for_its_parser_and_main_only_passes():
     source = "from neuron_train.commands import train\ntrain.configure_parser(p)\ntrain.main(a)"
-    assert command_api_violations({"tests/test_planted.py": source}, COMMAND_DEBT) == []
+    assert command_api_violations({"tests/test_planted.py": source}) == []
 
 
 def test_the_cli_calling_more_of_a_command_module_is_caught():

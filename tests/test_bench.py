@@ -13,17 +13,12 @@ import pytest
 from conftest import ROOT, cpu_env
 
 from neuron_train import cli
-from neuron_train.commands.bench import (
-    MeasureFailed,
-    Measurement,
-    Plan,
-    detect_instance_type,
-    resolve_instance_type,
-    sweep,
-    validate_result,
-)
 from neuron_train.common.errors import UsageError
-from neuron_train.cost.failures import classify_failure
+from neuron_train.cost.failures import MeasureFailed, classify_failure
+from neuron_train.cost.instance import detect_instance_type, resolve_instance_type
+from neuron_train.cost.measure import Measurement
+from neuron_train.cost.schema import validate_result
+from neuron_train.cost.sweep import SweepPlan, sweep
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +106,7 @@ def test_sweep_stops_growing_the_batch_after_out_of_memory():
             raise MeasureFailed("oom", "RuntimeError: Out of memory allocating 2199023255552 bytes.")
         return Measurement(100.0 * bs, 10.0, 1.0, 2, 5, nproc, bs * nproc, "CPU")
 
-    rows, ok = sweep(Plan("train", [16, 32, 64, 128], [1, 2], 1), measure, lambda _: None)
+    rows, ok = sweep(SweepPlan("train", [16, 32, 64, 128], [1, 2], 1), measure, lambda _: None)
     assert tried == [(1, 16), (1, 32), (1, 64), (2, 16), (2, 32)]
     assert [(r["world_size"], r["batch_size_per_device"], r["status"]) for r in rows] == [
         (1, 16, "ok"), (1, 32, "ok"), (1, 64, "oom"), (2, 16, "ok"), (2, 32, "oom")]

@@ -370,3 +370,49 @@ def test_a_shapes_only_plan_counts_the_datasets_classes_as_the_run_would():
     (w, details), (w10, details10) = plan_measure.from_shapes(cfg), plan_measure.from_shapes(given)
     assert cfg.data.dataset == "digits" and details["num_classes"] == details10["num_classes"] == 10
     assert (w.flops_per_step, details["parameters"]) == (w10.flops_per_step, details10["parameters"])
+
+
+def test_the_memory_check_sizes_the_model_with_the_classes_the_plan_counts():
+    """plan's check that a model fits this machine (`too_large`) built --num-classes 0 as 1000 classes
+    while from_shapes counted the dataset's 10: both take plan_measure.model_classes now."""
+    import dataclasses
+
+    from neuron_train.cost import plan_measure
+    from neuron_train.training.config import RunConfig
+
+    cfg = RunConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="vit-nano", num_classes=0))
+    given = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, num_classes=10))  # digits: 10
+    (_, gib), (_, details) = plan_measure.too_large(cfg), plan_measure.from_shapes(cfg)
+    assert plan_measure.model_classes(cfg) == plan_measure.model_classes(given) == 10
+    assert gib == plan_measure.too_large(given)[1] == details["parameters"] * 16 / GIB
+
+
+def test_plan_prints_its_estimates_labelled_and_warns_when_the_host_decides_the_rate():
+    from neuron_train.cost.plan_model import estimate_all
+    from neuron_train.cost.plan_result import format_estimates
+
+    chosen = [plan_data.targets()[n] for n in ("trn1.2xlarge", "inf2.xlarge")]
+    traced = workload()
+    lines = format_estimates(traced, estimate_all(traced, chosen, CALIB, None, None), CALIB)
+    assert lines[0].startswith("plan: ESTIMATES for train of m (") and "band: /1.2 to x1.2" in lines[0]
+    assert lines[1].startswith("instance type") and len(lines) == 1 + 2 + 2 + 1  # header, table of 2, verdict
+    assert lines[-1] == "plan: estimate: fastest trn1.2xlarge; best price-performance inf2.xlarge"
+    # counted from shapes (no traced instructions) with a device step under 1 ms: an upper bound
+    tiny = dict(flops_per_step=1e6, bytes_per_step=1e3, host_input_s=0.0, grad_bytes=1e3)  # a 0.1 ms step
+    for w, warned in ((workload(**tiny, hlo_instructions=0), True), (workload(**tiny), False)):
+        lines = format_estimates(w, estimate_all(w, chosen, CALIB, None, None), CALIB)
+        assert ("these figures are an upper bound" in lines[-2]) is warned, lines
+
+
+def test_processes_per_instance_are_capped_at_its_neuroncores_and_a_fit_nowhere_is_one_error():
+    from neuron_train.common.errors import RunError
+    from neuron_train.cost.plan_model import estimate_all
+
+    targets = plan_data.targets()
+    chosen = [targets["trn1.2xlarge"], targets["trn1.32xlarge"]]
+    by_type = {e.instance_type: e.processes for e in estimate_all(workload(), chosen, CALIB, 4, None)}
+    assert by_type == {"trn1.2xlarge": 2, "trn1.32xlarge": 4}
+    assert {e.processes for e in estimate_all(workload(), chosen, CALIB, None, None)} == {2, 32}
+    with pytest.raises(RunError, match="does not fit on any instance type estimated: needs .* has 16"):
+        estimate_all(workload(activation_bytes=40 * GIB), chosen, CALIB, None, None)

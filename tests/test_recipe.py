@@ -236,7 +236,7 @@ def test_bench_plan_and_precompile_take_the_recipe_flags_and_hand_them_on(comman
         cfg = config_from_train_args(flags, prog="neuron-train precompile [options] --")
     else:
         parser = argparse.ArgumentParser()
-        {"bench": bench, "plan": plan}[command].configure_parser(parser)
+        {"bench": bench.configure_parser, "plan": plan.configure_parser}[command](parser)
         cfg = config_from_args(parser.parse_args([*flags, "--output", "result.json"]))
     assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.model_ema, cfg.recipe.model_ema_decay) == (
         "rand-m9-mstd0.5-inc1", 1.0, True, 0.999)

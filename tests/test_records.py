@@ -114,9 +114,8 @@ BENCH = "a bench result and the plan's data: JSON checked against cost/schema.py
 # Keys of other formats that are spelled like a record's field: where, which names, and why.
 OTHER_FORMATS: dict[tuple[str, frozenset[str] | None], str] = {
     ("cost/", ANY): BENCH,
-    ("commands/bench.py", ANY): BENCH + "; its library half moves into cost/",
-    ("commands/report.py", ANY): BENCH + "; its library half moves into cost/",
-    ("commands/plan.py", ANY): BENCH + "; its library half moves into cost/",
+    ("commands/bench.py", ANY): BENCH + "; the command prints the result it wrote",
+    ("commands/report.py", ANY): BENCH + "; the command prints the rows it read",
     ("training/checkpoint.py", frozenset({"config", "model", "world_size", "batch_size", "step"})):
         "a checkpoint's metadata (its own format: training/checkpoint_format.py)",
     ("training/checkpoint_format.py", frozenset({"config", "model", "world_size", "params"})):

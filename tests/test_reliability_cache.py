@@ -22,11 +22,13 @@ from pathlib import Path
 import pytest
 
 from neuron_train import cli
-from neuron_train.commands import bench
 from neuron_train.common.errors import RunError
 from neuron_train.common.fileio import work_path
+from neuron_train.cost import bench_result, instance
+from neuron_train.cost import sweep as bench_sweep
 from neuron_train.precompile import maintenance, store
 from neuron_train.precompile.manifest import Manifest, ManifestError, is_cache_file_path
+from neuron_train.training import data as training_data
 
 MODULE = "neuronxcc-2.0.0.22266a0+a69f71e55/MODULE_9219523464496887986+abb26765"
 
@@ -340,8 +342,9 @@ def no_measuring(monkeypatch):
         raise AssertionError("bench started measuring before refusing its --output")
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    for name in ("_workload_facts", "measure_train", "InferBench", "resolve_instance_type"):
-        monkeypatch.setattr(bench, name, measuring)
+    for module, name in ((training_data, "build_datasets"), (bench_sweep, "measure_train"),
+                         (bench_sweep, "InferBench"), (instance, "detect_instance_type")):
+        monkeypatch.setattr(module, name, measuring)
 
 
 @pytest.mark.parametrize("force", [False, True])
@@ -374,6 +377,6 @@ def test_bench_prints_the_result_when_it_cannot_be_written_and_leaves_no_tempora
 
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(RunError, match="No space left on device; the result is printed above"):
-        bench._write_result(tmp_path / "r.json", {"schema": "neuron-train-bench-result", "x": 1})
+        bench_result.write_result(tmp_path / "r.json", {"schema": "neuron-train-bench-result", "x": 1})
     assert json.loads(capsys.readouterr().out)["x"] == 1
     assert list(tmp_path.iterdir()) == []

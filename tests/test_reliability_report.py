@@ -22,9 +22,9 @@ from conftest import ROOT
 from fullfs import fill, mounted_tmpfs
 
 from neuron_train import cli
-from neuron_train.commands.report import OUTPUT_FILES
 from neuron_train.common.fileio import work_path
-from neuron_train.cost import charts
+from neuron_train.cost import charts, report_folder
+from neuron_train.cost.report_folder import OUTPUT_FILES
 
 INFER = json.loads((ROOT / "tests" / "fixtures" / "report" / "cpu_infer_vit_digits.json").read_text())
 
@@ -159,12 +159,10 @@ def test_a_result_that_is_a_folder_is_one_line(tmp_path, capsys):
 def test_a_failure_half_way_keeps_the_old_report_whole(tmp_path, capsys, monkeypatch, old_report):
     """The charts are drawn, then rendering fails: nothing of the new report reaches the folder."""
     before = snapshot(old_report)
-    from neuron_train.commands import report as report_module
-
     def broken(*args):
         raise RuntimeError("renderer crashed")
 
-    monkeypatch.setattr(report_module, "render_html", broken)
+    monkeypatch.setattr(report_folder, "render_html", broken)
     with pytest.raises(RuntimeError, match="renderer crashed"):
         report(capsys, result(tmp_path, "new.json", instance="inf2.xlarge"), "--out", old_report, "--force")
     assert snapshot(old_report) == before and leftovers(tmp_path) == []

@@ -206,14 +206,17 @@ def test_each_rows_origin_must_be_its_files_kind(tmp_path, capsys):
 def test_an_output_the_kernel_will_not_create_is_refused_before_measuring(tmp_path, capsys, monkeypatch, command):
     """Bad row 5 (plan's part): `--output /proc/plan.json` passed every permission check (root) and
     failed with a traceback after the measurement. Now a file is created and removed up front."""
-    from neuron_train.commands import bench, plan
+    from neuron_train.cost import plan_measure
+    from neuron_train.cost import sweep as bench_sweep
 
     def measured(*args, **kwargs):
         raise AssertionError("measured before the output was probed")
 
-    monkeypatch.setattr(plan, "_measure_loop", measured)
-    monkeypatch.setattr(bench, "_measure", measured)
-    code, _, err = run(capsys, command, "--output", "/proc/result.json")
+    for module, name in ((plan_measure, "measure_loop"), (plan_measure, "from_shapes"),
+                         (bench_sweep, "measure_train"), (bench_sweep, "InferBench")):
+        monkeypatch.setattr(module, name, measured)
+    workload = ["--model", "vit-nano", *(["--mode", "infer"] if command == "bench" else [])]  # else measured
+    code, _, err = run(capsys, command, *workload, "--output", "/proc/result.json")
     assert code == 2 and "--output: cannot create result.json in /proc" in one_line(err)
     assert not list(tmp_path.iterdir())
 

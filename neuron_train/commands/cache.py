@@ -68,11 +68,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("archive", metavar="FILE", help="FILE.tar.gz or s3://BUCKET/KEY")
 
 
-S3_INSTEAD = "move caches to and from S3 with `cache pack s3://...` and `cache unpack s3://...`"
+_S3_INSTEAD = "move caches to and from S3 with `cache pack s3://...` and `cache unpack s3://...`"
 
 
 def _existing(cache_dir: str) -> Path:
-    refuse_s3(cache_dir, "--compile-cache", S3_INSTEAD)
+    refuse_s3(cache_dir, "--compile-cache", _S3_INSTEAD)
     cache = Path(cache_dir)
     if not cache.is_dir():
         raise UsageError(f"no such cache directory: {cache_dir}")
@@ -165,7 +165,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
-    refuse_s3(args.compile_cache, "--compile-cache", S3_INSTEAD)
+    refuse_s3(args.compile_cache, "--compile-cache", _S3_INSTEAD)
     result = unpack(args.archive, Path(args.compile_cache), args.adopt)
     print(f"unpacked {result.new_files} new files into {args.compile_cache} ({result.identical} already "
           f"present and identical, {result.configs} configuration(s) merged into the manifest)")

@@ -29,7 +29,7 @@ from neuron_train.instrument.runner import (
 from neuron_train.instrument.script import checked_command
 from neuron_train.precompile.script_check import CoverageCheck
 
-USAGE = "neuron-train check-graphs [options] -- COMMAND [ARGS...]"
+_USAGE = "neuron-train check-graphs [options] -- COMMAND [ARGS...]"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +88,7 @@ def _command(args: argparse.Namespace) -> list[str]:
         raise UsageError("--warmup-steps must be >= 0")
     if args.max_graphs is not None and args.max_graphs < 1:
         raise UsageError("--max-graphs must be >= 1")
-    return checked_command(list(args.command), USAGE)
+    return checked_command(list(args.command), _USAGE)
 
 
 def _json_path(value: str | None) -> Path | None:

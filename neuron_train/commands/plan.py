@@ -1,38 +1,32 @@
 """`neuron-train plan`: estimate throughput and cost on every trn1/inf2 (and inf1 for inference)
 instance type from one CPU run, before renting any; `--calibrate bench.json` re-fits the device
 side from one real bench. Everything it prints is an estimate (docs/plan.md).
+
+The command parses and checks its options and runs the steps, which are library code in cost/:
+`plan_measure` (the step traced or counted), `plan_model` (the estimates), `plan_calibrate`,
+`plan_result` (the one printer of the estimates, and plan.json).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 
-from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import new_output, write_json_or_print
 from neuron_train.cost import plan_calibrate, plan_data
-from neuron_train.cost.plan_model import (
-    EXECUTIONS,
-    GIB,
-    Estimate,
-    Target,
-    estimate,
-    fastest,
-    memory_needed_gib,
-    rank_by_price_performance,
-)
-from neuron_train.cost.plan_result import UNKNOWN, plan_document, table
+from neuron_train.cost.plan_model import EXECUTIONS, WorkloadFigures, estimate_all
+from neuron_train.cost.plan_result import UNKNOWN, format_estimates, plan_document
 from neuron_train.cost.schema import MODES
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
 
-USAGE = "neuron-train plan [options] -- COMMAND [ARGS...]  or  neuron-train plan [options] --model NAME [TRAIN OPTIONS]"
+_USAGE = "neuron-train plan [options] -- COMMAND [ARGS...]  or  neuron-train plan [options] --model NAME [TRAIN OPTIONS]"
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.usage = USAGE
+    parser.usage = _USAGE
     parser.description = ("Estimate samples/s, $ per 1M samples and per epoch, the bottleneck and the "
                           "price-performance ranking of every trn1/inf2 instance type (inf1 too with --mode infer) "
                           "from one run on this machine's CPU XLA device. Estimates, calibrated on published "
@@ -78,53 +72,30 @@ def _plan_options_first(parser: argparse.ArgumentParser, ours: int) -> None:
     parser._action_groups = [*plan_groups, general, *train_groups, positional]
 
 
-def _processes(value: str, t: Target) -> int:
+def _processes(value: str) -> int | None:
+    """--nproc-per-instance: a number of processes (at most an instance's NeuronCores), None for auto."""
     if value == "auto":
-        return t.cores
+        return None
     try:
         n = int(value)
     except ValueError:
         raise UsageError(f"--nproc-per-instance must be a number or auto, got {value!r}") from None
     if n < 1:
         raise UsageError(f"--nproc-per-instance must be >= 1, got {n}")
-    return min(n, t.cores)
-
-
-def _too_large(cfg) -> tuple[bool, float]:
-    """Would our loop's model (weights, gradients, two optimizer states) fill half this machine's memory?"""
-    import torch
-
-    from neuron_train.training.models import build_model
-
-    with torch.device("meta"):
-        n = sum(p.numel() for p in build_model(cfg.model.name, num_classes=cfg.model.num_classes or 1000,
-                                                img_size=cfg.model.img_size).parameters())
-    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return n * 16 > available / 2, n * 16 / GIB
-
-
-def _measure_loop(args: argparse.Namespace, cfg):
-    from neuron_train.cost import plan_measure
-    large, gib = _too_large(cfg)
-    if args.from_shapes or large:
-        why = f" (weights, gradients and optimizer state ~{gib:.1f} GiB)" if large else ""
-        print(f"plan: counting {cfg.model.name} from shapes on the meta device, nothing allocated{why}", flush=True)
-        return plan_measure.from_shapes(cfg, args.mode, args.execution)
-    print(f"plan: tracing one step of {cfg.model.name} on this machine's CPU XLA device", flush=True)
-    return plan_measure.measure_loop(cfg, args.mode, args.execution)
+    return n
 
 
 def _workload_source(args: argparse.Namespace) -> tuple[list[str] | None, RunConfig | None]:
     """(COMMAND, None) or (None, our loop's RunConfig); refused when neither or both are given."""
     train_flags = getattr(args, "config", None) or any("." in key for key in vars(args))
     if args.command:
-        command = checked_command(args.command, USAGE)
+        command = checked_command(args.command, _USAGE)
         if train_flags:
             raise UsageError("train options (--model, --batch-size, ...) describe neuron-train's own loop: a "
                              "COMMAND is measured as it runs; drop them")
         return command, None
     if not train_flags:
-        raise UsageError(f"nothing to plan: give a training command after -- or our loop's options ({USAGE})")
+        raise UsageError(f"nothing to plan: give a training command after -- or our loop's options ({_USAGE})")
     return None, config_from_args(args)
 
 
@@ -135,16 +106,6 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
 
 
-def _estimates(w, chosen: list[Target], calib, args, epoch_samples) -> list[Estimate]:
-    ests = [estimate(w, t, calib, _processes(args.nproc_per_instance, t), epoch_samples) for t in chosen]
-    if not any(e.fits for e in ests):
-        most = max(t.chip.memory_gib_per_core for t in chosen)
-        raise RunError(f"{w.name} does not fit on any instance type estimated: needs "
-                       f"{memory_needed_gib(w):.1f} GiB per NeuronCore, has {most:g} (data parallel, nothing "
-                       "sharded): use a smaller batch, ZeRO-1 (--zero1) or a model-parallel library")
-    return rank_by_price_performance(ests)
-
-
 def main(args: argparse.Namespace) -> int:
     # Everything that can be refused is refused before the run: a late failure would lose it.
     output = new_output(args.output, "--output", replace=args.force, create_folder=True) if args.output else None
@@ -153,8 +114,7 @@ def main(args: argparse.Namespace) -> int:
     known = plan_data.targets()
     wanted = [s.strip() for s in args.instances.split(",") if s.strip()] if args.instances else None
     chosen = plan_data.choose_targets(known, wanted, args.mode)
-    for t in chosen:
-        _processes(args.nproc_per_instance, t)  # a bad --nproc-per-instance is refused before the run
+    processes = _processes(args.nproc_per_instance)
     if command:
         name = args.workload or _script_name(command)
     else:
@@ -162,12 +122,12 @@ def main(args: argparse.Namespace) -> int:
         name = cfg.model.name
     bench = plan_calibrate.load_calibration(args.calibrate, args.mode, name, known) if args.calibrate else None
     if command:
-        from neuron_train.cost.plan_measure import measure_script
+        from neuron_train.cost.plan_measure import image_size, measure_script
 
         print(f"plan: running {shlex.join(command)} under the probe with XLA's HLO dump", flush=True)
         w, details = measure_script(command, steps=args.steps, samples_flag=args.samples_per_step, mode=args.mode,
                                     name=args.workload, execution=args.execution)
-        img, dataset, precision = _image_size(details.get("batch_shape")), UNKNOWN, UNKNOWN
+        img, dataset, precision = image_size(details.get("batch_shape")), UNKNOWN, UNKNOWN
         epoch_samples = args.epoch_samples
         line = ["--steps", str(args.steps), "--", *command]
     else:
@@ -179,49 +139,31 @@ def main(args: argparse.Namespace) -> int:
         img, dataset, precision = cfg.model.img_size, cfg.data.dataset, cfg.train.precision
         epoch_samples = args.epoch_samples or details.get("train_samples")
         line = config_to_argv(cfg)
-    command_line = shlex.join(["neuron-train", "plan", "--mode", args.mode, *line])
-    return _finish(args, w, details, chosen, known, bench, output,
-                   dict(img_size=img, dataset=dataset, epoch_samples=epoch_samples, precision=precision,
-                        command=command_line))
+    calib, first_off, told = plan_calibrate.calibration(w, bench, known, args.calibrate)
+    for text in told:
+        print(text, flush=True)
+    ests = estimate_all(w, chosen, calib, processes, epoch_samples)
+    print("\n".join(format_estimates(w, ests, calib)))
+    if output is not None:
+        document = plan_document(w, ests, calib, details=details, first_off=first_off, img_size=img, dataset=dataset,
+                                 epoch_samples=epoch_samples, precision=precision,
+                                 command=shlex.join(["neuron-train", "plan", "--mode", args.mode, *line]))
+        write_json_or_print(output, document, "save it as a .json file for `neuron-train report`")
+        print(f"plan: {len(document['results'])} estimate(s) -> {output} (source: estimated)")
+    return 0
+
+
+def _measure_loop(args: argparse.Namespace, cfg: RunConfig) -> tuple[WorkloadFigures, dict]:
+    from neuron_train.cost import plan_measure
+
+    return plan_measure.measure_or_count(cfg, args.mode, args.execution, args.from_shapes, _log)
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
 
 
 def _script_name(command: list[str]) -> str:
     from neuron_train.cost.script_bench import script_name
 
     return script_name(command)
-
-
-def _image_size(shape) -> int | None:
-    return shape[2] if shape and len(shape) == 4 and shape[2] == shape[3] else None
-
-
-def _finish(args, w, details, chosen, known, bench, output, meta) -> int:
-    calib, first_off = plan_calibrate.published_calibration(), None
-    if bench is not None:
-        t = known[bench["instance_type"].lower()]
-        calib, first_off, warning = plan_calibrate.recalibrated(
-            calib, w, t, bench["samples_per_sec"]["median"], bench["world_size"], args.calibrate)
-        print(f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
-              f"({bench['samples_per_sec']['median']:.1f} samples/s measured); device side re-fitted: "
-              f"{calib.fraction[w.mode]:.1%} of peak", flush=True)
-        if warning:
-            print(f"plan: warning: {warning}", flush=True)
-    ests = _estimates(w, chosen, calib, args, meta["epoch_samples"])
-    unit = "samples" if w.mode == "train" else "inferences"
-    print(f"plan: ESTIMATES for {w.mode} of {w.name} ({w.measured_by}; {w.flops_per_step / 1e9:.1f} GFLOP "
-          f"and {w.samples_per_step:g} samples per process step; calibration: {calib.source}, "
-          f"{calib.fraction[w.mode]:.1%} of peak, band: /{1 + calib.band[w.mode]:.2g} to x{1 + calib.band[w.mode]:.2g})")
-    print("\n".join(table(w, ests, unit)))
-    shortest = min(e.step_s for e in ests if e.fits and e.step_s is not None)  # set for every one that fits
-    if w.execution == "lazy" and not w.hlo_instructions and shortest < 1e-3:
-        print(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the traced instructions "
-              "were not counted (--from-shapes): lazy tracing on the host will decide the rate; these figures "
-              "are an upper bound")
-    best = next((e for e in ests if e.rank == 1), None)
-    print(f"plan: estimate: fastest {fastest(ests).instance_type}; best price-performance "
-          f"{best.instance_type if best else 'n/a (no prices)'}")
-    if output is not None:
-        document = plan_document(w, ests, calib, details=details, first_off=first_off, **meta)
-        write_json_or_print(output, document, "save it as a .json file for `neuron-train report`")
-        print(f"plan: {len(document['results'])} estimate(s) -> {output} (source: estimated)")
-    return 0

@@ -1,56 +1,37 @@
 """`neuron-train precompile`: compile every graph of a run ahead of it, then prove the run needed no more.
 
-Two kinds of run, one machinery (the manifest records of cache_env.record_graphs, coverage.py, store.py):
+Two kinds of run, one machinery (the manifest records of cache_env.record_graphs, coverage.py, store.py),
+one plan printer (cache_env.format_plan):
 
 - neuron-train's own loop (`-- TRAIN_ARGS`, e.g. `-- --model vit-nano`): the loop in "graph tour"
-  mode (NEURON_EXTRACT_GRAPHS_ONLY, set by neuron_parallel_compile on Neuron and by us elsewhere): a
-  few train steps, one eval batch, no checkpoints or metrics written. It records the settings that
-  determine its graphs and each graph's fingerprint and phase. A later `train --compile-cache DIR`
-  reports its coverage and, with `--require-precompiled`, refuses a configuration that was not
-  precompiled (naming the difference, e.g. "batch size 64 here, 32 in the manifest");
+  mode (precompile/loop_precompile.py). A later `train --compile-cache DIR` reports its coverage and,
+  with `--require-precompiled`, refuses a configuration that was not precompiled (naming the
+  difference, e.g. "batch size 64 here, 32 in the manifest");
 - any other command (`-- python my_train.py ARGS`, `-- torchrun ... my_train.py`): the command
-  itself is the tour (script_precompile.py), checked later by `check-graphs --compile-cache DIR`.
+  itself is the tour (precompile/script_precompile.py), checked later by `check-graphs --compile-cache DIR`.
 
 On Neuron, neuron_parallel_compile compiles the extracted graphs in parallel into the Neuron cache.
+This module parses the options, reads the run's configuration and runs the plan.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import shutil
 import sys
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.cli_parser import add_cache_option
-from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import is_s3
-from neuron_train.common.neuron_env import EXTRACT_ENV
-from neuron_train.instrument.script import (
-    RETRIES_ENV,
-    CompileSummary,
-    checked_command,
-    parse_compile_summary,
-    stream,
-)
+from neuron_train.instrument.script import RETRIES_ENV, checked_command
 from neuron_train.precompile import store
-from neuron_train.precompile.cache_env import (
-    PRECOMPILE_ENV,
-    check_cache,
-    compile_command,
-    network_fs_warning,
-    warn,
-)
-from neuron_train.precompile.listing import describe_config
-from neuron_train.precompile.manifest import Manifest
+from neuron_train.precompile.cache_env import TourPlan, check_cache, format_plan, network_fs_warning, warn
+from neuron_train.precompile.loop_precompile import LoopPlan, execute_loop_plan, plan_loop
 from neuron_train.precompile.script_precompile import (
     DEFAULT_STEPS,
     execute_script_plan,
-    format_script_plan,
     plan_script,
     script_device,
 )
@@ -58,65 +39,12 @@ from neuron_train.training.cache_hook import tour_steps
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import config_from_train_args
 
-RUN_PY = Path(__file__).resolve().parent.parent / "run.py"
-USAGE = ("neuron-train precompile [options] -- TRAIN_ARGS ...   (neuron-train's own loop)\n"
-         "       neuron-train precompile [options] -- COMMAND [ARGS...]   (any PyTorch/XLA script)")
-
-
-@dataclass(frozen=True)
-class Plan:
-    target: str                 # 'neuron' (neuron_parallel_compile) or 'cpu' (the graph tour directly)
-    cache: Path
-    command: list[str]
-    env: dict[str, str]         # variables set on top of the current environment
-    real_run: list[str]         # the training command to run afterwards
-    notes: list[str]
-
-
-def launcher(world: int) -> list[str]:
-    """How the training processes start: one Python process, or torchrun for several."""
-    if world == 1:
-        return [sys.executable, str(RUN_PY)]
-    torchrun = shutil.which("torchrun")
-    start = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    return [*start, "--standalone", f"--nproc_per_node={world}", str(RUN_PY)]  # one node, a free port
-
-
-def build_plan(cfg: RunConfig, train_args: list[str], *, cache: Path, target: str, world: int,
-               num_parallel: int | None, retries: int, retry_failed: bool, env: Mapping[str, str],
-               run_id: str) -> Plan:
-    """The exact commands and environment of a precompile (pure: nothing runs)."""
-    extra = [] if cfg.compile.compile_cache else ["--compile-cache", str(cache)]
-    steps = tour_steps(cfg)
-    tour = extra + ([] if steps == cfg.train.precompile_steps else ["--precompile-steps", str(steps)])
-    run = compile_command([*launcher(world), *train_args, *tour], cache=cache, target=target,
-                          num_parallel=num_parallel, retries=retries, retry_failed=retry_failed, env=env)
-    changes = {**run.env, PRECOMPILE_ENV: run_id}
-    if target != "neuron":
-        changes[EXTRACT_ENV] = "1"  # we play neuron_parallel_compile's extraction role
-    real = [*launcher(world), *train_args, *extra,
-            *([] if cfg.compile.require_precompiled else ["--require-precompiled"])]
-    return Plan(target, cache, run.command, changes, real, run.notes)
-
-
-def format_plan(plan: Plan) -> str:
-    env_words = [f"{k}={v}" for k, v in plan.env.items()]
-    lines = [f"target       {plan.target}"
-             + (" (neuron_parallel_compile: extract graphs, then compile them in parallel)"
-                if plan.target == "neuron" else " (graph tour on this device; no neuron_parallel_compile)"),
-             f"cache        {plan.cache}",
-             "environment",
-             *(f"  {shlex.quote(w)}" for w in env_words),
-             "command",
-             f"  {shlex.join(['env', *env_words, *plan.command])}",
-             "then train with",
-             f"  NEURON_CC_FLAGS={shlex.quote(plan.env['NEURON_CC_FLAGS'])} {shlex.join(plan.real_run)}"]
-    lines += [f"note         {n}" for n in plan.notes]
-    return "\n".join(lines)
+_USAGE = ("neuron-train precompile [options] -- TRAIN_ARGS ...   (neuron-train's own loop)\n"
+          "       neuron-train precompile [options] -- COMMAND [ARGS...]   (any PyTorch/XLA script)")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.usage = USAGE
+    parser.usage = _USAGE
     parser.description = ("Precompile every graph of a training run into the compile cache and record "
                           "a graph manifest there. TRAIN_ARGS are the arguments of the real "
                           "`neuron-train train` run, unchanged; or give any PyTorch/XLA command "
@@ -145,7 +73,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="after --: the real run's arguments, or the command to precompile")
 
 
-def is_command(train_args: list[str]) -> bool:
+def _is_command(train_args: list[str]) -> bool:
     """`-- python my_train.py ...` (a command) rather than `-- --model ...` (our loop's flags)."""
     return bool(train_args) and not train_args[0].startswith("-")
 
@@ -173,58 +101,10 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--steps must be >= 0, got {args.steps}")
 
 
-def _report(manifest: Manifest, run_id: str, cache: Path, added: list[str], summary: CompileSummary | None) -> str:
-    """What the precompile produced, read from the manifest the graph tour recorded."""
-    found = [(fp, r) for fp, r in manifest.configs.items() if run_id in r.precompile_ids]
-    if not found:
-        raise RunError(f"the precompile run recorded nothing in {cache}/{store.MANIFEST}: --compile-cache or "
-                       f"{EXTRACT_ENV} did not reach neuron_train (a wrapper that drops arguments or "
-                       "environment variables?)")
-    lines = []
-    for fp, record in found:
-        phases: dict[str, int] = {}
-        for g in record.graphs.values():
-            phases[str(g.phase)] = phases.get(str(g.phase), 0) + 1
-        seconds = sum(g.compile_time_s or 0.0 for g in record.graphs.values())
-        lines.append(f"precompiled  {describe_config(record.config)} (configuration {fp})")
-        by_phase = ", ".join(f"{n} {p}" for p, n in sorted(phases.items()))
-        lines.append(f"graphs       {len(record.graphs)} recorded" + (f" ({by_phase})" if by_phase else "")
-                     + (f", {seconds:.1f} s of compiling in the tour" if seconds else ""))
-        if record.unidentified_graphs:
-            lines.append(f"warning      {record.unidentified_graphs} graph(s) had no fingerprint: "
-                         "coverage cannot be checked for them")
-    xla_new = sum(1 for r in manifest.files.values() if r.recorded_by in {fp for fp, _ in found})
-    lines.append(f"cache        {cache}: {len(added)} Neuron entries recorded, {xla_new} files vouched for")
-    if summary is not None:
-        lines.append(f"compile      {summary.line()}")
-        for path in summary.failed_graphs[:5]:
-            lines.append(f"  failed     {path}")
-    return "\n".join(lines)
-
-
 def _preflight(cache: Path, retry_failed: bool) -> None:
     """Refuse a damaged cache (the compiler would skip those graphs); warn about failed compiles."""
     cache.mkdir(parents=True, exist_ok=True)
     check_cache(cache, store.load_manifest(cache), retry_failed=retry_failed)
-
-
-def _execute(plan: Plan) -> tuple[str, CompileSummary | None]:
-    """Run the plan holding the cache's use lock; returns (the report, neuron_parallel_compile's summary)."""
-    run_id = plan.env[PRECOMPILE_ENV]
-    use = store.CacheUse(plan.cache)  # a prune must not delete entries under a running precompile
-    try:
-        ended = stream(plan.command, {**os.environ, **plan.env})
-        code, log = ended.code, "\n".join(ended.tail)
-        summary = parse_compile_summary(log) if plan.target == "neuron" else None
-        if code != 0:
-            failed = f"; {summary.failed} graph(s) failed to compile" if summary and summary.failed else ""
-            raise RunError(f"the precompile run failed (exit code {code}{failed}); its output is above")
-        manifest = store.load_manifest(plan.cache)
-        fps = [fp for fp, r in manifest.configs.items() if run_id in r.precompile_ids]
-        added = store.record_entries(plan.cache, fps[0]) if fps and plan.target == "neuron" else []
-        return _report(store.load_manifest(plan.cache), run_id, plan.cache, added, summary), summary
-    finally:
-        use.release()
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -243,43 +123,53 @@ def _loop_args(args: argparse.Namespace) -> list[str]:
 
 
 def _main_script(args: argparse.Namespace) -> int:
-    script = checked_command(args.train_args, USAGE.splitlines()[1].strip())
+    script = checked_command(args.train_args, _USAGE.splitlines()[1].strip())
     if args.nproc_per_node != 1:
         raise UsageError("--nproc-per-node is for neuron-train's own loop: a COMMAND starts its own processes "
                          "(e.g. `-- torchrun --standalone --nproc_per_node=W my_train.py`)")
     cache = _resolve_cache(args.compile_cache, None)
-    plan = plan_script(script, cache=cache, target=_target(args), steps=args.steps, num_parallel=args.num_parallel, retries=args.retries,
-                       retry_failed=args.retry_failed, env=os.environ)
-    if not _announce(format_script_plan(plan), cache, args):
+    plan = plan_script(script, cache=cache, target=_target(args), steps=args.steps, num_parallel=args.num_parallel,
+                       retries=args.retries, retry_failed=args.retry_failed, env=os.environ)
+    if not _announce(plan, args):
         return 0
     print(execute_script_plan(plan, script_device()), flush=True)
     return 0
 
 
-def _announce(plan_text: str, cache: Path, args: argparse.Namespace) -> bool:
+def _announce(plan: TourPlan, args: argparse.Namespace) -> bool:
     """Print the plan (after a network file system warning); True when it should run now."""
-    if message := network_fs_warning(cache):
+    if message := network_fs_warning(plan.cache):
         warn(message)
-    print(plan_text, flush=True)
+    print(format_plan(plan), flush=True)
     if args.dry_run:
         return False
-    _preflight(cache, args.retry_failed)
+    _preflight(plan.cache, args.retry_failed)
     return True
+
+
+def _loop_plan(cfg: RunConfig, train_args: list[str], cache: Path, args: argparse.Namespace) -> LoopPlan:
+    """Our loop's plan: the tour and the real run get the cache (unless TRAIN_ARGS name it), the tour
+    its length when it differs from --precompile-steps, the real run --require-precompiled."""
+    extra = [] if cfg.compile.compile_cache else ["--compile-cache", str(cache)]
+    steps = tour_steps(cfg)
+    tour = [*extra, *([] if steps == cfg.train.precompile_steps else ["--precompile-steps", str(steps)])]
+    real = [*extra, *([] if cfg.compile.require_precompiled else ["--require-precompiled"])]
+    return plan_loop(train_args, tour_args=tour, real_args=real, cache=cache, target=_target(args),
+                     world=args.nproc_per_node, num_parallel=args.num_parallel, retries=args.retries,
+                     retry_failed=args.retry_failed, env=os.environ, run_id=uuid.uuid4().hex[:12])
 
 
 def main(args: argparse.Namespace) -> int:
     _validate(args)
-    if is_command(args.train_args):
+    if _is_command(args.train_args):
         return _main_script(args)
     train_args = _loop_args(args)
     cfg = config_from_train_args(train_args, prog="neuron-train precompile [options] --")
     cache = _resolve_cache(args.compile_cache, cfg)
-    plan = build_plan(cfg, train_args, cache=cache, target=_target(args), world=args.nproc_per_node,
-                      num_parallel=args.num_parallel, retries=args.retries, retry_failed=args.retry_failed,
-                      env=os.environ, run_id=uuid.uuid4().hex[:12])
-    if not _announce(format_plan(plan), cache, args):
+    plan = _loop_plan(cfg, train_args, cache, args)
+    if not _announce(plan, args):
         return 0
-    text, summary = _execute(plan)
+    text, summary = execute_loop_plan(plan)
     print(text, flush=True)
     if summary is not None and summary.failed:
         print(f"{summary.failed} graph(s) failed to compile and are cached as failed: fix the cause, "

@@ -35,7 +35,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
 
 
-def format_summary(s: RunSummary) -> str:
+def _format_summary(s: RunSummary) -> str:
     def num(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
@@ -123,5 +123,5 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     if backend.is_main:
-        print(format_summary(summary), flush=True)
+        print(_format_summary(summary), flush=True)
     return 0

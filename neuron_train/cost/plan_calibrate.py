@@ -177,6 +177,21 @@ def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: flo
     return calib, relative_error(first, measured), warning
 
 
+def calibration(w: WorkloadFigures, bench: dict | None, known: dict[str, Target],
+                where: str | None) -> tuple[Calibration, float | None, list[str]]:
+    """The published calibration, or with a bench result (`load_calibration`, read from `where`) the
+    device side re-fitted on it: (calibration, how far the first estimate was off or None, what to tell)."""
+    calib = published_calibration()
+    if bench is None:
+        return calib, None, []
+    t = known[bench["instance_type"].lower()]
+    measured = bench["samples_per_sec"]["median"]
+    calib, first_off, warning = recalibrated(calib, w, t, measured, bench["world_size"], str(where))
+    lines = [f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
+             f"({measured:.1f} samples/s measured); device side re-fitted: {calib.fraction[w.mode]:.1%} of peak"]
+    return calib, first_off, lines + ([f"plan: warning: {warning}"] if warning else [])
+
+
 def load_calibration(path: str, mode: str, name: str, known: dict[str, Target]) -> dict:
     """A bench result of this workload, measured on a Neuron instance type the plan knows."""
     data = reader.load(path, "--calibrate", fmt="json", limit=RESULT_LIMIT)

@@ -18,25 +18,21 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost.plan_hlo import HloFigures, hlo_figures
-from neuron_train.cost.plan_model import WorkloadFigures
+from neuron_train.cost.plan_model import GIB, WorkloadFigures
+from neuron_train.training.config import RunConfig
 
-if TYPE_CHECKING:  # torch and the loop's modules are imported when a measurement starts
+if TYPE_CHECKING:
     import torch
-    from torch import Tensor
-    from torch.optim import Optimizer
-    from torch.utils.data import DataLoader
 
-    from neuron_train.training.config import RunConfig
     from neuron_train.training.data import Datasets
 
-    # (images, labels, optimizer) -> (the step's output tensors, activation bytes); no optimizer: infer
-    StepFn = Callable[[Tensor, Tensor, Optimizer | None], tuple[list[Tensor], float]]
+StepFn = Callable[["torch.Tensor", "torch.Tensor", "torch.optim.Optimizer | None"], tuple[list[Any], float]]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_STATES = 2              # AdamW's two moments per parameter (SGD with momentum: 1)
@@ -73,7 +69,7 @@ def _saved_bytes(model: torch.nn.Module, run_forward: Callable[[], Any]) -> tupl
     return float(sum(seen.values())), out
 
 
-def _input_seconds(loader: DataLoader, batches: int) -> float:
+def _input_seconds(loader: Iterable[Any], batches: int) -> float:
     """CPU seconds per batch of the input pipeline, drawn in this thread (no workers): the thread's CPU
     time, not the wall time, so another process busy on this machine does not inflate it."""
     it = iter(loader)
@@ -84,12 +80,11 @@ def _input_seconds(loader: DataLoader, batches: int) -> float:
     return (time.thread_time() - start) / batches
 
 
-def _loader_pair(cfg: RunConfig, data: Datasets) -> tuple[DataLoader, DataLoader]:
+def _loader_pair(cfg: RunConfig, data: Datasets) -> tuple[Iterable[Any], Iterable[Any]]:
     """The loop's train loader, and the same data drawn without workers (to time the pipeline)."""
     from neuron_train.training.data import train_loader
 
-    kw: dict[str, Any] = dict(batch_size=cfg.train.batch_size, accum=1, world=1, rank=0, seed=cfg.train.seed,
-                              epoch=0)
+    kw: dict[str, Any] = dict(batch_size=cfg.train.batch_size, accum=1, world=1, rank=0, seed=cfg.train.seed, epoch=0)
     return (train_loader(data.train, cfg.data, **kw),
             train_loader(data.train, dataclasses.replace(cfg.data, num_workers=0), **kw))
 
@@ -103,7 +98,8 @@ def _step_fn(model: torch.nn.Module, mode: str, precision: str) -> StepFn:
 
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    def step(images: Tensor, labels: Tensor, optimizer: Optimizer | None) -> tuple[list[Tensor], float]:
+    def step(images: torch.Tensor, labels: torch.Tensor,
+             optimizer: torch.optim.Optimizer | None) -> tuple[list[Any], float]:
         if mode == "infer":
             with torch.no_grad(), autocast(precision):
                 return [model(images)], 0.0
@@ -111,7 +107,7 @@ def _step_fn(model: torch.nn.Module, mode: str, precision: str) -> StepFn:
             activations, logits = _saved_bytes(model, lambda: model(images))
             loss = loss_fn(logits.float(), labels)
         loss.backward()
-        assert optimizer is not None  # measure_loop builds one to train
+        assert optimizer is not None  # a training step: measure_loop built one
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
@@ -184,6 +180,41 @@ def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = No
                              "flops_by_dtype": hlo.flops_by_dtype}}
 
 
+def model_classes(cfg: RunConfig) -> int:
+    """The classes our loop's model is built with: --num-classes, or with 0 (the default) the dataset's.
+    A model built with 0 classes has no head (timm): its weights and FLOPs would be missing."""
+    from neuron_train.training.data import build_datasets
+
+    return cfg.model.num_classes or build_datasets(cfg.data, cfg.model.img_size, 0, cfg.train.seed).num_classes
+
+
+def too_large(cfg: RunConfig) -> tuple[bool, float]:
+    """Would our loop's model (weights, gradients, two optimizer states) fill half this machine's
+    memory? And its GiB."""
+    import torch
+
+    from neuron_train.training.models import build_model
+
+    with torch.device("meta"):
+        n = sum(p.numel() for p in build_model(cfg.model.name, num_classes=model_classes(cfg),
+                                                img_size=cfg.model.img_size).parameters())
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return n * 16 > available / 2, n * 16 / GIB
+
+
+def measure_or_count(cfg: RunConfig, mode: str, execution: str | None, shapes: bool,
+                     log: Callable[[str], None]) -> tuple[WorkloadFigures, dict]:
+    """Our loop's figures: one step traced (`measure_loop`), or counted from shapes (`from_shapes`) when
+    asked (`shapes`) or when the model would not fit in this machine's memory."""
+    large, gib = too_large(cfg)
+    if shapes or large:
+        why = f" (weights, gradients and optimizer state ~{gib:.1f} GiB)" if large else ""
+        log(f"plan: counting {cfg.model.name} from shapes on the meta device, nothing allocated{why}")
+        return from_shapes(cfg, mode, execution)
+    log(f"plan: tracing one step of {cfg.model.name} on this machine's CPU XLA device")
+    return measure_loop(cfg, mode, execution)
+
+
 def from_shapes(cfg: RunConfig, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Our loop's model counted on the meta device: FLOPs of forward + backward (torch's counter),
     weights, gradients, optimizer state and activations from shapes; nothing is allocated and no
@@ -191,12 +222,9 @@ def from_shapes(cfg: RunConfig, mode: str = "train", execution: str | None = Non
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from neuron_train.training.data import build_datasets
     from neuron_train.training.models import build_model
 
-    # --num-classes 0 means "the dataset's": a model built with 0 classes has no head (timm), so the
-    # head's FLOPs would be missing and the plan file would refuse its own num_classes.
-    classes = cfg.model.num_classes or build_datasets(cfg.data, cfg.model.img_size, 0, cfg.train.seed).num_classes
+    classes = model_classes(cfg)  # the plan file would refuse a head-less model's num_classes
     with torch.device("meta"):
         model = build_model(cfg.model.name, num_classes=classes, img_size=cfg.model.img_size)
         images = torch.empty(cfg.train.batch_size, 3, cfg.model.img_size, cfg.model.img_size)
@@ -218,6 +246,11 @@ def from_shapes(cfg: RunConfig, mode: str = "train", execution: str | None = Non
         execution=execution or default_execution(mode, cfg.train.step_compiler),
         measured_by="estimated from shapes on the meta device (nothing allocated; traced instructions not counted)")
     return figures, {"parameters": n, "num_classes": classes, "train_samples": None}
+
+
+def image_size(shape: list[int] | None) -> int | None:
+    """A script's image size, read from its input batch's shape (N, C, H, W with H == W), else None."""
+    return shape[2] if shape and len(shape) == 4 and shape[2] == shape[3] else None
 
 
 def steady_graph(dump_dir: Path) -> tuple[HloFigures, int]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from neuron_train.common.errors import RunError
+
 GIB = 1024 ** 3
 
 
@@ -225,3 +227,16 @@ def rank_by_price_performance(estimates: list[Estimate]) -> list[Estimate]:
     for i, e in enumerate(r for r in ranked if r.usd_per_million is not None):
         e.rank = i + 1
     return ranked
+
+
+def estimate_all(w: WorkloadFigures, targets: list[Target], c: Calibration, processes: int | None,
+                 epoch_samples: int | None) -> list[Estimate]:
+    """Every target's estimate, best price-performance first (processes per instance: at most its
+    NeuronCores; None: one per NeuronCore). A workload that fits on none of them is an error."""
+    ests = [estimate(w, t, c, min(processes, t.cores) if processes else None, epoch_samples) for t in targets]
+    if not any(e.fits for e in ests):
+        most = max(t.chip.memory_gib_per_core for t in targets)
+        raise RunError(f"{w.name} does not fit on any instance type estimated: needs "
+                       f"{memory_needed_gib(w):.1f} GiB per NeuronCore, has {most:g} (data parallel, nothing "
+                       "sharded): use a smaller batch, ZeRO-1 (--zero1) or a model-parallel library")
+    return rank_by_price_performance(ests)

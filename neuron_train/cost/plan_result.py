@@ -13,7 +13,7 @@ from typing import cast
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
 from neuron_train.common.values import header_problem, shown
-from neuron_train.cost.plan_model import Calibration, Estimate, WorkloadFigures
+from neuron_train.cost.plan_model import Calibration, Estimate, WorkloadFigures, fastest
 from neuron_train.cost.rows import money
 from neuron_train.cost.schema import ESTIMATED, RESULT_LIMIT, SCHEMA_NAME, SCHEMA_VERSION, validate_result
 
@@ -124,6 +124,26 @@ def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]
         return " ".join([left, *(c.rjust(n) for c, n in zip(cells[1:-1], widths[1:], strict=True))]) + "  " + cells[-1]
     text = [line(head)]
     return [text[0], "-" * len(text[0]), *(line(r) for r in rows)]
+
+
+def format_estimates(w: WorkloadFigures, estimates: list[Estimate], calib: Calibration) -> list[str]:
+    """What plan prints of its estimates, each labelled an estimate: the workload and calibration, the
+    table, a warning when the figures are an upper bound, the fastest and the best price-performance."""
+    unit = "samples" if w.mode == "train" else "inferences"
+    band = calib.band[w.mode]
+    lines = [f"plan: ESTIMATES for {w.mode} of {w.name} ({w.measured_by}; {w.flops_per_step / 1e9:.1f} GFLOP "
+             f"and {w.samples_per_step:g} samples per process step; calibration: {calib.source}, "
+             f"{calib.fraction[w.mode]:.1%} of peak, band: /{1 + band:.2g} to x{1 + band:.2g})",
+             *table(w, estimates, unit)]
+    shortest = min(e.step_s for e in estimates if e.fits and e.step_s is not None)  # set for every one that fits
+    if w.execution == "lazy" and not w.hlo_instructions and shortest < 1e-3:
+        lines.append(f"plan: warning: the estimated device step is {shortest * 1e3:.3f} ms and the traced "
+                     "instructions were not counted (--from-shapes): lazy tracing on the host will decide the "
+                     "rate; these figures are an upper bound")
+    best = next((e for e in estimates if e.rank == 1), None)
+    lines.append(f"plan: estimate: fastest {fastest(estimates).instance_type}; best price-performance "
+                 f"{best.instance_type if best else 'n/a (no prices)'}")
+    return lines
 
 
 def load_results(path: str | Path) -> list[dict]:

@@ -54,7 +54,7 @@ def group_summary(group: Group) -> str:
     priced = priced_rows(r for r, _ in ok)
     if priced:
         best = max(priced, key=lambda p: p.per_dollar)
-        # cast: a group with a priced row has a baseline (report's build_groups chose it)
+        # cast: a group with a priced row has a baseline (compare.build_groups chose it)
         baseline = cast(Row, group.baseline)
         text += (f"; most {group.unit} per dollar: {best.row.instance_type} ({best.per_dollar:,.0f} "
                  f"per $, {best.row.relative:.2f}x the baseline {baseline.instance_type})")

@@ -1,5 +1,6 @@
-"""The report's typed rows: one instance type's figure (measured, imported or unsupported), and a
-group of rows for one workload. Shared by the report's tables and its charts.
+"""The report's typed rows: one instance type's figure (measured, estimated, imported or
+unsupported), built from a bench result, a plan's estimate, a published reference row or the
+catalog, and a group of rows for one workload. Shared by the report's tables and its charts.
 """
 
 from __future__ import annotations
@@ -8,9 +9,12 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
-from neuron_train.cost.catalog import Price
+from neuron_train.cost.catalog import Catalog, Price
+from neuron_train.cost.references import ReferenceRow
+from neuron_train.cost.schema import ESTIMATED
 
 MODE_TITLES = {"train": "Training", "infer": "Inference"}
 
@@ -140,3 +144,77 @@ def money(value: float | None, digits: int = 4) -> str:
         return f"${value:,.2f}"
     return f"${value:.{digits - 1 - math.floor(math.log10(value))}f}"
 
+
+
+# --- rows from the inputs ------------------------------------------------------------------------
+
+def estimated_row(path: Path, r: dict) -> Row:
+    """An estimate of `neuron-train plan`: labelled as such wherever it is shown."""
+    e = r["estimate"]
+    return Row(
+        instance_type=r["instance_type"].lower(), mode=r["mode"], model=r["model"]["name"],
+        img_size=r["model"]["img_size"], origin=ESTIMATED, device="Neuron (ESTIMATE from a CPU run)",
+        provenance=f"estimated: {path.name} (neuron-train plan, {r['created_at'][:10]}; {e['calibration']})",
+        precision=r["precision"], batch_size=r["batch_size_per_device"], world_size=r["world_size"],
+        samples_per_sec=r["samples_per_sec"]["median"], spread=r["samples_per_sec"]["spread"],
+        epoch_samples=r["dataset"]["train_samples"],
+        note=f"ESTIMATE, not measured: bottleneck {e['bottleneck_text']}; band {e['band'][0]:,.1f}-"
+             f"{e['band'][1]:,.1f}")
+
+
+def measured_row(path: Path, r: dict) -> Row:
+    """A bench result's row (a plan's estimate: `estimated_row`)."""
+    if r.get("source") == ESTIMATED:
+        return estimated_row(path, r)
+    device = r["device"]
+    where = f"{r['host'].get('cpu', '?')}, " if device["kind"] == "CPU" else ""
+    how = f"measured with {device['harness']}" if device.get("harness") else "measured here"
+    return Row(
+        instance_type=r["instance_type"].lower(), mode=r["mode"], model=r["model"]["name"],
+        img_size=r["model"]["img_size"], origin="measured", device=device_text(device),
+        provenance=f"{how}: {path.name} ({where}{r['created_at'][:10]})",
+        precision=precision_text(r["precision"], device.get("compiler_args")),
+        batch_size=r["batch_size_per_device"], world_size=r["world_size"],
+        samples_per_sec=r["samples_per_sec"]["median"], spread=r["samples_per_sec"]["spread"],
+        compile_time_s=r["compile"]["time_s"], graph_count=r["compile"]["graph_count"],
+        epoch_samples=r["dataset"]["train_samples"],
+        note=f"{r['repeats']} repeat(s) of {r['measured_steps']} steps after {r['warmup_steps']} "
+             "warm-up steps")
+
+
+def imported_row(ref: ReferenceRow) -> Row:
+    """A published row of a Neuron SDK performance table."""
+    note = "; ".join(n for n in (ref.instance_note, f"latency p50 {ref.latency_p50_ms:g} ms"
+                                 if ref.latency_p50_ms else "") if n)
+    return Row(
+        instance_type=ref.instance_type, mode=ref.mode, model=ref.model, img_size=ref.img_size,
+        origin="imported", device="Neuron (published)",
+        provenance=f"imported: {ref.source} (Neuron SDK {ref.neuron_version or '?'} performance table)",
+        precision=ref.precision, framework=ref.framework, batch_size=ref.batch_size,
+        world_size=ref.world_size, nodes=ref.nodes,
+        samples_per_sec=ref.samples_per_sec, unit=ref.unit, note=note)
+
+
+def unsupported_rows(rows: list[Row], catalog: Catalog) -> list[Row]:
+    """inf1 (and any type that cannot train) gets a row with the reason in each training workload."""
+    train_workloads = {r.workload: r for r in rows if r.mode == "train"}
+    out = []
+    for itype in sorted({r.instance_type for r in rows}):
+        spec = catalog.get(itype)
+        if spec is None or spec.can_train:
+            continue
+        for key, example in train_workloads.items():
+            if not any(r.instance_type == itype and r.workload == key for r in rows):
+                out.append(Row(itype, "train", example.model, example.img_size, "unsupported",
+                               spec.accelerator, "instance catalog", note=spec.train_note))
+    return out
+
+
+def mark_unsupported(rows: list[Row], catalog: Catalog) -> list[Row]:
+    """A training row on a type that cannot train keeps its place but loses its figures."""
+    for row in rows:
+        spec = catalog.get(row.instance_type)
+        if row.mode == "train" and spec is not None and not spec.can_train:
+            row.note = f"{spec.train_note} (the file's figures are not used)"
+            row.origin, row.samples_per_sec, row.spread = "unsupported", None, None
+    return rows

@@ -60,7 +60,7 @@ _SWEEP_ALWAYS = ("batch_size_per_device", "world_size", "status", "reason")
 _MISSING = object()
 
 
-def _lookup(data: dict, dotted: str):
+def _lookup(data: dict, dotted: str) -> object:
     node = data
     for key in dotted.split("."):
         if not isinstance(node, dict) or key not in node:

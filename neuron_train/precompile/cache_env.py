@@ -1,12 +1,16 @@
 """What the compile cache's users agree on: the compiler flags that point at it, the variable that
-marks a precompile run, recording a graph tour into the manifest, and the one check a cache passes
-before anything compiles into it (training's cache hook, check-graphs --compile-cache, precompile).
+marks a precompile run, how a graph tour fills it (`compile_command`) and the one printer of a
+precompile's plan (`format_plan`, for our loop's tour and any script's), recording a graph tour into
+the manifest, and the one check a cache passes before anything compiles into it (training's cache
+hook, check-graphs --compile-cache, precompile).
 """
 
 from __future__ import annotations
 
+import shlex
 import socket
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +72,37 @@ def compile_command(tour: list[str], *, cache: Path, target: str, num_parallel: 
         if num_parallel:
             notes.append("--num-parallel only applies to neuron_parallel_compile (Neuron)")
     return CompileCommand(command, changes, notes)
+
+
+@dataclass(frozen=True)
+class TourPlan(ABC):
+    """What a precompile will run (pure: nothing has run): our loop's tour (loop_precompile.LoopPlan)
+    or any script's (script_precompile.ScriptPlan), printed by `format_plan`."""
+
+    target: str                 # 'neuron' (under neuron_parallel_compile) or 'cpu' (the tour directly)
+    cache: Path
+    command: list[str]          # what runs
+    env: dict[str, str]         # set on top of the current environment
+    notes: list[str]
+
+    @abstractmethod
+    def before_command(self) -> list[str]:
+        """The plan's lines between the cache and the command."""
+
+    @abstractmethod
+    def after_command(self) -> list[str]:
+        """The plan's lines after the command: what to run once it is done."""
+
+
+def format_plan(plan: TourPlan) -> str:
+    """A precompile's plan as `precompile` prints it (and `--dry-run` only prints)."""
+    how = (" (neuron_parallel_compile: extract graphs, then compile them in parallel)" if plan.target == "neuron"
+           else " (graph tour on this device; no neuron_parallel_compile)")
+    env_words = [f"{k}={v}" for k, v in plan.env.items()]
+    lines = [f"target       {plan.target}{how}", f"cache        {plan.cache}", *plan.before_command(),
+             "command", f"  {shlex.join(['env', *env_words, *plan.command])}", *plan.after_command(),
+             *(f"note         {n}" for n in plan.notes)]
+    return "\n".join(lines)
 
 
 def network_fs_warning(cache: Path, mounts: str | None = None) -> str | None:

@@ -60,7 +60,7 @@ def fingerprint(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     if value is None or value == "":
         return "(none)"
     if isinstance(value, bool):
@@ -273,7 +273,7 @@ def shape_changes(here: list[str] | None, there: list[str] | None) -> list[str] 
                else "")]
 
 
-def _shapes(value) -> list[str] | None:
+def _shapes(value: object) -> list[str] | None:
     """Input shapes read from a manifest: a list of strings, else unknown."""
     return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import tempfile
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from neuron_train.instrument.script import (
     run_script,
 )
 from neuron_train.precompile import store
-from neuron_train.precompile.cache_env import compile_command, record_graphs
+from neuron_train.precompile.cache_env import TourPlan, compile_command, record_graphs
 from neuron_train.precompile.coverage import fingerprint, script_config
 
 DEFAULT_STEPS = 5
@@ -48,14 +49,9 @@ def script_device() -> str:
 
 
 @dataclass(frozen=True)
-class ScriptPlan:
-    target: str                 # 'neuron' (under neuron_parallel_compile) or 'cpu' (the tour directly)
-    cache: Path
+class ScriptPlan(TourPlan):
     script: list[str]           # the user's command
-    command: list[str]          # what runs
-    env: dict[str, str]         # set on top of the current environment (besides the instrumentation)
     steps: int
-    notes: list[str]
     to_epoch_end: bool = False  # no --steps: the tour runs to the first epoch's end (instrument/epochs.py)
 
     @property
@@ -63,34 +59,26 @@ class ScriptPlan:
         return shlex.join(["neuron-train", "check-graphs", "--compile-cache", str(self.cache),
                            "--require-precompiled", "--", *self.script])
 
+    def before_command(self) -> list[str]:
+        stop = ("the first epoch's end and what runs then (evaluation, checkpoint), when a DataLoader of at most "
+                f"{MAX_EPOCH_STEPS} batches feeds the steps; else every call site warm and at least {self.steps} "
+                "steps" if self.to_epoch_end else f"every call site warm and at least {self.steps} steps"
+                if self.steps else "the command's own end (--steps 0)")
+        return [f"tour stops   at {stop}"]
+
+    def after_command(self) -> list[str]:
+        return ["  (with neuron-train's graph instrumentation in each Python process)", "then run",
+                f"  {self.real_run}"]
+
 
 def plan_script(script: list[str], *, cache: Path, target: str, steps: int | None, num_parallel: int | None,
-                retries: int, retry_failed: bool, env) -> ScriptPlan:
+                retries: int, retry_failed: bool, env: Mapping[str, str]) -> ScriptPlan:
     """The exact command and environment of a script's precompile (pure: nothing runs). `steps`
     None (no --steps): the tour runs to the first epoch's end, and at least DEFAULT_STEPS steps."""
     run = compile_command(script, cache=cache, target=target, num_parallel=num_parallel, retries=retries,
                           retry_failed=retry_failed, env=env)
-    return ScriptPlan(target, cache, list(script), run.command, run.env, DEFAULT_STEPS if steps is None else steps,
-                      run.notes, to_epoch_end=steps is None)
-
-
-def format_script_plan(plan: ScriptPlan) -> str:
-    env_words = [f"{k}={v}" for k, v in plan.env.items()]
-    stop = ("the first epoch's end and what runs then (evaluation, checkpoint), when a DataLoader of at most "
-            f"{MAX_EPOCH_STEPS} batches feeds the steps; else every call site warm and at least {plan.steps} steps"
-            if plan.to_epoch_end else f"every call site warm and at least {plan.steps} steps" if plan.steps
-            else "the command's own end (--steps 0)")
-    lines = [f"target       {plan.target}"
-             + (" (neuron_parallel_compile: extract graphs, then compile them in parallel)"
-                if plan.target == "neuron" else " (graph tour on this device; no neuron_parallel_compile)"),
-             f"cache        {plan.cache}",
-             f"tour stops   at {stop}",
-             "command",
-             f"  {shlex.join(['env', *env_words, *plan.command])}",
-             "  (with neuron-train's graph instrumentation in each Python process)",
-             "then run",
-             f"  {plan.real_run}"]
-    return "\n".join(lines + [f"note         {n}" for n in plan.notes])
+    return ScriptPlan(target=target, cache=cache, command=run.command, env=run.env, notes=run.notes,
+                      script=list(script), steps=DEFAULT_STEPS if steps is None else steps, to_epoch_end=steps is None)
 
 
 def execute_script_plan(plan: ScriptPlan, device: str) -> str:

@@ -1,0 +1,72 @@
+"""A bench result file: what was measured (the workload), the figures of its runs with their median
+and spread, where (`instance.py`) and with which library versions. `bench` checks it against
+schema.py (`validate_result`) before writing it, so a file `report` would refuse is never written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from neuron_train.common.fileio import write_json_or_print
+from neuron_train.common.neuron_env import library_versions
+from neuron_train.cost.instance import host_metadata
+from neuron_train.cost.measure import Measurement, Workload
+from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION
+from neuron_train.training.config import RunConfig
+from neuron_train.training.metrics import median_and_spread
+
+_VERSIONED = ("neuron-train", "torch", "torch-xla", "torchvision", "timm", "torch-neuronx",
+              "neuronx-cc", "libneuronxla", "torch-neuron")
+
+
+def workload_facts(cfg: RunConfig) -> tuple[int, int, int]:
+    """(parameters, classes, training samples) of the configured model and dataset."""
+    from neuron_train.training.data import build_datasets
+    from neuron_train.training.models import build_model, count_parameters
+
+    data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, cfg.train.seed)
+    model = build_model(cfg.model.name, num_classes=data.num_classes, img_size=cfg.model.img_size)
+    return count_parameters(model), data.num_classes, len(data.train)
+
+
+def loop_workload(cfg: RunConfig, parameters: int, num_classes: int, train_samples: int) -> Workload:
+    return Workload(cfg.model.name, parameters, cfg.model.img_size, num_classes, cfg.data.dataset, train_samples,
+                    cfg.train.batch_size, cfg.train.precision, cfg.to_dict())
+
+
+def _stat(values: list[float]) -> dict:
+    median, spread = median_and_spread(values)
+    return {"median": median, "spread": spread, "values": values}
+
+
+def build_result(*, workload: Workload, mode: str, instance: tuple[str, str], runs: list[Measurement],
+                 sweep_rows: list[dict] | None, warmup: int, command: str) -> dict:
+    first = runs[0]
+    compiled = [r for r in runs if r.graph_count > 0] or runs
+    return {
+        "schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "mode": mode, "instance_type": instance[0], "instance_type_source": instance[1],
+        "device": {"kind": first.device_kind, "count": first.world_size, **first.device_info},
+        "world_size": first.world_size,
+        "model": {"name": workload.model, "parameters": workload.parameters, "img_size": workload.img_size,
+                  "num_classes": workload.num_classes},
+        "dataset": {"name": workload.dataset, "train_samples": workload.train_samples},
+        "batch_size_per_device": workload.batch_size, "global_batch_size": first.global_batch_size,
+        "precision": workload.precision, "warmup_steps": warmup,
+        "measured_steps": first.measured_steps, "repeats": len(runs),
+        "samples_per_sec": _stat([r.samples_per_sec for r in runs]),
+        "step_time_ms": _stat([r.step_time_ms for r in runs]),
+        "compile": {"time_s": median_and_spread([r.compile_time_s for r in compiled])[0],
+                    "graph_count": max(r.graph_count for r in compiled)},
+        "details": first.details,
+        "sweep": sweep_rows, "host": host_metadata(), "versions": library_versions(_VERSIONED),
+        "command": command, "config": workload.config,
+    }
+
+
+def write_result(output: Path, result: dict) -> None:
+    """Write a result file whole (printed instead when it cannot be written); check it first
+    (`validate_result`)."""
+    write_json_or_print(output, result, "save it as a .json file for `neuron-train report`")
