@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,13 +48,21 @@ def modes(args: argparse.Namespace, out: Path) -> dict[str, list[str]]:
 
 def wall_time(command: list[str], cwd: Path = ROOT) -> float:
     """Seconds one run of `command` takes (on the CPU XLA device unless PJRT_DEVICE says otherwise)."""
+    return timed(command, cwd)[0]
+
+
+def timed(command: list[str], cwd: Path = ROOT) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of `command` and every process it waited for. CPU time is
+    what the run itself spent: other load on the machine stretches the wall time, hardly the CPU time."""
     env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONPATH=str(ROOT))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"failed ({proc.returncode}): {' '.join(command)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return wall
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def time_once(command: list[str], out: Path) -> tuple[float, float]:

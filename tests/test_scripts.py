@@ -221,6 +221,16 @@ def test_an_accelerate_loop_is_stable_and_its_ragged_batch_is_named(tmp_path):
     assert "drop_last=True on the DataLoader you hand to accelerator.prepare" in ragged["fix"]
 
 
+def test_an_accelerate_loop_under_torchrun_with_two_processes_is_stable(tmp_path):
+    """The same clean loop in two torchrun processes (accelerate's XLA state in each): no false alarm, and
+    both processes are checked (a rank whose record went missing would pass as nothing seen)."""
+    code, report, output = check_graphs(tmp_path, sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc_per_node=2", str(ACCELERATE))
+    assert code == 0 and report["distinct_graphs"] == 2, output
+    assert sorted(p["rank"] for p in report["processes"]) == ["0", "1"], report["processes"]
+    assert not report["recompiles"] and not report["host_syncs"], output
+
+
 def test_an_accelerate_loop_is_precompiled_covered_and_benched(tmp_path):
     proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--", sys.executable, str(ACCELERATE))
     assert proc.returncode == 0, proc.stdout + proc.stderr

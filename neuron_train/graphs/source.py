@@ -74,15 +74,20 @@ def _branch_around_sync(tree: ast.Module, path: str, line: int, sync: str) -> st
 def slice_at(where: str) -> bool:
     """Does the line at `where` cut a tensor with a slice whose bound is computed (`data[:, :seq]`)?"""
     path, line = _split(where)
-    tree = _tree(path) if line else None
-    if tree is None:
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Slice) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            bounds = (node.lower, node.upper, node.step)
-            if any(b is not None and not _constant(b) for b in bounds):
-                return True
-    return False
+    return bool(line) and line in _computed_slice_lines(path)
+
+
+@functools.lru_cache(maxsize=32)
+def _computed_slice_lines(path: str) -> frozenset[int]:
+    """Every line of `path` that a slice with a computed bound spans: one walk of the tree per file (a
+    library file such as transformers' trainer.py is asked about again at every new graph)."""
+    tree = _tree(path)
+    lines: set[int] = set()
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.Slice) and any(b is not None and not _constant(b)
+                                               for b in (node.lower, node.upper, node.step)):
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return frozenset(lines)
 
 
 def _constant(node: ast.expr) -> bool:
