@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import FAST, NANO, cpu_env, run_train, summary_of
+from test_train import assert_same_weights, final_weights
 
 RECIPE = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8", "--cutmix", "1.0",
           "--smoothing", "0.1", "--model-ema", "--model-ema-decay", "0.99"]
@@ -140,8 +141,6 @@ def test_a_resumed_run_mixes_its_batches_as_the_uninterrupted_run_did(tmp_path):
     """Mixup/CutMix draws per batch, seeded by (seed, rank, epoch, batch): resumed mid-epoch from
     step 3, the run ends with the uninterrupted run's weights. (With numpy's global state, re-seeded
     at start-up, the resumed steps got the first steps' draws.)"""
-    import torch
-
     from neuron_train.training import checkpoint as ckpt
 
     args = [*NANO, "--max-steps", "6", "--checkpoint-every", "3", "--eval-every", "100", "--mixup", "0.8",
@@ -151,7 +150,4 @@ def test_a_resumed_run_mixes_its_batches_as_the_uninterrupted_run_did(tmp_path):
     resumed = run_train(tmp_path / "resumed", *args, "--resume",
                         str(ckpt.checkpoint_dir(tmp_path / "full") / "step-00000003.pt"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    a, b = (torch.load(ckpt.list_checkpoints(d)[-1], weights_only=True)["model"]
-            for d in (tmp_path / "full", tmp_path / "resumed"))
-    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-    assert worst <= 1e-6, f"largest weight difference {worst}"
+    assert_same_weights(final_weights(tmp_path / "resumed"), final_weights(tmp_path / "full"), atol=1e-6)
