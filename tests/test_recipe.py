@@ -191,6 +191,14 @@ def test_a_policy_timm_does_not_know_is_one_line():
         RecipeConfig(aa="rand-x9").validate()
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_numpy_cannot_take_is_refused_before_the_loader_meets_it(seed):
+    cfg = RunConfig()
+    cfg.train.seed = seed
+    with pytest.raises(UsageError, match=r"--seed must be in \[0, 2\*\*32\)"):
+        cfg.validate()
+
+
 def test_mixing_an_odd_batch_is_refused():
     cfg = RunConfig()
     cfg.recipe.cutmix, cfg.train.batch_size = 1.0, 7
