@@ -92,6 +92,41 @@ def test_every_batch_has_the_same_target_shape_mixed_or_not():
     assert kinds == {(BATCH, CLASSES, torch.float32)}
 
 
+# ----- a resumed run mixes as the uninterrupted one did ---------------------------------------
+
+def mixed(collate, seeds) -> list:
+    """Batches of samples(seed=s) through `collate`; numpy's global generator is drawn from between
+    batches, as the loader's thread collating ahead of the step, or any library, may do."""
+    out = []
+    for s in seeds:
+        out.append(collate(samples(seed=s)))
+        np.random.rand(7)
+    return out
+
+
+def test_a_resumed_epoch_mixes_its_batches_as_the_uninterrupted_epoch_did():
+    np.random.seed(0)
+    collate = SoftTargetCollate(RecipeConfig(**FULL), CLASSES, seed=3)
+    full = mixed(collate.at(rank=0, epoch=1, first_batch=0), range(6))
+    np.random.seed(0)  # a resume re-seeds numpy (loop.py): the draws must not depend on it
+    resumed = mixed(collate.at(rank=0, epoch=1, first_batch=3), range(3, 6))
+    for (x, t), (rx, rt) in zip(full[3:], resumed, strict=True):
+        assert torch.equal(x, rx) and torch.equal(t, rt)
+    draws = {tuple(t.max(1).values.tolist()) for _, t in full}
+    assert len(draws) > 2, "every batch mixed alike: the draw ignores the batch"
+    other_rank = collate.at(rank=1, epoch=1, first_batch=0)(samples(seed=0))[1]
+    other_epoch = collate.at(rank=0, epoch=2, first_batch=0)(samples(seed=0))[1]
+    assert not torch.equal(other_rank, full[0][1]) and not torch.equal(other_epoch, full[0][1])
+
+
+def test_mixing_leaves_numpys_global_generator_where_it_was():
+    np.random.seed(5)
+    expected = np.random.rand(3)
+    np.random.seed(5)
+    SoftTargetCollate(RecipeConfig(**FULL), CLASSES).at(rank=0, epoch=0, first_batch=0)(samples())
+    assert np.array_equal(np.random.rand(3), expected)
+
+
 # ----- Mixup / CutMix: on the host, never a slice or a constant on the device -----------------
 
 def test_mixing_on_the_host_compiles_no_graph_after_warm_up():
@@ -154,6 +189,14 @@ def test_randaugment_at_magnitude_10_posterizes_to_black_instead_of_killing_the_
 def test_a_policy_timm_does_not_know_is_one_line():
     with pytest.raises(UsageError, match="--aa rand-x9: not a policy timm knows"):
         RecipeConfig(aa="rand-x9").validate()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_a_seed_numpy_cannot_take_is_refused_before_the_loader_meets_it(seed):
+    cfg = RunConfig()
+    cfg.train.seed = seed
+    with pytest.raises(UsageError, match=r"--seed must be in \[0, 2\*\*32\)"):
+        cfg.validate()
 
 
 def test_mixing_an_odd_batch_is_refused():

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from conftest import FAST, NANO, cpu_env, run_train, summary_of
+from test_train import assert_same_weights, final_weights
 
 RECIPE = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8", "--cutmix", "1.0",
           "--smoothing", "0.1", "--model-ema", "--model-ema-decay", "0.99"]
@@ -112,3 +113,41 @@ def test_resume_continues_the_ema_and_refuses_a_checkpoint_without_one(tmp_path)
                         str(ckpt.checkpoint_dir(tmp_path / "plain") / "step-00000002.pt"))
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "holds no EMA weights (saved without --model-ema)" in refused.stderr
+
+
+@pytest.mark.slow
+def test_loader_workers_mix_each_batch_as_the_main_process_does():
+    """Batch k of an epoch goes to worker k % workers (the DataLoader hands batches out in turn):
+    each batch's draw is the same with 0 or 2 workers, so a resume may change --num-workers."""
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader
+
+    from neuron_train.training.augment import SoftTargetCollate
+    from neuron_train.training.config import RecipeConfig
+
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randn(3, 8, 8, generator=g), i % 10) for i in range(64)]
+    collate = SoftTargetCollate(RecipeConfig(mixup=0.8, cutmix=1.0), 10, seed=1)
+    np.random.seed(0)
+    runs = [[t for _, t in DataLoader(data, batch_size=8, num_workers=workers,
+                                      collate_fn=collate.at(rank=0, epoch=0, first_batch=0))]
+            for workers in (0, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+@pytest.mark.slow
+def test_a_resumed_run_mixes_its_batches_as_the_uninterrupted_run_did(tmp_path):
+    """Mixup/CutMix draws per batch, seeded by (seed, rank, epoch, batch): resumed mid-epoch from
+    step 3, the run ends with the uninterrupted run's weights. (With numpy's global state, re-seeded
+    at start-up, the resumed steps got the first steps' draws.)"""
+    from neuron_train.training import checkpoint as ckpt
+
+    args = [*NANO, "--max-steps", "6", "--checkpoint-every", "3", "--eval-every", "100", "--mixup", "0.8",
+            "--cutmix", "1.0"]
+    full = run_train(tmp_path / "full", *args)
+    assert full.returncode == 0, full.stderr[-3000:]
+    resumed = run_train(tmp_path / "resumed", *args, "--resume",
+                        str(ckpt.checkpoint_dir(tmp_path / "full") / "step-00000003.pt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(final_weights(tmp_path / "resumed"), final_weights(tmp_path / "full"), atol=1e-6)

@@ -22,10 +22,12 @@ What is timm's and what is ours:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate
 
@@ -106,23 +108,51 @@ class AugmentedTensors(ClassDataset):
 class SoftTargetCollate:
     """Collates a batch, then mixes it with timm's Mixup/CutMix or smooths its labels (host tensors).
 
-    A picklable object, not a closure: DataLoader workers receive it. timm's Mixup draws from
-    numpy's global generator, which torch seeds in each worker (and the loop seeds in the main
-    process), so the draws are reproducible for a seed.
+    A picklable object, not a closure: DataLoader workers receive it. Each batch's mixing is drawn
+    from a generator seeded by (run seed, rank, epoch, batch index): the same batch gets the same
+    draw whichever process or thread collates it, and a resumed run mixes its batches as the
+    uninterrupted run did. numpy's global state saved in a checkpoint could not give that: the
+    loader thread (MpDeviceLoader) and the workers collate batches ahead of the step, so at a
+    checkpoint the state has already moved past batches the step never saw.
+    `at(...)` gives the collate of one epoch's loader; batch k of that loader is the k-th call in
+    the main process, or the (k // workers)-th call of worker k % workers (a DataLoader hands its
+    batches to its workers in turn).
     """
 
-    def __init__(self, cfg: RecipeConfig, num_classes: int):
+    def __init__(self, cfg: RecipeConfig, num_classes: int, seed: int = 0):
         from timm.data import Mixup
 
-        self.num_classes, self.smoothing = num_classes, cfg.smoothing
+        self.num_classes, self.smoothing, self.seed = num_classes, cfg.smoothing, seed
+        self.rank, self.epoch, self.first_batch, self.calls = 0, 0, 0, 0
         self.mixup = Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                            switch_prob=cfg.mixup_switch_prob, mode="batch", label_smoothing=cfg.smoothing,
                            num_classes=num_classes) if mixing(cfg) else None
 
+    def at(self, *, rank: int, epoch: int, first_batch: int) -> SoftTargetCollate:
+        """This collate for the loader of `epoch` on `rank` whose first batch is `first_batch`."""
+        other = copy.copy(self)
+        other.rank, other.epoch, other.first_batch, other.calls = rank, epoch, first_batch, 0
+        return other
+
+    def batch_index(self) -> int:
+        """The index in its epoch of the batch this call collates (counts the call)."""
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        index = self.first_batch + worker + self.calls * workers
+        self.calls += 1
+        return index
+
     def __call__(self, samples: list) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = default_collate(samples)
         if self.mixup is not None:
-            return self.mixup(images, labels)  # mixes `images` in place, returns soft targets
+            # timm's Mixup draws from numpy's global generator; give it this batch's own seed, then
+            # put back the state it had (only this thread or worker draws from it meanwhile)
+            state = np.random.get_state()
+            np.random.seed([self.seed, self.rank, self.epoch, self.batch_index()])
+            try:
+                return self.mixup(images, labels)  # mixes `images` in place, returns soft targets
+            finally:
+                np.random.set_state(state)
         from timm.data.mixup import mixup_target
 
         return images, mixup_target(labels, self.num_classes, smoothing=self.smoothing)
@@ -148,4 +178,5 @@ def recipe_training_set(cfg: RunConfig, data: Datasets) -> tuple[ClassDataset, S
     aug = image_augment(recipe, cfg.model.img_size, mean, std)
     if aug is not None:
         train = AugmentedTensors(train, aug, mean, std)
-    return train, SoftTargetCollate(recipe, data.num_classes) if soft_targets(recipe) else None
+    collate = SoftTargetCollate(recipe, data.num_classes, cfg.train.seed) if soft_targets(recipe) else None
+    return train, collate

@@ -184,6 +184,7 @@ class TrainConfig:
         _need(self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}")
         _need(self.max_steps >= 0, f"--max-steps must be >= 0, got {self.max_steps}")
         _need(self.grad_accum >= 1, f"--grad-accum must be >= 1, got {self.grad_accum}")
+        _need(0 <= self.seed < 2**32, f"--seed must be in [0, 2**32) (numpy's seeds), got {self.seed}")
         _need(self.eval_every >= 0, "--eval-every must be >= 0")
         _need(self.warmup_measure_steps >= 0, "--warmup-measure-steps must be >= 0")
         _need(self.precompile_steps >= 2, "--precompile-steps must be >= 2 (first step and steady step)")

@@ -62,7 +62,7 @@ class Trainer:
         t = cfg.train
         torch.manual_seed(t.seed)
         random.seed(t.seed)
-        np.random.seed(t.seed)  # timm's Mixup draws from numpy (workers are seeded by torch)
+        np.random.seed(t.seed)  # for libraries drawing from numpy (timm's Mixup seeds its own: augment.py)
         xm.set_rng_state(t.seed)
         # training/rundir.py: lock, clean-up; the config to run (a restarted run resumes nothing)
         self.run_dir, self.cfg = open_run_dir(cfg, backend, self.extracting)
@@ -238,7 +238,9 @@ class Trainer:
         t, b = self.cfg.train, self.backend
         loader = train_loader(self.train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
                               world=b.world_size, rank=b.rank, seed=t.seed, epoch=self.pos.epoch,
-                              start_batch=self.pos.batch, collate=self.collate)
+                              start_batch=self.pos.batch,
+                              collate=self.collate and self.collate.at(rank=b.rank, epoch=self.pos.epoch,
+                                                                       first_batch=self.pos.batch))
         return iter(to_device(loader, b.device, self.cfg.data.batches_per_execution))
 
     def run(self) -> RunSummary:
