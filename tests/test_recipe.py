@@ -193,8 +193,7 @@ def test_a_policy_timm_does_not_know_is_one_line():
 
 @pytest.mark.parametrize("seed", [-1, 2**32])
 def test_a_seed_numpy_cannot_take_is_refused_before_the_loader_meets_it(seed):
-    cfg = RunConfig()
-    cfg.train.seed = seed
+    cfg = RunConfig(train=TrainConfig(seed=seed))
     with pytest.raises(UsageError, match=r"--seed must be in \[0, 2\*\*32\)"):
         cfg.validate()
 
