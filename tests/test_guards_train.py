@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 from conftest import NANO, cpu_env, run_train, summary_of
-from test_train import assert_same_weights, final_weights
+from test_train import assert_same_weights, final_weights, resume_ends_like_the_full_run
 
 from neuron_train.training import checkpoint as ckpt
 
@@ -78,10 +78,5 @@ def test_resume_restores_the_random_state_drop_path_draws_from(tmp_path):
     vit-digits: 4 blocks (timm spreads the rate over the depth; vit-nano's single block gets 0)."""
     args = ["--model", "vit-digits", "--drop-path", "0.5", "--max-steps", "8", "--checkpoint-every", "4", "--eval-every", "100",
             "--warmup-steps", "2"]
-    full = run_train(tmp_path / "full", *args)
-    assert full.returncode == 0, full.stderr[-3000:]
-    resumed = run_train(tmp_path / "resumed", *args, "--resume",
-                        str(ckpt.checkpoint_dir(tmp_path / "full") / "step-00000004.pt"))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert summary_of(tmp_path / "resumed")["resumed_from"].endswith("step-00000004.pt")
-    assert_same_weights(final_weights(tmp_path / "resumed"), final_weights(tmp_path / "full"), atol=1e-6)
+    resumed = resume_ends_like_the_full_run(tmp_path, args, at_step=4)
+    assert summary_of(resumed)["resumed_from"].endswith("step-00000004.pt")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import FAST, NANO, cpu_env, run_train, summary_of
-from test_train import assert_same_weights, final_weights
+from test_train import resume_ends_like_the_full_run
 
 RECIPE = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--mixup", "0.8", "--cutmix", "1.0",
           "--smoothing", "0.1", "--model-ema", "--model-ema-decay", "0.99"]
@@ -141,13 +141,6 @@ def test_a_resumed_run_mixes_its_batches_as_the_uninterrupted_run_did(tmp_path):
     """Mixup/CutMix draws per batch, seeded by (seed, rank, epoch, batch): resumed mid-epoch from
     step 3, the run ends with the uninterrupted run's weights. (With numpy's global state, re-seeded
     at start-up, the resumed steps got the first steps' draws.)"""
-    from neuron_train.training import checkpoint as ckpt
-
     args = [*NANO, "--max-steps", "6", "--checkpoint-every", "3", "--eval-every", "100", "--mixup", "0.8",
             "--cutmix", "1.0"]
-    full = run_train(tmp_path / "full", *args)
-    assert full.returncode == 0, full.stderr[-3000:]
-    resumed = run_train(tmp_path / "resumed", *args, "--resume",
-                        str(ckpt.checkpoint_dir(tmp_path / "full") / "step-00000003.pt"))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_same_weights(final_weights(tmp_path / "resumed"), final_weights(tmp_path / "full"), atol=1e-6)
+    resume_ends_like_the_full_run(tmp_path, args, at_step=3)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,20 @@ def assert_same_weights(a: dict, b: dict, atol: float) -> None:
     assert a.keys() == b.keys()
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     assert worst <= atol, f"largest weight difference {worst} > {atol}"
+
+
+def resume_ends_like_the_full_run(tmp_path: Path, args: list[str], at_step: int) -> Path:
+    """Train `args` uninterrupted, then again resumed from the full run's step-`at_step` checkpoint: the
+    resumed run must end with the same weights. Returns the resumed run's folder."""
+    from neuron_train.training.checkpoint import checkpoint_dir
+
+    full = run_train(tmp_path / "full", *args)
+    assert full.returncode == 0, full.stderr[-3000:]
+    resumed = run_train(tmp_path / "resumed", *args, "--resume",
+                        str(checkpoint_dir(tmp_path / "full") / f"step-{at_step:08d}.pt"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(final_weights(tmp_path / "resumed"), final_weights(tmp_path / "full"), atol=1e-6)
+    return tmp_path / "resumed"
 
 
 def readme_first_command() -> list[str]:
