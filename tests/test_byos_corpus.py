@@ -28,6 +28,7 @@ MNIST_ARGS = ["--fake_data", "--num_epochs", "2", "--target_accuracy", "0", "--l
 corpus = pytest.mark.skipif(
     not (MLP / "train.py").exists() or not (XLA / "train_resnet_base.py").exists(),
     reason="the upstream scripts are not in this checkout: tests/corpus/SOURCES.md says where they come from")
+pytestmark = pytest.mark.slow  # every test runs precompile, check-graphs or bench on a script: processes
 
 
 def copy_mlp(to: Path, **constants: int) -> Path:

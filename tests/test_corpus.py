@@ -108,12 +108,14 @@ def mlp_run(tmp_path_factory) -> tuple[Path, tuple[int, dict, str]]:
     return cwd, check_graphs(cwd, sys.executable, str(MLP / "train.py"))
 
 
+@pytest.mark.slow  # runs check-graphs on a script: a process
 def test_mlp_train_is_stable(mlp_run):
     _, (code, report, output) = mlp_run
     assert_stable(code, report, output)
     assert report["steps"] == 160 and report["distinct_graphs"] == 1  # 4 epochs of 40 batches; SGD
 
 
+@pytest.mark.slow  # runs check-graphs on a script: a process
 def test_mlp_eval_is_stable(mlp_run):
     """`match_count = 0; match_count += ...`: the first eval batch's graph is the site's warm-up."""
     cwd, _ = mlp_run
@@ -137,12 +139,14 @@ MLP_PLANTED = ["planted_ragged_batch.py", "planted_print_loss.py", "planted_tens
                "planted_bool_mask.py", "planted_lr_from_zero.py", "planted_late_eval.py"]
 
 
+@pytest.mark.slow  # runs check-graphs on a script: a process
 @pytest.mark.parametrize("name", MLP_PLANTED)
 def test_mlp_planted_bug_is_named(run, name):
     script = MLP / name
     assert_planted(script, *run(script))
 
 
+@pytest.mark.slow  # runs check-graphs on a script: a process
 def test_lr_from_zero_names_the_scheduler(run):
     _, report, output = run(MLP / "planted_lr_from_zero.py")
     [recompile] = report["recompiles"]
@@ -181,6 +185,7 @@ def test_dynamic_padding_names_the_collate_fn_and_shapes(run):
     assert re.search(r"input \d+ by step: .*s64\[4,32\].*s64\[4,\d\d\]", first["detail"]), output
 
 
+@pytest.mark.slow  # runs check-graphs on a script: a process
 def test_crash_inside_torch_xla_compile_is_the_commands_own_error(run):
     """`.item()` inside torch_xla.compile(full_graph=True): torch_xla raises; the report says so."""
     script = XLA / "planted_item_in_compile.py"
