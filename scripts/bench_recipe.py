@@ -221,7 +221,7 @@ def device(args: argparse.Namespace) -> None:
     import torch_xla.core.xla_model as xm
     from timm.utils import ModelEmaV3
 
-    from neuron_train.training.ema import EmaUpdate
+    from neuron_train.training.ema import ModelEma
     from neuron_train.training.models import create_model
 
     dev, batch = torch_xla.device(), 32
@@ -238,7 +238,7 @@ def device(args: argparse.Namespace) -> None:
         update = None
         if ema is not None:
             ema.module.to(dev)
-            update = EmaUpdate(ema, model)
+            update = ModelEma(ema, model).update
 
         def steps(n: int) -> tuple[float, float]:
             start, cpu = time.perf_counter(), time.process_time()

@@ -17,7 +17,7 @@ import torch_xla.debug.metrics as met
 from neuron_train.common.errors import UsageError
 from neuron_train.training.augment import AugmentedTensors, SoftTargetCollate, image_augment
 from neuron_train.training.config import RecipeConfig, RunConfig, TrainConfig
-from neuron_train.training.ema import EmaUpdate
+from neuron_train.training.ema import ModelEma
 
 CLASSES, BATCH, SIZE = 10, 8, 16
 FULL = dict(mixup=0.8, cutmix=1.0, mixup_prob=0.7, smoothing=0.1)  # mixes some batches, not others
@@ -215,33 +215,39 @@ def test_ema_update_adds_no_graph_and_no_host_read_per_step():
     ema = ModelEmaV3(host, decay=0.9, stochastic_rounding=False)  # made on the host (ema.py)
     model = host.to(dev)
     ema.module.to(dev)
+    averages = ModelEma(ema, model)
     reads = met.metric_data("TransferFromDeviceTime")
     before = reads[0] if reads else 0
     counts = train_steps([torch.utils.data.default_collate(samples(seed=s)) for s in range(6)],
-                         model=model, after=EmaUpdate(ema, model))
+                         model=model, after=averages.update)
     reads = met.metric_data("TransferFromDeviceTime")
     assert steady(counts), counts
     assert (reads[0] if reads else 0) == before, "the EMA update read a device value"
-    moved = {k: v.cpu() for k, v in ema.module.state_dict().items()}
+    moved = {k: v.cpu() for k, v in averages.module().state_dict().items()}
     assert any(not torch.allclose(moved[k], v) for k, v in start.items()), "the EMA never moved"
 
 
 def test_ema_values_equal_timms_update():
+    import copy
+
     from timm.utils import ModelEmaV3
 
     dev = torch_xla.device()
     host = tiny_model("cpu")
-    ours, theirs = ModelEmaV3(host, decay=0.75), ModelEmaV3(host, decay=0.75)
-    with torch.no_grad():
-        for p in host.parameters():
-            p.add_(1.0)
-    theirs.update(host)  # timm, on the host
-    model = host.to(dev)
+    theirs, ours = ModelEmaV3(host, decay=0.75), ModelEmaV3(host, decay=0.75)
+    model = copy.deepcopy(host).to(dev)
     ours.module.to(dev)
-    EmaUpdate(ours, model)()
-    torch_xla.sync()
+    averages = ModelEma(ours, model)  # starts at the model's weights, as timm's does when made
+    for shift in (1.0, -3.0):  # two steps: the second averages the first's average
+        with torch.no_grad():
+            for p in (*host.parameters(), *model.parameters()):
+                p.add_(shift)
+        theirs.update(host)  # timm, on the host
+        averages.update()
+        torch_xla.sync()
+    mine = averages.module().state_dict()
     for k, v in theirs.module.state_dict().items():
-        assert torch.allclose(ours.module.state_dict()[k].cpu(), v), k
+        assert torch.allclose(mine[k].cpu(), v), k
 
 
 def test_evaluating_the_ema_weights_reuses_the_raw_models_eval_graph():
@@ -252,12 +258,15 @@ def test_evaluating_the_ema_weights_reuses_the_raw_models_eval_graph():
     ema = ModelEmaV3(host, decay=0.9)
     model = host.to(dev).eval()
     ema.module.to(dev)
+    averages = ModelEma(ema, model)
+    averages.update()
+    torch_xla.sync()
     x = torch.randn(BATCH, 3, SIZE, SIZE).to(dev)
     with torch.no_grad():
         raw = model(x).argmax(-1).sum()
         torch_xla.sync()
         after_raw = compiles()
-        averaged = ema.module(x).argmax(-1).sum()
+        averaged = averages.module()(x).argmax(-1).sum()
         torch_xla.sync()
     assert after_raw > 0 and compiles() == after_raw, (raw, averaged)
 
@@ -306,8 +315,7 @@ def test_another_ema_decay_is_the_same_graph():
         ema = ModelEmaV3(host, decay=decay, stochastic_rounding=False)
         model = host.to(dev)
         ema.module.to(dev)
-        update = EmaUpdate(ema, model)
-        update()
+        ModelEma(ema, model).update()
         torch_xla.sync()
         counts.append(compiles())
     assert counts == [counts[0]] * 3, counts

@@ -22,7 +22,7 @@ from neuron_train.training.device import Backend
 from neuron_train.training.optim import load_optimizer_state
 
 if TYPE_CHECKING:
-    from timm.utils import ModelEmaV3
+    from neuron_train.training.ema import ModelEma
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Checkpointer:
         return bool((every and step % every == 0) or last or stopping)
 
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, pos: Position,
-             ema: ModelEmaV3 | None = None) -> Path | None:
+             ema: ModelEma | None = None) -> Path | None:
         """Save at `pos` (all ranks call it); returns the file on rank 0, None elsewhere."""
         torch_xla.sync()  # closes the pending step: the same graph the loader would have cut
         self.watch.phase("checkpoint")  # after the sync: that step's graph still counts as train
@@ -64,14 +64,14 @@ class Checkpointer:
                      "position": asdict(pos), "rng": ckpt.rng_state(),
                      "global_batch": self.global_batch, "config": self.cfg.to_dict()}
             if ema is not None:  # --model-ema: its weights continue on resume
-                state["model_ema"] = ckpt.to_cpu(ema.module.state_dict())
+                state["model_ema"] = ckpt.to_cpu(ema.module().state_dict())
             path = ckpt.save(self.run_dir, pos.step, state, self.cfg.checkpoint.keep_last)
         self.backend.barrier()
         self.watch.phase("train")
         return path
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               ema: ModelEmaV3 | None = None) -> tuple[Position, Path]:
+               ema: ModelEma | None = None) -> tuple[Position, Path]:
         """Load --resume into model and optimizer; returns the position to continue from."""
         # cast: callers resume only with --resume given (TrainLoop._start checks it is not None)
         path = ckpt.resolve(self.run_dir, cast(str, self.cfg.checkpoint.resume))
@@ -84,7 +84,7 @@ class Checkpointer:
             if "model_ema" not in state:
                 raise UsageError(f"{path} holds no EMA weights (saved without --model-ema): resume "
                                  "without --model-ema, or start a new run with it")
-            ckpt.load_model_state(ema.module, {**state, "model": state["model_ema"]}, path)
+            ckpt.load_model_state(ema.timm.module, {**state, "model": state["model_ema"]}, path)
         try:
             load_optimizer_state(optimizer, ckpt.optimizer_state(
                 path, state, zero1=self.cfg.optim.zero1, world_size=self.backend.world_size,
@@ -93,6 +93,8 @@ class Checkpointer:
             raise UsageError(f"{path}: its optimizer state does not fit this run's optimizer "
                              f"({str(exc)[:120]}): resume with the same --optimizer and model") from None
         torch_xla.sync()  # materialise the loaded weights before the first step
+        if ema is not None:
+            ema.reload()  # the loaded averages into the flat buffer (a host transfer, no graph)
         # After the sync, not before: every sync advances the XLA seed, and the saved seed was read
         # after save()'s sync, so the next sync in either run is the first step's batch fetch.
         ckpt.set_rng_state(state["rng"])

@@ -22,14 +22,14 @@ from neuron_train.training.device import Backend
 from neuron_train.training.step import autocast
 
 if TYPE_CHECKING:
-    from timm.utils import ModelEmaV3
+    from neuron_train.training.ema import ModelEma
 
 
 class Evaluator:
     def __init__(self, cfg: RunConfig, val: ClassDataset | None, backend: Backend, model: torch.nn.Module,
-                 watch: GraphWatch, *, input_dtype: torch.dtype, extracting: bool, ema: ModelEmaV3 | None = None):
+                 watch: GraphWatch, *, input_dtype: torch.dtype, extracting: bool, ema: ModelEma | None = None):
         self.cfg, self.val, self.backend, self.model, self.watch = cfg, val, backend, model, watch
-        self.ema = ema  # timm ModelEmaV3 (--model-ema) or None
+        self.ema = ema  # --model-ema or None
         self.input_dtype, self.extracting = input_dtype, extracting
 
     def should_evaluate(self, step: int, *, epoch_end: bool, last: bool) -> bool:
@@ -47,7 +47,7 @@ class Evaluator:
         self.model.eval()
         result = self._figures(self.model, "eval")
         if self.ema is not None:
-            result.update(self._figures(self.ema.module, "eval_ema"))  # the module stays in eval mode
+            result.update(self._figures(self.ema.module(), "eval_ema"))  # the module stays in eval mode
         self.model.train()
         self.watch.phase("train")
         return result

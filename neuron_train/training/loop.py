@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import save_config
 from neuron_train.training.data import Batch, build_datasets, to_device, train_batches_per_epoch, train_loader
 from neuron_train.training.device import Backend
-from neuron_train.training.ema import build_ema
+from neuron_train.training.ema import ModelEma, build_ema
 from neuron_train.training.evaluator import Evaluator
 from neuron_train.training.metrics import MetricsWriter, Progress
 from neuron_train.training.models import build_model, count_parameters
@@ -49,9 +49,6 @@ from neuron_train.training.step import StepPath, autocast
 from neuron_train.training.summary import RunSummary
 from neuron_train.training.tasks import build_task
 from neuron_train.training.throughput import Throughput
-
-if TYPE_CHECKING:  # timm itself is imported only with --model-ema (training/ema.py)
-    from timm.utils import ModelEmaV3
 
 
 class Trainer:
@@ -72,7 +69,7 @@ class Trainer:
         # --compile-cache: records the graph manifest (graph tour) or checks against it; set up before
         # anything reaches the XLA device (torch_xla's cache must be initialised first)
         self.cache = CompileCacheHook(cfg, backend, num_classes=self.data.num_classes)
-        self.ema: ModelEmaV3 | None = None  # --model-ema: made by _build_model from the model still on the host
+        self.ema: ModelEma | None = None  # --model-ema: made by _build_model (ema.py)
         self.model, self.params = self._build_model()
         self.input_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
         self.pos = Position()
@@ -106,13 +103,12 @@ class Trainer:
         params = count_parameters(model)
         if t.precision == "bf16":
             model = model.to(torch.bfloat16)  # pure bf16 weights; Neuron rounds stochastically
-        self.ema = build_ema(cfg, model)  # before the move: timm's EMA cannot be made on XLA (ema.py)
+        timm_ema = build_ema(cfg, model)  # before the move: timm's EMA cannot be made on XLA (ema.py)
         model = model.to(self.backend.device)
         self.backend.broadcast_parameters(model)
-        if self.ema is not None:
-            self.ema.module.to(self.backend.device)
-            if self.backend.world_size > 1:
-                self.ema.set(model)  # the broadcast weights: every rank's EMA starts the same
+        if timm_ema is not None:
+            timm_ema.module.to(self.backend.device)
+            self.ema = ModelEma(timm_ema, model)  # from the broadcast weights: every rank's EMA starts the same
         return model, params
 
     def _steps_per_epoch(self) -> int:
@@ -143,8 +139,8 @@ class Trainer:
         set_lr(self.optimizer, lr)
         if self.cfg.optim.zero1:  # reduce-scatter, global-norm clip, shard update, all-gather
             self.optimizer.step()
-            if self.step_path.ema_update is not None:
-                self.step_path.ema_update()  # traced into this step's graph: no sync, no read
+            if self.ema is not None:
+                self.ema.update()  # traced into this step's graph: no sync, no read
             grad_norm = zero1.grad_norm(self.optimizer)
             prof.mark("grad_sync")
         else:

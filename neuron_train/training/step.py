@@ -26,12 +26,11 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
 from neuron_train.training.device import Backend
-from neuron_train.training.ema import EmaUpdate
 from neuron_train.training.optim import build_optimizer, clip_grad_norm
 from neuron_train.training.tasks import Task
 
 if TYPE_CHECKING:
-    from timm.utils import ModelEmaV3
+    from neuron_train.training.ema import ModelEma
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -76,7 +75,7 @@ class StepPath:
     """`forward(images, labels)` -> losses, and `update()` -> gradient norm (clip + optimizer step)."""
 
     def __init__(self, cfg: RunConfig, task: Task, model: torch.nn.Module, backend: Backend, *,
-                 ema: ModelEmaV3 | None = None) -> None:
+                 ema: ModelEma | None = None) -> None:
         compiler, optim = cfg.train.step_compiler, cfg.optim
         # ZeRO-1 updates its own way. The legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 modes make every f32
         # tensor bf16 on the device, where a captured AdamW's bias correction 1 - 0.999**t rounds to 0
@@ -84,7 +83,7 @@ class StepPath:
         captured_update = (compiler == "dynamo-full" and not optim.zero1
                            and cfg.train.precision not in LEGACY_BF16_PRECISIONS)
         self.model, self.clip = model, optim.grad_clip
-        self.ema_update = EmaUpdate(ema, model) if ema is not None else None
+        self.ema = ema
         self.foreach = optim.optimizer_impl == "foreach"
         self.optimizer = build_optimizer(model, optim, backend, captured=captured_update)
         self.forward = _captured(task) if compiler in ("dynamo", "dynamo-full") else task
@@ -97,6 +96,6 @@ class StepPath:
         else:
             grad_norm = torch.zeros((), device=params[0].device)
         self.optimizer.step()
-        if self.ema_update is not None:  # --model-ema: a lerp per weight, no host read (ema.py)
-            self.ema_update()
+        if self.ema is not None:  # --model-ema: one lerp of the flat average, no host read (ema.py)
+            self.ema.update()
         return grad_norm
