@@ -30,7 +30,6 @@ from pathlib import Path
 from graphs_overhead import timed  # scripts/ is on sys.path when this file runs
 
 ROOT = Path(__file__).resolve().parent.parent
-CODEGEN = "--xla_cpu_use_fusion_emitters=false"  # what neuron_train/graphs/process.py adds to its dump on CPU
 CORPUS = ROOT / "tests" / "corpus"
 SCRIPTS = {
     "mnist_mlp/train.py": [str(CORPUS / "neuron_mnist_mlp" / "train.py")],
@@ -59,23 +58,20 @@ def main() -> int:
         print(f"skipped, not in this checkout: {', '.join(missing)} (build tests/corpus as tests/corpus/SOURCES.md "
               "says)")
     py = sys.executable
-    print(f"{args.repeats} runs per mode (medians), {os.cpu_count()} CPUs, PJRT_DEVICE=CPU; 'same codegen': the "
-          f"plain run with the CPU kernel emitter the checker's dump uses ({CODEGEN})")
-    print(f"{'script':26} {'wall s: plain':>13} {'same codegen':>12} {'check-graphs':>12} {'ratio':>6} {'ratio same':>10}"
-          f" {'CPU s: plain':>12} {'same codegen':>12} {'check-graphs':>12} {'ratio':>6} {'ratio same':>10}")
-    modes = ("plain", "codegen", "check")
+    print(f"{args.repeats} runs per mode (medians), {os.cpu_count()} CPUs, PJRT_DEVICE=CPU")
+    print(f"{'script':26} {'plain s':>8} {'check-graphs s':>15} {'ratio':>6} {'CPU s plain':>12} {'CPU s check':>12} "
+          f"{'CPU ratio':>9}")
     for name, script in ((n, s) for n, s in chosen.items() if n not in missing):
-        times: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+        times: dict[str, list[tuple[float, float]]] = {"plain": [], "check": []}
         with tempfile.TemporaryDirectory() as folder:
-            for _ in range(args.repeats):  # alternating: load from other work hits every mode alike
+            for _ in range(args.repeats):
                 times["plain"].append(timed([py, *script], Path(folder)))
-                times["codegen"].append(timed([py, *script], Path(folder), {"XLA_FLAGS": CODEGEN}))
                 times["check"].append(timed([py, "-m", "neuron_train", "check-graphs", "--", py, *script],
                                             Path(folder)))
-        wall = [statistics.median(w for w, _ in times[m]) for m in modes]
-        cpu = [statistics.median(c for _, c in times[m]) for m in modes]
-        print(f"{name:26} {wall[0]:13.1f} {wall[1]:12.1f} {wall[2]:12.1f} {wall[2] / wall[0]:6.2f} {wall[2] / wall[1]:10.2f}"
-              f" {cpu[0]:12.1f} {cpu[1]:12.1f} {cpu[2]:12.1f} {cpu[2] / cpu[0]:6.2f} {cpu[2] / cpu[1]:10.2f}", flush=True)
+        (plain, plain_cpu), (check, check_cpu) = ((statistics.median(w for w, _ in times[m]),
+                                                   statistics.median(c for _, c in times[m])) for m in ("plain", "check"))
+        print(f"{name:26} {plain:8.1f} {check:15.1f} {check / plain:6.2f} {plain_cpu:12.1f} {check_cpu:12.1f} "
+              f"{check_cpu / plain_cpu:9.2f}", flush=True)
     return 0
 
 

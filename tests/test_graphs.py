@@ -633,18 +633,6 @@ def test_a_one_file_mechanism_module_names_nothing():
 
 # ----- the checker's own costs -----------------------------------------------------------------
 
-def test_the_dump_asks_the_cpu_backend_for_the_emitter_that_writes_fewer_files(monkeypatch):
-    """Six files per fused kernel with XLA CPU's default emitters (1,947 for the Trainer fixture),
-    405 with the older ones; the HLO the checker reads is the same. CPU only; a user's choice stands."""
-    from neuron_train.graphs import process
-
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    assert process._cpu_dump_codegen("--xla_dump_hlo_as_text") == " --xla_cpu_use_fusion_emitters=false"
-    assert process._cpu_dump_codegen("--xla_cpu_use_fusion_emitters=true") == ""
-    monkeypatch.setenv("PJRT_DEVICE", "NEURON")
-    assert process._cpu_dump_codegen("") == ""
-
-
 def test_a_line_without_a_bracket_or_colon_is_no_slice_and_its_file_is_not_parsed(tmp_path, monkeypatch):
     from neuron_train.graphs import source
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_train.common.neuron_env import default_pjrt_device
 from neuron_train.graphs.log import internal_file_predicate, library_namer
 
 
@@ -80,22 +79,9 @@ def prepare_process(check: bool = True) -> DebugFiles:
         flags = os.environ.setdefault(ENV_XLA_FLAGS, os.environ.get("XLA_FLAGS", ""))
         if "--xla_dump_to" not in flags:  # the user's own dump wins; we then skip the HLO diff
             hlo_dir = base / f"hlo.{pid}"
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={hlo_dir}{_cpu_dump_codegen(flags)}".strip()
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={hlo_dir}".strip()
     _FILES = DebugFiles(log, hlo_dir, log.stat().st_size if log.exists() else 0)
     return _FILES
-
-
-def _cpu_dump_codegen(flags: str) -> str:
-    """The CPU backend's kernel emitter under our dump: the older one, unless the user chose.
-
-    Dumping, XLA's CPU backend writes six files per fused kernel with its default (MLIR fusion)
-    emitters: 1,947 files, 21 MB for the Trainer fixture's 6 graphs, where the checker reads one file
-    per graph (the HLO before optimizations, the same with either emitter). With the older emitters
-    it writes 405 files, and compiles faster on this backend besides (docs/graphs.md, "Overhead").
-    Only on the CPU device: other backends do not read the flag."""
-    if "xla_cpu_use_fusion_emitters" in flags or default_pjrt_device() != "CPU":
-        return ""
-    return " --xla_cpu_use_fusion_emitters=false"
 
 
 def internal_predicate() -> Callable[[str], bool]:
