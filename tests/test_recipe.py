@@ -176,6 +176,35 @@ def test_randaugment_and_random_erasing_run_on_host_tensors_of_one_shape():
     assert all(not torch.equal(o, b) for o, (b, _) in zip(out, base, strict=True))  # reprob 1: every one erased
 
 
+def test_a_samples_augmentation_depends_on_seed_epoch_and_index_alone():
+    """timm draws from the global generators, which the step's thread moves too (torch.compile puts
+    Python's and torch's states back after each compile): each sample seeds them for its own draws,
+    and puts them back for everyone else."""
+    import random
+
+    import numpy as np
+
+    recipe = RecipeConfig(aa="rand-m9-mstd0.5-inc1", reprob=0.5)
+    aug = image_augment(recipe, SIZE, (0.5,) * 3, (0.5,) * 3)
+
+    class Base(list):
+        num_classes = CLASSES
+
+    base = Base([(torch.rand(3, SIZE, SIZE) * 2 - 1, torch.tensor(1)) for _ in range(8)])
+    ds = AugmentedTensors(base, aug, (0.5,) * 3, (0.5,) * 3, seed=7)
+    first = [ds.at(1)[i][0] for i in range(8)]
+    random.seed(99), np.random.seed(99), torch.manual_seed(99)  # another thread moved them meanwhile
+    assert all(torch.equal(a, ds.at(1)[i][0]) for i, a in enumerate(first))
+    assert not all(torch.equal(a, ds.at(2)[i][0]) for i, a in enumerate(first)), "another epoch, the same draws"
+    assert not all(torch.equal(a, AugmentedTensors(base, aug, (0.5,) * 3, (0.5,) * 3, seed=8).at(1)[i][0])
+                   for i, a in enumerate(first)), "another seed, the same draws"
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    ds.at(1)[0]
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == (
+        random.seed(5) or random.random(), np.random.seed(5) or np.random.rand(),
+        torch.manual_seed(5) and torch.rand(1).item()), "the global generators' states were not put back"
+
+
 def test_randaugment_at_magnitude_10_posterizes_to_black_instead_of_killing_the_loader():
     from PIL import Image
 

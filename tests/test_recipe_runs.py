@@ -144,3 +144,14 @@ def test_a_resumed_run_mixes_its_batches_as_the_uninterrupted_run_did(tmp_path):
     args = [*NANO, "--max-steps", "6", "--checkpoint-every", "3", "--eval-every", "100", "--mixup", "0.8",
             "--cutmix", "1.0"]
     resume_ends_like_the_full_run(tmp_path, args, at_step=3)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_augments_its_samples_as_the_uninterrupted_run_did(tmp_path):
+    """RandAugment and random erasing draw per sample from generators seeded by (seed, epoch, sample
+    index) (augment.AugmentedTensors): resumed mid-epoch from step 3, the run ends with the
+    uninterrupted run's weights. (Drawn from the global generators, which the step's thread moves
+    too, two runs with one seed parted within 40 steps, and a resume could not repeat them.)"""
+    args = [*NANO, "--max-steps", "6", "--checkpoint-every", "3", "--eval-every", "100",
+            "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.5"]
+    resume_ends_like_the_full_run(tmp_path, args, at_step=3)

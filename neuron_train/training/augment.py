@@ -22,8 +22,11 @@ What is timm's and what is ours:
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import hashlib
+import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,12 +87,25 @@ def _posterize_zero_bits_as_black(policy: Callable) -> None:
 
 class AugmentedTensors(ClassDataset):
     """An in-memory dataset (samples are normalised tensors) through timm's image stages: the
-    tensor becomes an 8-bit RGB image, as a decoded file would be, for the policy's PIL ops."""
+    tensor becomes an 8-bit RGB image, as a decoded file would be, for the policy's PIL ops.
 
-    def __init__(self, ds: ClassDataset, aug: ImageAugment, mean: tuple, std: tuple):
-        self.ds, self.aug = ds, aug
+    Each sample's draws come from generators seeded by (run seed, epoch, sample index): timm draws
+    them from Python's, numpy's and torch's global generators, which the step's thread moves too (the
+    loader thread runs beside it, and torch.compile puts Python's and torch's states back after each
+    compile: torch/_dynamo/convert_frame.py, preserve_global_state). Measured before: two runs with
+    one seed and --aa parted at step 11, another pair at step 33.
+    Seeded per sample, a run repeats itself and a resumed run augments its samples as the
+    uninterrupted run did. `at(epoch)` gives the dataset of one epoch's loader."""
+
+    def __init__(self, ds: ClassDataset, aug: ImageAugment, mean: tuple, std: tuple, seed: int = 0):
+        self.ds, self.aug, self.seed, self.epoch = ds, aug, seed, 0
         self.num_classes = ds.num_classes
         self.mean, self.std = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
+
+    def at(self, epoch: int) -> AugmentedTensors:
+        other = copy.copy(self)
+        other.epoch = epoch
+        return other
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -100,9 +116,28 @@ class AugmentedTensors(ClassDataset):
         x, y = self.ds[i]
         pixels = (x * self.std + self.mean).clamp(0, 1)
         image = to_pil_image((pixels * 255).round().to(torch.uint8))
-        if self.aug.policy is not None:
-            image = self.aug.policy(image)
-        return self.aug.final(image), y
+        with _seeded([self.seed, self.epoch, i]):
+            if self.aug.policy is not None:
+                image = self.aug.policy(image)
+            return self.aug.final(image), y
+
+
+@contextlib.contextmanager
+def _seeded(key: list[int]) -> Iterator[None]:
+    """Python's, numpy's and torch's (CPU) global generators seeded by `key`, their states put back
+    after: what this sample draws depends on `key` alone, and other users of the generators see
+    the states they left."""
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    number = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+    random.seed(number)
+    np.random.seed(key)
+    torch.random.default_generator.manual_seed(number >> 1)  # < 2**63
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
 
 
 class SoftTargetCollate:
@@ -177,6 +212,6 @@ def recipe_training_set(cfg: RunConfig, data: Datasets) -> tuple[ClassDataset, S
     mean, std = NORMALISATION[cfg.data.dataset]
     aug = image_augment(recipe, cfg.model.img_size, mean, std)
     if aug is not None:
-        train = AugmentedTensors(train, aug, mean, std)
+        train = AugmentedTensors(train, aug, mean, std, cfg.train.seed)
     collate = SoftTargetCollate(recipe, data.num_classes, cfg.train.seed) if soft_targets(recipe) else None
     return train, collate

@@ -30,7 +30,7 @@ from neuron_train.common.fileio import write_json_atomic
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.graphs import GraphWatch
 from neuron_train.training import zero1
-from neuron_train.training.augment import recipe_training_set
+from neuron_train.training.augment import AugmentedTensors, recipe_training_set
 from neuron_train.training.cache_hook import CompileCacheHook
 from neuron_train.training.checkpoint import write_failed_in_run
 from neuron_train.training.checkpointer import Checkpointer, Position
@@ -232,7 +232,10 @@ class Trainer:
     def _epoch_batches(self) -> Iterator[Batch]:
         """This rank's batches for the rest of the current epoch, on the device (MpDeviceLoader)."""
         t, b = self.cfg.train, self.backend
-        loader = train_loader(self.train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
+        train_set = self.train_set  # --aa/--reprob: this epoch's, its samples' draws seeded (augment.py)
+        if isinstance(train_set, AugmentedTensors):
+            train_set = train_set.at(self.pos.epoch)
+        loader = train_loader(train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
                               world=b.world_size, rank=b.rank, seed=t.seed, epoch=self.pos.epoch,
                               start_batch=self.pos.batch,
                               collate=self.collate and self.collate.at(rank=b.rank, epoch=self.pos.epoch,
