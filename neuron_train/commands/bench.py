@@ -14,6 +14,7 @@ The command parses and checks its options and runs the steps; the steps are libr
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -167,10 +168,11 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = resolve_precision(cfg)
     parameters, num_classes, train_samples = workload_facts(cfg)
-    _log(f"bench: {plan.mode} {cfg.model.name} on {instance[0]} ({instance[1]}), "
-         f"batch sizes {plan.batch_sizes}, processes {plan.nprocs}, {plan.repeats} repeat(s)")
+    log = functools.partial(print, flush=True)
+    log(f"bench: {plan.mode} {cfg.model.name} on {instance[0]} ({instance[1]}), "
+        f"batch sizes {plan.batch_sizes}, processes {plan.nprocs}, {plan.repeats} repeat(s)")
 
-    rows, runs, (nproc, bs) = measure_loop(plan, cfg, instance[0], num_classes, measured, args.sweep, _log)
+    rows, runs, (nproc, bs) = measure_loop(plan, cfg, instance[0], num_classes, measured, args.sweep, log)
     cfg = replace(cfg, train=replace(cfg.train, batch_size=bs))
     line = shlex.join(["neuron-train", "bench", "--mode", plan.mode, "--nproc", str(nproc),
                        "--repeats", str(plan.repeats), *config_to_argv(cfg)])
@@ -178,10 +180,6 @@ def main(args: argparse.Namespace) -> int:
                           instance=instance, runs=runs, sweep_rows=rows if args.sweep else None,
                           warmup=cfg.train.warmup_measure_steps, command=line)
     return _finish(result, output)
-
-
-def _log(message: str) -> None:
-    print(message, flush=True)
 
 
 def _finish(result: dict, output: Path) -> int:

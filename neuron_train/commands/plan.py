@@ -10,6 +10,7 @@ The command parses and checks its options and runs the steps, which are library 
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 
 from neuron_train.common.errors import UsageError
@@ -156,11 +157,7 @@ def main(args: argparse.Namespace) -> int:
 def _measure_loop(args: argparse.Namespace, cfg: RunConfig) -> tuple[WorkloadFigures, dict]:
     from neuron_train.cost import plan_measure
 
-    return plan_measure.measure_or_count(cfg, args.mode, args.execution, args.from_shapes, _log)
-
-
-def _log(message: str) -> None:
-    print(message, flush=True)
+    return plan_measure.measure_or_count(cfg, args.mode, args.execution, args.from_shapes, functools.partial(print, flush=True))
 
 
 def _script_name(command: list[str]) -> str:
