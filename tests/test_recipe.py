@@ -300,6 +300,32 @@ def test_evaluating_the_ema_weights_reuses_the_raw_models_eval_graph():
     assert after_raw > 0 and compiles() == after_raw, (raw, averaged)
 
 
+def test_a_float32_ema_of_a_bf16_model_is_evaluated_in_bf16_and_saved_in_float32():
+    """--precision bf16 keeps a float32 EMA (bf16 would round its small steps away). Evaluated, it
+    takes the model's bf16 inputs on the raw model's eval graph; saved, it keeps float32. (Evaluated
+    in float32, bf16 images met float32 layers: "Input type (c10::BFloat16) and bias type (float)
+    should be the same", a traceback at the first evaluation.)"""
+    from timm.utils import ModelEmaV3
+
+    dev = torch_xla.device()
+    host = tiny_model("cpu").to(torch.bfloat16)
+    ema = ModelEmaV3(host, decay=0.9, stochastic_rounding=False, dtype=torch.float32)
+    model = host.to(dev).eval()
+    ema.module.to(dev)
+    averages = ModelEma(ema, model)
+    averages.update()
+    torch_xla.sync()
+    x = torch.randn(BATCH, 3, SIZE, SIZE).to(torch.bfloat16).to(dev)
+    with torch.no_grad():
+        raw = model(x).argmax(-1).sum()  # kept: a result nobody holds is not computed at the sync
+        torch_xla.sync()
+        after_raw = compiles()
+        averaged = averages.module()(x).argmax(-1).sum()
+        torch_xla.sync()
+    assert after_raw > 0 and compiles() == after_raw, (raw, averaged)
+    assert {t.dtype for t in averages.state_dict().values() if t.is_floating_point()} == {torch.float32}
+
+
 # ----- the flags: train options, so bench and plan take them and hand them on ----------------
 
 @pytest.mark.parametrize("command", ["bench", "plan", "precompile"])

@@ -155,3 +155,14 @@ def test_a_resumed_run_augments_its_samples_as_the_uninterrupted_run_did(tmp_pat
     args = [*NANO, "--max-steps", "6", "--checkpoint-every", "3", "--eval-every", "100",
             "--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.5"]
     resume_ends_like_the_full_run(tmp_path, args, at_step=3)
+
+
+@pytest.mark.slow
+def test_a_bf16_run_evaluates_and_resumes_its_float32_ema(tmp_path):
+    """--precision bf16 --model-ema: the EMA (float32) is evaluated beside the raw weights, and a run
+    resumed from step 2 ends with the uninterrupted run's weights and EMA figures."""
+    args = [*NANO, "--max-steps", "4", "--checkpoint-every", "2", "--eval-every", "2", "--precision", "bf16",
+            "--model-ema", "--model-ema-decay", "0.5"]
+    resumed = resume_ends_like_the_full_run(tmp_path, args, at_step=2)
+    a, b = summary_of(tmp_path / "full"), summary_of(resumed)
+    assert (a["eval_ema_accuracy"], a["eval_ema_loss"]) == (b["eval_ema_accuracy"], b["eval_ema_loss"])

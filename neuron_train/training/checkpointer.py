@@ -64,7 +64,7 @@ class Checkpointer:
                      "position": asdict(pos), "rng": ckpt.rng_state(),
                      "global_batch": self.global_batch, "config": self.cfg.to_dict()}
             if ema is not None:  # --model-ema: its weights continue on resume
-                state["model_ema"] = ckpt.to_cpu(ema.module().state_dict())
+                state["model_ema"] = ema.state_dict()
             path = ckpt.save(self.run_dir, pos.step, state, self.cfg.checkpoint.keep_last)
         self.backend.barrier()
         self.watch.phase("train")
@@ -94,7 +94,7 @@ class Checkpointer:
                              f"({str(exc)[:120]}): resume with the same --optimizer and model") from None
         torch_xla.sync()  # materialise the loaded weights before the first step
         if ema is not None:
-            ema.reload()  # the loaded averages into the flat buffer (a host transfer, no graph)
+            ema.load_state_dict(state["model_ema"])  # into the flat buffer: a host transfer, no graph
         # After the sync, not before: every sync advances the XLA seed, and the saved seed was read
         # after save()'s sync, so the next sync in either run is the first step's batch fetch.
         ckpt.set_rng_state(state["rng"])

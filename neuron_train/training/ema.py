@@ -19,15 +19,18 @@ The average is ours (ModelEma), timm's arithmetic, on one flat buffer per dtype:
 The update is traced lazily into the step's graph or, under dynamo-full, captured as a small graph
 of its own (torch.optim breaks the captured graph around `optimizer.step()`: one more launch per step);
 the weight 1 - decay is the same value every step (data, never 0 or 1); no `.item()`, no Python
-decision on a device value, no host round trip. timm's module keeps the averages only when asked
-(`module()`, for an evaluation or a checkpoint): the flat buffer is read to the host and split into
-its tensors, which keeps the evaluation on the raw model's graph (no graph of its own), at the cost
-of a host round trip of the EMA's weights per evaluation. (timm's decay warm-up would give a new
+decision on a device value, no host round trip. timm's module gets the averages only when asked
+(`module()`, for an evaluation, in the model's dtypes; `state_dict()`, for a checkpoint, at the
+EMA's own precision): the flat buffer is read to the host and split into its tensors, which keeps
+the evaluation on the raw model's graph (no graph of its own), at the cost of a host round trip of
+the EMA's weights per evaluation. (timm's decay warm-up would give a new
 value each step; it is not offered.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,27 +51,37 @@ def build_ema(cfg: RunConfig, host_model: torch.nn.Module) -> ModelEmaV3 | None:
     return ModelEmaV3(host_model, decay=cfg.recipe.model_ema_decay, stochastic_rounding=False, dtype=dtype)
 
 
+@dataclass
+class _Group:
+    """The weights of one EMA dtype: their names, the EMA module's tensors and the model's."""
+
+    names: list[str] = field(default_factory=list)
+    ema: list[torch.Tensor] = field(default_factory=list)
+    model: list[torch.Tensor] = field(default_factory=list)
+
+
 class ModelEma:
     """timm's ModelEmaV3 (`timm_ema`, its module on the device) averaging `model` (on the device, after
     any broadcast), its float weights in one flat buffer per dtype (this module's docstring)."""
 
     def __init__(self, timm_ema: ModelEmaV3, model: torch.nn.Module):
         self.timm = timm_ema
-        pairs = list(zip(timm_ema.module.state_dict(keep_vars=True).values(),
-                         model.state_dict(keep_vars=True).values(), strict=True))
-        self.groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for e, m in pairs:
+        entries = list(zip(timm_ema.module.state_dict(keep_vars=True).items(),
+                           model.state_dict(keep_vars=True).values(), strict=True))
+        self.groups: dict[torch.dtype, _Group] = {}
+        for (name, e), m in entries:
             if e.is_floating_point():
-                ema_tensors, model_tensors = self.groups.setdefault(e.dtype, ([], []))
-                ema_tensors.append(e)
-                model_tensors.append(m)
-        self.copies = [(e, m) for e, m in pairs if not e.is_floating_point()]
+                group = self.groups.setdefault(e.dtype, _Group())
+                group.names.append(name)
+                group.ema.append(e)
+                group.model.append(m)
+        self.copies = {name: (e, m) for (name, e), m in entries if not e.is_floating_point()}
         self.weight = 1.0 - timm_ema.decay
         self.device = next(model.parameters()).device
         # the averages start as the model's weights (after the broadcast: every rank alike)
-        self.flat = {dtype: self._gather(model_tensors, dtype) for dtype, (_, model_tensors) in self.groups.items()}
+        self.flat = {dtype: self._upload(g.model, dtype) for dtype, g in self.groups.items()}
 
-    def _gather(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    def _upload(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         # host transfer at start-up and resume only: concatenated on the device instead, the cat would
         # fold into the first step's graph and make it differ from the second's (the step compiled twice)
         return torch.cat([t.detach().cpu().reshape(-1).to(dtype) for t in tensors]).to(self.device)
@@ -76,23 +89,36 @@ class ModelEma:
     @torch.no_grad()
     def update(self) -> None:
         """`average <- lerp(average, model, 1 - decay)` (ModelEmaV3.apply_update_'s arithmetic)."""
-        for dtype, (_, model_tensors) in self.groups.items():
-            weights = torch.cat([m.reshape(-1) for m in model_tensors]).to(dtype)  # float32 EMA of bf16: cast
+        for dtype, group in self.groups.items():
+            weights = torch.cat([m.reshape(-1) for m in group.model]).to(dtype)  # float32 EMA of bf16: cast
             self.flat[dtype].lerp_(weights, self.weight)
-        for e, m in self.copies:
+        for e, m in self.copies.values():
             e.copy_(m)
 
+    def _averages(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """(name, EMA module tensor, model tensor, current average on the host) for every float weight."""
+        for dtype, group in self.groups.items():
+            host = self.flat[dtype].cpu()  # host transfer per evaluation/checkpoint, never per step
+            chunks = host.split([e.numel() for e in group.ema])
+            yield from ((n, e, m, c.view(e.shape)) for n, e, m, c in zip(group.names, group.ema, group.model, chunks,
+                                                                         strict=True))
+
     def module(self) -> torch.nn.Module:
-        """timm's EMA module holding the current averages, for an evaluation or a checkpoint."""
-        for dtype, (ema_tensors, _) in self.groups.items():
-            # host transfer per evaluation/checkpoint (never per step): new device data of the same
-            # shapes keeps the evaluation on the raw model's graph, where a device-side split would
-            # compile a graph of its own
-            host = self.flat[dtype].cpu()
-            for e, chunk in zip(ema_tensors, host.split([e.numel() for e in ema_tensors]), strict=True):
-                e.data = chunk.view(e.shape).to(self.device)
+        """timm's EMA module holding the current averages in the model's dtypes, for an evaluation: new
+        device data of the raw model's shapes and dtypes keeps it on the raw model's eval graph (a
+        device-side split would compile a graph of its own; a float32 EMA of a bf16 model would take
+        bf16 inputs into float32 layers)."""
+        for _, e, m, average in self._averages():
+            e.data = average.to(self.device, dtype=m.dtype)
         return self.timm.module
 
-    def reload(self) -> None:
-        """Take the averages from timm's module again (after a resume loaded them into it)."""
-        self.flat = {dtype: self._gather(ema_tensors, dtype) for dtype, (ema_tensors, _) in self.groups.items()}
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The averages at their own precision, on the host, by timm's module's names (a checkpoint's)."""
+        state = {name: e.detach().cpu() for name, (e, _) in self.copies.items()}
+        state.update((name, average.clone()) for name, _, _, average in self._averages())
+        return {name: state[name] for name in self.timm.module.state_dict()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """The averages of a checkpoint's `state_dict()` (a resume; names and shapes checked before)."""
+        for dtype, group in self.groups.items():
+            self.flat[dtype] = self._upload([state[name] for name in group.names], dtype)
