@@ -311,6 +311,15 @@ def test_a_command_that_never_runs_a_graph_is_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
+@pytest.mark.slow
+def test_an_instance_type_named_twice_is_estimated_once(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = nt("--from-shapes", "--model", "vit-nano", "--batch-size", "8", "--instances",
+              "trn1.2xlarge,inf2.xlarge,trn1.2xlarge", "--output", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(r["instance_type"] for r in json.loads(out.read_text())["results"]) == ["inf2.xlarge", "trn1.2xlarge"]
+
+
 # --- end to end: our loop, report, --calibrate -----------------------------------------------------
 
 @pytest.mark.slow

@@ -113,7 +113,8 @@ def main(args: argparse.Namespace) -> int:
     _check_flags(args)
     command, cfg = _workload_source(args)
     known = plan_data.targets()
-    wanted = [s.strip() for s in args.instances.split(",") if s.strip()] if args.instances else None
+    # each type once, in the order given: `--instances trn1.2xlarge,trn1.2xlarge` is one row
+    wanted = list(dict.fromkeys(s.strip() for s in args.instances.split(",") if s.strip())) if args.instances else None
     chosen = plan_data.choose_targets(known, wanted, args.mode)
     processes = _processes(args.nproc_per_instance)
     if command:
