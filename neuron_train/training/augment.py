@@ -180,14 +180,9 @@ class SoftTargetCollate:
     def __call__(self, samples: list) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = default_collate(samples)
         if self.mixup is not None:
-            # timm's Mixup draws from numpy's global generator; give it this batch's own seed, then
-            # put back the state it had (only this thread or worker draws from it meanwhile)
-            state = np.random.get_state()
-            np.random.seed([self.seed, self.rank, self.epoch, self.batch_index()])
-            try:
+            # timm's Mixup draws from numpy's global generator: this batch's own seed, the state put back
+            with _seeded([self.seed, self.rank, self.epoch, self.batch_index()]):
                 return self.mixup(images, labels)  # mixes `images` in place, returns soft targets
-            finally:
-                np.random.set_state(state)
         from timm.data.mixup import mixup_target
 
         return images, mixup_target(labels, self.num_classes, smoothing=self.smoothing)
