@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, cpu_env
 
+from neuron_train.instrument import proc
 from neuron_train.instrument.runner import command_error
 
 LIFECYCLE = ROOT / "tests" / "fixtures" / "instrument" / "lifecycle.py"
@@ -63,6 +64,22 @@ def test_a_launchers_banner_is_not_the_error():
             "  exitcode  : 1 (pid: 123)", "============================================================"]
     assert command_error(tail) == "NameError: name 'undefined_name' is not defined"
     assert command_error(["some output", "ValueError: bad", ""]) == "ValueError: bad"
+
+
+def test_a_group_of_zombies_has_ended_and_a_group_with_a_live_process_runs():
+    """A zombie the command left is ours to reap, later: it must not count as a running process of the
+    command's group (it held check-graphs 10 s after pytorch/xla's test_train_mp_mnist.py)."""
+    dead = subprocess.Popen(["true"], start_new_session=True)
+    live = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert wait_for(lambda: not alive(dead.pid), timeout=30)  # a zombie now: we have not reaped it
+        assert Path(f"/proc/{dead.pid}").exists()
+        assert not proc._group_runs(dead.pid)
+        assert proc._group_runs(live.pid)
+    finally:
+        live.kill()
+        live.wait()
+        dead.wait()
 
 
 @pytest.mark.slow

@@ -154,12 +154,32 @@ def end_group(pgid: int, grace_s: float = GRACE_S) -> None:
     _kill(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
+        if not _group_runs(pgid):
             return
         time.sleep(0.05)
     _kill(pgid, signal.SIGKILL)
+
+
+def _group_runs(pgid: int) -> bool:
+    """A process of group `pgid` still runs. Zombies do not count: a worker the command left (a
+    process pool's, pytorch/xla's test_train_mp_mnist.py) is ours once the command exits (we are its
+    subreaper), and stays in the group as a zombie until `_end_descendants` reaps it; counted, it
+    held every such run for the whole grace period."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                state, _, group = fh.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(group) == pgid and state != b"Z":
+            return True
+    return False
 
 
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
