@@ -51,10 +51,10 @@ def wall_time(command: list[str], cwd: Path = ROOT) -> float:
     return timed(command, cwd)[0]
 
 
-def timed(command: list[str], cwd: Path = ROOT) -> tuple[float, float]:
+def timed(command: list[str], cwd: Path = ROOT, extra_env: dict[str, str] | None = None) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one run of `command` and every process it waited for. CPU time is
     what the run itself spent: other load on the machine stretches the wall time, hardly the CPU time."""
-    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONPATH=str(ROOT), **(extra_env or {}))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd)

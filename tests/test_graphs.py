@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, NANO, ROOT, RUN_PY, cpu_env
 
-from neuron_train.graphs import format_report, hlo_diff, log, records
+from neuron_train.graphs import format_report, hlo_diff, log, process, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, internal_file_predicate, parse_debug_log
 from neuron_train.instrument.proc import Ended
@@ -228,6 +228,20 @@ def test_graph_watch_summary_and_hash_stability(clean_run):
     assert evaluation["where"] == line_of("watch_api.py", "EVAL_SYNC")
     # The same program and shapes in another process (clean.py under check-graphs): the same hash.
     assert train["hash"] == clean_run[1]["graphs"][0]["hash"]
+
+
+@pytest.mark.parametrize("device,user_flags,emitters", [
+    ("CPU", "", True),
+    ("NEURON", "", False),                                    # only XLA's CPU backend has the flag
+    ("CPU", "--xla_cpu_use_fusion_emitters=true", False),     # the user's own choice stands
+])
+def test_the_checkers_dump_on_cpu_takes_the_classic_emitters_out_of_torch_xlas_hash(device, user_flags, emitters):
+    """torch_xla splits XLA_FLAGS at spaces and leaves `--xla_dump_to=...` out of every graph hash: the
+    emitter flag rides in the dump flag's word, after a tab (XLA splits there too). The hashes that
+    result are compared in test_graph_watch_summary_and_hash_stability."""
+    words = process.dump_flags(Path("/d"), user_flags, {"PJRT_DEVICE": device})
+    assert words.split("\t")[0] == "--xla_dump_to=/d" and " " not in words
+    assert (process.CPU_EMITTERS in words) is emitters
 
 
 @pytest.mark.slow
