@@ -160,7 +160,11 @@ def test_lr_from_zero_names_the_scheduler(run):
     ("train_decoder_only_base.py", DECODER),
     ("test_train_mp_mnist.py", [*MNIST, "--num_epochs", "2"]),
     ("test_train_mp_imagenet.py", IMAGENET),
-], ids=["resnet_base", "decoder_only", "mp_mnist", "mp_imagenet"])
+    # ZeroRedundancyOptimizer: a 3-op set-up graph, the first optimizer step's, a steady step's at one
+    # site (3, 663, 861 ops) once passed for a graph growing every step
+    ("test_train_mp_mnist_zero1.py", ["--fake_data", "--num_epochs", "1", "--batch_size", "512",
+                                      "--target_accuracy", "0", "--num_workers", "0"]),
+], ids=["resnet_base", "decoder_only", "mp_mnist", "mp_imagenet", "mp_mnist_zero1"])
 def test_pytorch_xla_script_is_stable(tmp_path, script, args):
     code, report, output = check_graphs(tmp_path, sys.executable, str(XLA / script), *args)
     assert_stable(code, report, output)
