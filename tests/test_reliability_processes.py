@@ -120,17 +120,21 @@ def test_a_daemon_that_calls_setsid_does_not_outlive_the_command(tmp_path):
 
 
 WORKER_LEFT = """
-import subprocess, sys
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # in the command's group
+import pathlib, subprocess, sys
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # in the command's group
+pathlib.Path(sys.argv[1]).write_text(str(worker.pid))
 """
 
 
-def test_a_worker_the_command_left_does_not_hold_the_run_for_the_grace_period():
+def test_a_worker_the_command_left_does_not_hold_the_run_for_the_grace_period(tmp_path):
     """The command exits and leaves a worker in its group; the SIGTERM to the group ends the worker,
-    which becomes a zombie of ours (the subreaper's) until it is reaped. Mutant: zombies count as
-    running in end_group (each such run waited GRACE_S, 10 s, after the command had finished)."""
+    which becomes a zombie of ours (the subreaper's) until it is reaped. Mutants: zombies count as
+    running in end_group (each such run waited GRACE_S, 10 s, after the command had finished); the
+    worker is never reaped."""
+    pid_file = tmp_path / "worker.pid"
     started = time.monotonic()
-    ended = proc.run([sys.executable, "-c", WORKER_LEFT], dict(os.environ), stdout_too=False,
+    ended = proc.run([sys.executable, "-c", WORKER_LEFT, str(pid_file)], dict(os.environ), stdout_too=False,
                      tail_lines=5, echo=False)
     assert ended.code == 0
     assert time.monotonic() - started < proc.GRACE_S / 2
+    assert not Path(f"/proc/{pid_file.read_text()}").exists(), "the worker was never reaped"

@@ -163,8 +163,9 @@ def end_group(pgid: int, grace_s: float = GRACE_S) -> None:
 def _group_runs(pgid: int) -> bool:
     """A process of group `pgid` still runs. Zombies do not count: a worker the command left (a
     process pool's, pytorch/xla's test_train_mp_mnist.py) is ours once the command exits (we are its
-    subreaper), and stays in the group as a zombie until `_end_descendants` reaps it; counted, it
-    held every such run for the whole grace period."""
+    subreaper) and, ended, stays in the group as a zombie until reaped; counted, it held every such
+    run for the whole grace period. Our zombies other than the leader (the caller's Popen reaps it)
+    are reaped here."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
@@ -174,11 +175,15 @@ def _group_runs(pgid: int) -> bool:
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
-                state, _, group = fh.read().rsplit(b")", 1)[1].split()[:3]
+                state, parent, group = fh.read().rsplit(b")", 1)[1].split()[:3]
         except (OSError, ValueError):
             continue  # gone meanwhile
-        if int(group) == pgid and state != b"Z":
+        if int(group) != pgid:
+            continue
+        if state != b"Z":
             return True
+        if int(parent) == os.getpid() and int(entry) != pgid:
+            _reaped(int(entry))
     return False
 
 
