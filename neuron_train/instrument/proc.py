@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -170,20 +171,13 @@ def _group_runs(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                state, parent, group = fh.read().rsplit(b")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        if int(group) != pgid:
+    for pid, state, parent, group in _processes():
+        if group != pgid:
             continue
         if state != b"Z":
             return True
-        if int(parent) == os.getpid() and int(entry) != pgid:
-            _reaped(int(entry))
+        if parent == os.getpid() and pid != pgid:
+            _reaped(pid)
     return False
 
 
@@ -199,19 +193,25 @@ def _subreaper(on: bool) -> bool:
         return False
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live process below `root` (from /proc: pid -> parent)."""
-    children: dict[int, list[int]] = {}
+def _processes() -> Iterator[tuple[int, bytes, int, int]]:
+    """(pid, state, parent pid, process group) of every process, from /proc."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
+                state, parent, group = fh.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
             continue  # gone meanwhile
-        if fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        yield int(entry), state, int(parent), int(group)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below `root` (from /proc: pid -> parent)."""
+    children: dict[int, list[int]] = {}
+    for pid, state, parent, _ in _processes():
+        if state != b"Z":
+            children.setdefault(parent, []).append(pid)
     found, todo = [], [root]
     while todo:
         for pid in children.get(todo.pop(), []):
