@@ -454,6 +454,32 @@ def test_sbatch_dry_run_sets_rendezvous_efa_and_per_host_cache(slurm):
                            slurm["NEURON_TRAIN_CACHE_DIR"]]
 
 
+def torchrun_flags(res: subprocess.CompletedProcess) -> list[list[str]]:
+    """The train flags of each node's dry-run torchrun command (after run.py)."""
+    cmds = [line.split(": ", 1)[1].split() for line in res.stdout.splitlines() if ": torchrun " in line]
+    return [cmd[next(i for i, w in enumerate(cmd) if w.endswith("run.py")) + 1:] for cmd in cmds]
+
+
+@pytest.mark.parametrize("restarts, args, resumes", [
+    ("1", ["--output-dir", "RUN"], True),       # requeued: continue the run
+    ("2", ["--output-dir=RUN"], True),
+    ("1", ["--config", "run.yaml"], True),      # the run's directory may be in the file: train decides
+    ("1", ["--output-dir", "RUN", "--resume"], False),  # the user's own --resume is left as it is
+    ("1", ["--resume=RUN/checkpoints/step-00000002.pt"], False),
+    ("1", ["--output-dir", "MISSING"], False),  # the node failed before the run began: start anew
+    ("0", ["--output-dir", "RUN"], False),      # the first start of the job
+])
+def test_a_job_slurm_requeues_continues_its_run(slurm, tmp_path, restarts, args, resumes):
+    (tmp_path / "RUN").mkdir()
+    args = [a.replace("RUN", str(tmp_path / "RUN")).replace("MISSING", str(tmp_path / "none")) for a in args]
+    res = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1", "SLURM_RESTART_COUNT": restarts}, *args)
+    assert res.returncode == 0, res.stdout + res.stderr
+    flags = torchrun_flags(res)
+    assert len(flags) == 2 and flags[0] == flags[1]  # every node runs the same train flags
+    assert flags[0] == args + ["--resume"] * resumes + ["--compile-cache", slurm["NEURON_TRAIN_CACHE_DIR"]]
+    assert ("requeued by Slurm" in res.stdout) == resumes
+
+
 @pytest.mark.parametrize("change, args, message", [
     ({}, ["--compile-cache", "/fsx/cache"], "--compile-cache is set by this script"),
     ({"NEURON_CC_FLAGS": "--cache_dir=/home/u/cache"}, [], "NEURON_CC_FLAGS sets --cache_dir"),

@@ -5,11 +5,13 @@ own; the job trains on the CPU XLA device with two workers (torchrun, gloo). Ski
 only when this is not root or slurm-wlm cannot be installed with apt-get.
 
 What it proves: a job trains, a second job resumes it and the run keeps one summary; a job cancelled
-(scancel) or whose node is lost (the node set DOWN) leaves a run that a new job resumes and finishes.
+(scancel) or whose node is lost (the node set DOWN) leaves a run that a new job resumes and finishes;
+a job Slurm requeues after its node is lost (Slurm's default) continues its run by itself.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -54,7 +56,8 @@ def _conf(base: Path, host: str) -> str:
     return "\n".join([
         "ClusterName=ci", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
         f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
-        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={base}/munge.sock",
+        # cred_expire is also how long a requeued job waits before it starts again (default 120 s)
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={base}/munge.sock,cred_expire=45",
         f"StateSaveLocation={base}/state", f"SlurmdSpoolDir={base}/spool",
         f"SlurmctldPidFile={base}/slurmctld.pid", f"SlurmdPidFile={base}/slurmd.pid",
         f"SlurmctldLogFile={base}/slurmctld.log", f"SlurmdLogFile={base}/slurmd.log",
@@ -111,9 +114,11 @@ def job_env(slurm: dict, tmp_path: Path) -> dict:
             "NEURON_TRAIN_CACHE_DIR": str(tmp_path / "cache"), "NEURON_TRAIN_RDZV_PORT": str(free_port())}
 
 
-def submit(env: dict, tmp_path: Path, *train: str, wait: bool = True) -> tuple[str, subprocess.CompletedProcess]:
+def submit(env: dict, tmp_path: Path, *train: str, wait: bool = True,
+           requeue: bool = True) -> tuple[str, subprocess.CompletedProcess]:
     """sbatch the real script on the one node (--nodes=1 overrides its #SBATCH --nodes=2)."""
     proc = subprocess.run(["sbatch", "--parsable", *(["--wait"] if wait else []), "--nodes=1",
+                           *([] if requeue else ["--no-requeue"]),
                            f"--output={tmp_path}/job-%j.out", str(SBATCH), *TRAIN, *train],
                           env=env, capture_output=True, text=True, timeout=900)
     job = proc.stdout.strip().split(";")[0]
@@ -157,25 +162,45 @@ def wait_gone(job: str, env: dict) -> str:
     return next((w.split("=", 1)[1] for w in shown.split() if w.startswith("JobState=")), "")
 
 
+def wait_released(run: Path) -> None:
+    """Until no process holds the run's lock (rank 0 holds an exclusive flock while it lives)."""
+    for _ in range(120):
+        try:
+            with open(run / ".lock") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # closing the file releases it
+            return
+        except FileNotFoundError:  # the run ended and removed its lock file
+            return
+        except BlockingIOError:
+            time.sleep(1)
+    pytest.fail(f"{run} still locked 2 minutes after its job ended")
+
+
+def lose_the_node(env: dict) -> None:
+    """The node is lost: Slurm kills what ran there, then (ReturnToService=2) takes it back."""
+    host = socket.gethostname()
+    subprocess.run(["scontrol", "update", f"NodeName={host}", "State=DOWN", "Reason=lost-in-test"], env=env,
+                   check=True)
+    subprocess.run(["scontrol", "update", f"NodeName={host}", "State=RESUME"], env=env, capture_output=True)
+
+
 @pytest.mark.parametrize("how", ["scancel", "node-lost"])
 def test_a_job_cancelled_or_on_a_lost_node_leaves_a_run_a_new_job_finishes(slurm, tmp_path, how):
     env, run = job_env(slurm, tmp_path), tmp_path / "run"
-    job, proc = submit(env, tmp_path, "--max-steps", "100000", "--output-dir", str(run), wait=False)
+    # --no-requeue: the lost node ends the job (NODE_FAIL) rather than starting it again
+    job, proc = submit(env, tmp_path, "--max-steps", "100000", "--output-dir", str(run), wait=False, requeue=False)
     assert proc.returncode == 0, proc.stderr
     wait_for_checkpoint(run, job, env, tmp_path)
-    host = socket.gethostname()
     if how == "scancel":  # SIGTERM to the job's steps, then SIGKILL after KillWait
         subprocess.run(["scancel", job], env=env, check=True)
-    else:  # the node is lost: Slurm kills what ran there
-        subprocess.run(["scontrol", "update", f"NodeName={host}", "State=DOWN", "Reason=lost-in-test"], env=env,
-                       check=True)
-    try:
-        assert wait_gone(job, env) in ("CANCELLED", "NODE_FAIL", "FAILED"), output(tmp_path, job)[-3000:]
-    finally:
-        if how == "node-lost":  # back in service (ReturnToService=2 may have done so already: not checked)
-            subprocess.run(["scontrol", "update", f"NodeName={host}", "State=RESUME"], env=env, capture_output=True)
+    else:
+        lose_the_node(env)
+    assert wait_gone(job, env) in ("CANCELLED", "NODE_FAIL", "FAILED"), output(tmp_path, job)[-3000:]
     if how == "scancel":  # the loop's SIGTERM path: a checkpoint at the step boundary, and how to go on
         assert "stopped by SIGTERM at step" in output(tmp_path, job) and "continue with --resume" in output(tmp_path, job)
+    # Slurm ends the job at once, but on a node that is still up its processes may take a while to
+    # stop (SIGTERM: a checkpoint at the step boundary); until then the run is theirs (its lock).
+    wait_released(run)
     newest = max((run / "checkpoints").glob("step-*.pt"))
     step = int(newest.stem.split("-")[1])
     for _ in range(60):  # the node back in service
@@ -186,3 +211,33 @@ def test_a_job_cancelled_or_on_a_lost_node_leaves_a_run_a_new_job_finishes(slurm
     assert proc.returncode == 0, proc.stderr + output(tmp_path, again)[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["steps"], summary["world_size"], summary["resumed_from"]) == (step + 2, 2, str(newest))
+
+
+def test_a_job_requeued_after_its_node_is_lost_continues_its_run(slurm, tmp_path):
+    """Slurm requeues a batch job whose node failed and runs its script again with the same flags:
+    the script adds --resume, so the second start continues from the newest checkpoint instead of
+    being refused ("already holds a run")."""
+    env, run = job_env(slurm, tmp_path), tmp_path / "run"
+    job, proc = submit(env, tmp_path, "--max-steps", "100000", "--output-dir", str(run), wait=False)
+    assert proc.returncode == 0, proc.stderr
+    wait_for_checkpoint(run, job, env, tmp_path)
+    lose_the_node(env)
+    for _ in range(600):  # the requeued start: its resumed config, then a checkpoint of its own
+        resumed = sorted(run.glob("config.resume-*.yaml"))
+        if resumed and max(ckpt_steps(run)) > int(resumed[0].stem.split("-")[-1]):
+            break
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True)
+        assert state.stdout.strip(), f"requeued job {job} ended: {output(tmp_path, job)[-3000:]}"
+        time.sleep(1)
+    else:
+        pytest.fail(f"the requeued job {job} did not continue its run in 10 minutes: {output(tmp_path, job)[-3000:]}")
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+    assert "Restarts=1" in shown.split()
+    assert "requeued by Slurm (restart 1): continuing the run with --resume" in output(tmp_path, job)
+    subprocess.run(["scancel", job], env=env, check=True)
+    assert wait_gone(job, env) == "CANCELLED"
+    assert "already holds a run" not in output(tmp_path, job)
+
+
+def ckpt_steps(run: Path) -> list[int]:
+    return [int(p.stem.split("-")[1]) for p in (run / "checkpoints").glob("step-*.pt")] or [0]
