@@ -239,7 +239,7 @@ def test_a_script_that_crashes_mid_tour_leaves_the_cache_untouched(tmp_path):
 
 
 def test_the_stop_ends_the_processes_below_it_deepest_first():
-    from neuron_train.instrument.probe import descendants
+    from neuron_train.instrument.proc import descendants
 
     parents = {10: 1, 11: 10, 12: 10, 13: 11, 20: 1, 21: 99}
     assert descendants(10, parents) == [11, 12, 13]

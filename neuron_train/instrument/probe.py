@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from neuron_train.graphs import syncs
 from neuron_train.graphs.process import internal_predicate, xla_counter, xla_metric
 from neuron_train.instrument.epochs import EPOCH_ENV, Epochs, say
+from neuron_train.instrument.proc import descendants
 from neuron_train.instrument.steps import Sites, StepWindow
 
 if TYPE_CHECKING:
@@ -352,28 +353,10 @@ class CompileWatch(threading.Thread):
             os._exit(STOP_EXIT)
 
 
-def descendants(pid: int, parents: dict[int, int]) -> list[int]:
-    """Every process below `pid`, parents before their children (`parents`: pid -> parent pid)."""
-    below, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [child for child, ppid in parents.items() if ppid == parent]
-        below += children
-        frontier += children
-    return below
-
-
 def end_descendants(pid: int) -> None:
     """SIGTERM every process below `pid`, deepest first: a compiler the Neuron plugin started as a
     child would otherwise go on for minutes as an orphan."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-        except (OSError, IndexError):
-            continue  # gone meanwhile, or not readable
-        parents[int(stat.parent.name)] = int(fields[1])
-    for child in reversed(descendants(pid, parents)):
+    for child in reversed(descendants(pid)):
         try:
             os.kill(child, signal.SIGTERM)
         except ProcessLookupError:

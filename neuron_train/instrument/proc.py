@@ -58,7 +58,7 @@ def run(command: list[str], env: dict[str, str], *, stdout_too: bool, tail_lines
         echo: bool = True) -> Ended:
     """Run `command`, echoing its stderr (and stdout when `stdout_too`, merged into ours) as it comes.
     OSError: it could not start."""
-    before = set(_descendants(os.getpid()))
+    before = set(descendants(os.getpid()))
     reaper = _subreaper(True)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE if stdout_too else None,
                             stderr=subprocess.STDOUT if stdout_too else subprocess.PIPE, start_new_session=True)
@@ -206,12 +206,14 @@ def _processes() -> Iterator[tuple[int, bytes, int, int]]:
         yield int(entry), state, int(parent), int(group)
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live process below `root` (from /proc: pid -> parent)."""
+def descendants(root: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Every process below `root`, parents before their children. `parents`: pid -> parent pid;
+    by default the live processes (zombies left out), from /proc."""
+    if parents is None:
+        parents = {pid: parent for pid, state, parent, _ in _processes() if state != b"Z"}
     children: dict[int, list[int]] = {}
-    for pid, state, parent, _ in _processes():
-        if state != b"Z":
-            children.setdefault(parent, []).append(pid)
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
     found, todo = [], [root]
     while todo:
         for pid in children.get(todo.pop(), []):
@@ -224,7 +226,7 @@ def _end_descendants(exclude: set[int], grace_s: float | None = None) -> None:
     """SIGTERM, then SIGKILL after the grace period, to every descendant of ours the command left
     (a `setsid` daemon reparented to us); each is reaped. `exclude`: processes that are not its."""
     grace = GRACE_S if grace_s is None else grace_s
-    left = [p for p in _descendants(os.getpid()) if p not in exclude]
+    left = [p for p in descendants(os.getpid()) if p not in exclude]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in left:
             try:
