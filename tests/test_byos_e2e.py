@@ -64,6 +64,16 @@ def test_a_loader_loop_precompiled_is_covered_and_another_batch_size_is_named_an
     assert "own rate" not in proc.stdout  # stopped in its first step
 
 
+EVAL_SYNC_LINE = next(n for n, text in enumerate((BYOS / "mp_loader_loop.py").read_text().splitlines(), 1)
+                      if "one held-out batch" in text) + 3  # the evaluation's sync
+
+
+def stop_line(proc) -> str:
+    said = [ln for ln in proc.stdout.splitlines() if ln.startswith("--require-precompiled stopped")]
+    assert said, proc.stdout + proc.stderr
+    return said[0]
+
+
 def test_a_stop_at_code_the_tour_never_reached_names_the_steps_that_reach_it_and_that_command_covers_it(tmp_path):
     """A tour cut short (--steps 3) misses the evaluation at the epoch's end; --require-precompiled
     stops the real run there and its line gives the precompile command with the --steps that reach
@@ -75,9 +85,8 @@ def test_a_stop_at_code_the_tour_never_reached_names_the_steps_that_reach_it_and
 
     proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    stopped = next(ln for ln in proc.stdout.splitlines() if ln.startswith("--require-precompiled stopped"))
-    line = next(n for n, text in enumerate((BYOS / "mp_loader_loop.py").read_text().splitlines(), 1)
-                if "one held-out batch" in text) + 3  # the evaluation's sync
+    stopped = stop_line(proc)
+    line = EVAL_SYNC_LINE
     assert f"from mp_loader_loop.py:{line} " in stopped and "the precompile run never reached that line" in stopped
     hint = re.search(r"Precompile it: neuron-train (precompile .*)$", stopped).group(1)
     steps = int(re.search(r"--steps (\d+) --", hint).group(1))
@@ -138,3 +147,32 @@ def test_precompile_then_the_real_run_is_fully_covered(tmp_path, command):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "finished" in proc.stdout and re.match(r"precompile coverage 100% \((\d+)/\1 graphs",
                                                   coverage_line(proc.stdout))
+
+
+LATE_WATCH = """\
+import runpy, sys
+import neuron_train.instrument.probe as probe
+probe.WATCH_INTERVAL_S = 3600.0  # the watching thread sleeps through the run: only the exit scan is left
+sys.argv = ["mp_loader_loop.py", "--eval"]
+runpy.run_path("mp_loader_loop.py", run_name="__main__")
+"""
+
+
+def test_an_uncovered_compile_the_watch_did_not_see_before_the_end_is_still_the_stop(tmp_path):
+    """On a loaded machine a short compile and the program's end can both fall between two turns of
+    the --require-precompiled watch: the log is scanned once more at exit, so the uncovered graph (the
+    evaluation the short tour missed) is still named as the stop, with the steps that reach it."""
+    work = scripts(tmp_path / "w")
+    (work / "late_watch.py").write_text(LATE_WATCH)
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--steps", "3", "--", sys.executable, "mp_loader_loop.py",
+              "--eval")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", sys.executable,
+              "late_watch.py")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    stopped = stop_line(proc)
+    assert f"from mp_loader_loop.py:{EVAL_SYNC_LINE} right after its compile" in stopped, stopped
+    assert "the precompile run never reached that line" in stopped, stopped
+    # the run went on past the evaluation's sync (step 31), so the graph's step is 30 or 31: either
+    # tour reaches it (the test above runs the printed command and is then fully covered)
+    assert int(re.search(r"--steps (\d+) --", stopped).group(1)) in (31, 32), stopped

@@ -11,7 +11,6 @@ a job Slurm requeues after its node is lost (Slurm's default) continues its run 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -162,18 +161,25 @@ def wait_gone(job: str, env: dict) -> str:
     return next((w.split("=", 1)[1] for w in shown.split() if w.startswith("JobState=")), "")
 
 
-def wait_released(run: Path) -> None:
-    """Until no process holds the run's lock (rank 0 holds an exclusive flock while it lives)."""
+def wait_processes_gone(run: Path) -> None:
+    """Until no process of the job is left: its run directory is in their command lines (the batch
+    script, torchrun's agent with its rendezvous store, the workers with the run's lock)."""
+    needle = str(run).encode()
+
+    def running() -> bool:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if needle in cmdline.read_bytes():
+                    return True
+            except OSError:
+                pass  # gone meanwhile
+        return False
+
     for _ in range(120):
-        try:
-            with open(run / ".lock") as f:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # closing the file releases it
+        if not running():
             return
-        except FileNotFoundError:  # the run ended and removed its lock file
-            return
-        except BlockingIOError:
-            time.sleep(1)
-    pytest.fail(f"{run} still locked 2 minutes after its job ended")
+        time.sleep(1)
+    pytest.fail(f"processes of {run} still running 2 minutes after their job ended")
 
 
 def lose_the_node(env: dict) -> None:
@@ -199,8 +205,9 @@ def test_a_job_cancelled_or_on_a_lost_node_leaves_a_run_a_new_job_finishes(slurm
     if how == "scancel":  # the loop's SIGTERM path: a checkpoint at the step boundary, and how to go on
         assert "stopped by SIGTERM at step" in output(tmp_path, job) and "continue with --resume" in output(tmp_path, job)
     # Slurm ends the job at once, but on a node that is still up its processes may take a while to
-    # stop (SIGTERM: a checkpoint at the step boundary); until then the run is theirs (its lock).
-    wait_released(run)
+    # stop (SIGTERM: a checkpoint at the step boundary). Until then the run is theirs (its lock) and
+    # so is the rendezvous port (the agent's store): a new job would be refused, or meet the old store.
+    wait_processes_gone(run)
     newest = max((run / "checkpoints").glob("step-*.pt"))
     step = int(newest.stem.split("-")[1])
     for _ in range(60):  # the node back in service

@@ -213,7 +213,9 @@ def arm(recorder: Recorder | None, folder: Path) -> None:
             probe.epochs.install()
     if mode == "check" and recorder is not None and os.environ.get(COVERED_ENV):
         covered = set(json.loads(Path(os.environ[COVERED_ENV]).read_text()))
-        CompileWatch(probe, recorder, covered).start()
+        watch = CompileWatch(probe, recorder, covered)
+        watch.start()
+        atexit.register(watch.scan)  # registered after probe.write: runs before it
 
 
 class _StepWindows:
@@ -287,6 +289,9 @@ class CompileWatch(threading.Thread):
     torch_xla writes a graph's "Compilation Analysis" (its hash and Python frames) after lowering
     it and before calling the compiler, and releases the GIL while compiling: this thread sees an
     uncovered graph within WATCH_INTERVAL_S of its compile's start and ends the process there.
+    The log is scanned once more as the process exits (atexit): on a loaded machine a short compile
+    and the program's end can both fall between two of this thread's turns, and an uncovered graph
+    must be named as the stop either way.
     """
 
     def __init__(self, probe: Probe, recorder: Recorder, covered: set[str]) -> None:
@@ -296,22 +301,28 @@ class CompileWatch(threading.Thread):
         self.offset = recorder.log_size()
         self.started = 0
         self.finished0 = self._finished()
+        self.scanning = threading.Lock()  # the thread and the exit scan read the log in turn
 
     def _finished(self) -> int:
         return xla_metric("CompileTime")[0]
 
     def run(self) -> None:
-        from neuron_train.graphs.log import parse_debug_log
-
         while True:
             time.sleep(WATCH_INTERVAL_S)
+            self.scan()
+
+    def scan(self) -> None:
+        """Read what the log gained; stop at the first uncovered graph in it."""
+        from neuron_train.graphs.log import parse_debug_log
+
+        with self.scanning:
             try:
                 with open(self.log, "rb") as f:
                     f.seek(self.offset)
                     text = f.read().decode("latin-1")
                     written = os.fstat(f.fileno()).st_mtime
             except FileNotFoundError:
-                continue
+                return
             events, used = parse_debug_log(text)
             self.offset += used
             for event in (e for e in events if e.kind == "compile"):
