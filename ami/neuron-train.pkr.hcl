@@ -94,6 +94,16 @@ variable "prewarm_train_args" {
   description = "Train flags to precompile into /var/tmp/neuron-train/compile_cache (empty: no pre-warm)."
 }
 
+variable "prewarm_nprocs" {
+  type        = string
+  default     = ""
+  description = "With prewarm_train_args: the processes per node you train with, one precompile each (\"32\" on trn1.32xlarge, \"1 32\" for both). The world size is part of every graph; a multi-node world is pre-warmed by its own job (scripts/slurm_train.sbatch, NEURON_TRAIN_PREWARM=1)."
+  validation {
+    condition     = can(regex("^[0-9 ]*$", var.prewarm_nprocs))
+    error_message = "prewarm_nprocs must be process counts separated by spaces, e.g. \"1 32\"."
+  }
+}
+
 variable "ami_name_prefix" {
   type    = string
   default = "neuron-train"
@@ -154,6 +164,7 @@ source "amazon-ebs" "neuron" {
     base              = var.base
     base_ami          = local.source_ami
     prewarmed_for     = substr(var.prewarm_train_args, 0, 255) # tag values stop at 256 characters
+    prewarmed_nprocs  = var.prewarm_nprocs
   }
 }
 
@@ -181,6 +192,7 @@ build {
       "NT_NEURON_SDK=${var.neuron_sdk}",
       "NT_EFA=${var.install_efa}",
       "NT_PREWARM_ARGS=${var.prewarm_train_args}",
+      "NT_PREWARM_NPROCS=${var.prewarm_nprocs}",
     ]
   }
 

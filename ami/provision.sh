@@ -12,6 +12,8 @@
 #                    neuron_train/data/neuron_versions.json, the one place versions live)
 #   NT_EFA           auto | yes | no: install the EFA software (auto: when absent)  (--efa MODE)
 #   NT_PREWARM_ARGS  train flags to precompile into the image's compile cache    (--prewarm ARGS)
+#   NT_PREWARM_NPROCS  with NT_PREWARM_ARGS: the processes per node you train with, one precompile
+#                    each ("32", "1 32"); the world size is part of every graph (--prewarm-nprocs N..)
 #   NT_PREFIX        install prefix (default /opt/neuron-train)
 #   NT_CACHE_DIR     compile cache on local disk (default /var/tmp/neuron-train/compile_cache)
 #   NT_USER          the account that trains and owns the cache (default ubuntu)
@@ -48,11 +50,26 @@ parse_args() {
             --ref) NT_GIT_REF=${2:?--ref needs a tag or branch}; shift 2 ;;
             --efa) NT_EFA=${2:?--efa needs auto, yes or no}; shift 2 ;;
             --prewarm) NT_PREWARM_ARGS=${2:?--prewarm needs train flags}; shift 2 ;;
+            --prewarm-nprocs) NT_PREWARM_NPROCS=${2:?--prewarm-nprocs needs process counts}; shift 2 ;;
             -h | --help) usage; exit 0 ;;
             *) die "unknown argument: $1 (see --help)" ;;
         esac
     done
     case $NT_EFA in auto | yes | no) ;; *) die "NT_EFA must be auto, yes or no, not '$NT_EFA'" ;; esac
+    check_prewarm
+}
+
+# Before anything is installed: a pre-warm names the world sizes it builds. A cache warmed for one
+# process (the precompile default) covers nothing of a 32-process run: every graph differs.
+check_prewarm() {
+    local n
+    [[ -n ${NT_PREWARM_ARGS:-} ]] || return 0
+    [[ -n ${NT_PREWARM_NPROCS:-} ]] || die "NT_PREWARM_ARGS is set but NT_PREWARM_NPROCS is not: name the" \
+        "processes per node you train with (e.g. 32 on trn1.32xlarge, '1 32' for both); a multi-node world" \
+        "is pre-warmed by its own job (scripts/slurm_train.sbatch with NEURON_TRAIN_PREWARM=1)"
+    for n in $NT_PREWARM_NPROCS; do
+        [[ $n =~ ^[1-9][0-9]*$ ]] || die "NT_PREWARM_NPROCS must be process counts (e.g. '1 32'), not '$n'"
+    done
 }
 
 # ----------------------------------------------------------------------------- pins and keys
@@ -328,15 +345,19 @@ run_doctor() {
         --compile-cache "$NT_CACHE_DIR" --json "$report"
 }
 
+# One precompile per world size of NT_PREWARM_NPROCS (torchrun on this one node).
 prewarm_cache() {
-    local args=()
+    local args=() n
     [[ -n ${NT_PREWARM_ARGS:-} ]] || return 0
+    check_prewarm
     [[ -x $SRC_DIR/scripts/precompile.sh ]] || die "NT_PREWARM_ARGS is set but $SRC_DIR/scripts/precompile.sh is missing"
     read -r -a args <<<"$NT_PREWARM_ARGS"
-    log "pre-warming $NT_CACHE_DIR with: ${args[*]}"
-    # As the training user: the cache then belongs to whoever trains from this image.
-    sudo -u "$NT_USER" env PATH="$NT_PREFIX/venv/bin:/opt/aws/neuron/bin:$PATH" \
-        "$SRC_DIR/scripts/precompile.sh" --compile-cache "$NT_CACHE_DIR" -- "${args[@]}"
+    for n in $NT_PREWARM_NPROCS; do
+        log "pre-warming $NT_CACHE_DIR for $n process(es) with: ${args[*]}"
+        # As the training user: the cache then belongs to whoever trains from this image.
+        sudo -u "$NT_USER" env PATH="$NT_PREFIX/venv/bin:/opt/aws/neuron/bin:$PATH" \
+            "$SRC_DIR/scripts/precompile.sh" --compile-cache "$NT_CACHE_DIR" --nproc-per-node "$n" -- "${args[@]}"
+    done
 }
 
 main() {

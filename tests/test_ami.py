@@ -149,6 +149,8 @@ def test_template_runs_the_provision_script_with_the_project(template):
     assert env["NT_NEURON_SDK"] == "${var.neuron_sdk}"
     assert env["NT_SRC"] == steps[kinds.index("file")][1]["destination"]
     assert env["NT_PREWARM_ARGS"] == "${var.prewarm_train_args}"
+    assert env["NT_PREWARM_NPROCS"] == "${var.prewarm_nprocs}"  # the world sizes reach the pre-warm
+    assert variables(template)["prewarm_nprocs"]["default"] == ""  # no silent world of 1
     assert "sudo" in shell["execute_command"]
 
 
@@ -215,6 +217,37 @@ def test_provision_help_and_bad_arguments():
     assert bad.returncode == 1 and "unknown argument: --frobnicate" in bad.stderr
     efa = run(["bash", str(PROVISION), "--efa", "maybe"])
     assert efa.returncode == 1 and "NT_EFA must be" in efa.stderr
+
+
+def test_prewarm_runs_one_precompile_per_world_size(tmp_path):
+    """The image's cache holds the graphs of the process counts named, not only precompile's default of 1."""
+    scripts = tmp_path / "src" / "scripts"
+    scripts.mkdir(parents=True)
+    calls = tmp_path / "calls"
+    (scripts / "precompile.sh").write_text("#!/usr/bin/env bash\n# Stand-in for scripts/precompile.sh: records "
+                                           f'its arguments.\necho "$*" >> "{calls}"\n')
+    (scripts / "precompile.sh").chmod(0o755)
+    cache = tmp_path / "cache"
+    # sudo -u USER env ...: run the rest as this user (the stand-in only drops `-u USER`).
+    res = bash(f'sudo() {{ shift 2; "$@"; }}\nSRC_DIR="{tmp_path / "src"}" prewarm_cache',
+               env={"NT_PREWARM_ARGS": "--model vit-micro --batch-size 32", "NT_PREWARM_NPROCS": "1 32",
+                    "NT_CACHE_DIR": str(cache), "NT_USER": "nobody"})
+    assert res.returncode == 0, res.stderr
+    assert calls.read_text().splitlines() == [
+        f"--compile-cache {cache} --nproc-per-node {n} -- --model vit-micro --batch-size 32" for n in (1, 32)]
+
+
+@pytest.mark.parametrize("nprocs, message", [
+    (None, "NT_PREWARM_ARGS is set but NT_PREWARM_NPROCS is not"),
+    ("32 x", "NT_PREWARM_NPROCS must be process counts (e.g. '1 32'), not 'x'"),
+    ("0", "not '0'"),
+])
+def test_a_prewarm_without_its_world_sizes_is_refused_before_installing(nprocs, message):
+    res = run(["bash", str(PROVISION), "--prewarm", "--model vit-micro",
+               *(["--prewarm-nprocs", nprocs] if nprocs else [])],
+              env={k: v for k, v in os.environ.items() if not k.startswith("NT_")})
+    assert res.returncode == 1 and message in res.stderr, res.stderr
+    assert "run as root" not in res.stderr  # refused before the first step
 
 
 def test_load_pins_reads_the_versions_file_and_env_wins():
@@ -431,8 +464,9 @@ def test_sbatch_outside_slurm_is_refused():
     assert res.returncode == 2 and "submit with sbatch" in res.stderr
 
 
-def test_sbatch_dry_run_sets_rendezvous_efa_and_per_host_cache(slurm):
-    res = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1"}, "--model", "vit-micro", "--epochs", "2")
+def test_sbatch_dry_run_sets_rendezvous_efa_and_per_host_cache(slurm, tmp_path):
+    run_dir = str(tmp_path / "run")
+    res = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1"}, "--model", "vit-micro", "--epochs", "2", "--output-dir", run_dir)
     assert res.returncode == 0, res.stdout + res.stderr
     root = "127.0.0.10"
     assert f"rank 0 on {root}" in res.stdout
@@ -450,8 +484,28 @@ def test_sbatch_dry_run_sets_rendezvous_efa_and_per_host_cache(slurm):
                            f"--rdzv_endpoint={root}:41000", "--rdzv_id=4242", f"--local_addr={ip}",
                            "--max_restarts=0"]
         assert cmd[8].endswith("neuron_train/run.py")
-        assert cmd[9:] == ["--model", "vit-micro", "--epochs", "2", "--compile-cache",
+        assert cmd[9:] == ["--model", "vit-micro", "--epochs", "2", "--output-dir", run_dir, "--compile-cache",
                            slurm["NEURON_TRAIN_CACHE_DIR"]]
+
+
+def test_sbatch_prewarm_runs_the_jobs_own_torchrun_under_neuron_parallel_compile(slurm, tmp_path):
+    """A multi-node job's world (2 nodes x 32) pre-warmed by the job itself, as Neuron's
+    ParallelCluster samples do (`srun neuron_parallel_compile ./run.sh`): the same torchrun, flags
+    and per-host cache as the training job, never --resume."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()  # even on a restart of the job, a pre-warm resumes nothing
+    args = ["--model", "vit-micro", "--output-dir", str(run_dir)]
+    trained = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1"}, *args)
+    warmed = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1", "NEURON_TRAIN_PREWARM": "1",
+                     "SLURM_RESTART_COUNT": "1"}, *args)
+    assert warmed.returncode == 0, warmed.stdout + warmed.stderr
+    assert "pre-warming each node's cache" in warmed.stdout and "requeued" not in warmed.stdout
+    for host in HOSTS:
+        [train_cmd] = [line.split(": ", 1)[1] for line in trained.stdout.splitlines() if f"{host}: torchrun " in line]
+        [warm_cmd] = [line.split(": ", 1)[1] for line in warmed.stdout.splitlines()
+                      if f"{host}: neuron_parallel_compile " in line]
+        assert warm_cmd == f"neuron_parallel_compile {train_cmd}"
+        assert "--nnodes=2 --nproc_per_node=32" in warm_cmd
 
 
 def torchrun_flags(res: subprocess.CompletedProcess) -> list[list[str]]:
@@ -463,15 +517,20 @@ def torchrun_flags(res: subprocess.CompletedProcess) -> list[list[str]]:
 @pytest.mark.parametrize("restarts, args, resumes", [
     ("1", ["--output-dir", "RUN"], True),       # requeued: continue the run
     ("2", ["--output-dir=RUN"], True),
-    ("1", ["--config", "run.yaml"], True),      # the run's directory may be in the file: train decides
+    ("1", ["--output-d", "RUN"], True),         # an argparse prefix is --output-dir to train
+    ("1", ["--config", "run.yaml"], True),      # the run's directory is in the file
     ("1", ["--output-dir", "RUN", "--resume"], False),  # the user's own --resume is left as it is
-    ("1", ["--resume=RUN/checkpoints/step-00000002.pt"], False),
+    ("1", ["--output-dir", "RUN", "--resume=RUN/checkpoints/step-00000002.pt"], False),
+    ("1", ["--output-dir", "RUN", "--resum=RUN/checkpoints/step-00000002.pt"], False),  # not replaced by the newest
     ("1", ["--output-dir", "MISSING"], False),  # the node failed before the run began: start anew
+    ("1", ["--output-d", "MISSING"], False),
     ("0", ["--output-dir", "RUN"], False),      # the first start of the job
 ])
 def test_a_job_slurm_requeues_continues_its_run(slurm, tmp_path, restarts, args, resumes):
     (tmp_path / "RUN").mkdir()
-    args = [a.replace("RUN", str(tmp_path / "RUN")).replace("MISSING", str(tmp_path / "none")) for a in args]
+    (tmp_path / "run.yaml").write_text(f"train:\n  output_dir: {tmp_path / 'RUN'}\n")
+    args = [a.replace("RUN", str(tmp_path / "RUN")).replace("MISSING", str(tmp_path / "none"))
+            .replace("run.yaml", str(tmp_path / "run.yaml")) for a in args]
     res = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1", "SLURM_RESTART_COUNT": restarts}, *args)
     assert res.returncode == 0, res.stdout + res.stderr
     flags = torchrun_flags(res)
@@ -481,14 +540,32 @@ def test_a_job_slurm_requeues_continues_its_run(slurm, tmp_path, restarts, args,
 
 
 @pytest.mark.parametrize("change, args, message", [
+    ({}, [], "name the run's directory with --output-dir"),  # a requeued job could not find its run
+    ({"SLURM_RESTART_COUNT": "1"}, [], "name the run's directory with --output-dir"),
+    ({"SLURM_RESTART_COUNT": "one"}, ["--output-dir", "R"], "SLURM_RESTART_COUNT must be a number"),
+    ({"NEURON_TRAIN_PROCS_PER_NODE": "0"}, ["--output-dir", "R"], "NEURON_TRAIN_PROCS_PER_NODE must be a number"),
+    ({"NEURON_TRAIN_PROCS_PER_NODE": "abc"}, ["--output-dir", "R"], "NEURON_TRAIN_PROCS_PER_NODE must be a number"),
+    ({"NEURON_TRAIN_PREWARM": "yes"}, ["--output-dir", "R"], "NEURON_TRAIN_PREWARM must be 0 or 1"),
+    ({}, ["--output-dir", "R", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+])
+def test_sbatch_refuses_a_job_it_cannot_run_in_one_line_at_submit(slurm, change, args, message):
+    res = sbatch({**slurm, **change, "NEURON_TRAIN_DRY_RUN": "1"}, *args)
+    assert res.returncode == 2 and message in res.stderr, res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert "torchrun" not in res.stdout and "nodes (" not in res.stdout  # before any node starts
+
+
+@pytest.mark.parametrize("change, args, message", [
     ({}, ["--compile-cache", "/fsx/cache"], "--compile-cache is set by this script"),
+    ({}, ["--cache-dir", "/fsx/cache"], "--compile-cache is set by this script"),  # its hidden alias
+    ({}, ["--compile-c=/fsx/cache"], "--compile-cache is set by this script"),     # a prefix
     ({"NEURON_CC_FLAGS": "--cache_dir=/home/u/cache"}, [], "NEURON_CC_FLAGS sets --cache_dir"),
     ({"NEURON_COMPILE_CACHE_URL": "/home/u/cache"}, [], "NEURON_COMPILE_CACHE_URL is set"),
     ({"FAKE_FSTYPE": "nfs"}, [], "is on a network file system"),
     ({"FAKE_FSTYPE": "lustre"}, [], "is on a network file system"),
 ])
-def test_sbatch_refuses_a_shared_or_overridden_compile_cache(slurm, change, args, message):
-    res = sbatch({**slurm, **change, "NEURON_TRAIN_DRY_RUN": "1"}, *args)
+def test_sbatch_refuses_a_shared_or_overridden_compile_cache(slurm, tmp_path, change, args, message):
+    res = sbatch({**slurm, **change, "NEURON_TRAIN_DRY_RUN": "1"}, *args, "--output-dir", str(tmp_path / "run"))
     assert res.returncode != 0 and message in res.stdout + res.stderr
     assert "torchrun" not in res.stdout
 
@@ -542,7 +619,7 @@ def test_sbatch_preflight_stops_the_job_on_a_node_that_fails_doctor(slurm, tmp_p
     (bindir / "torchrun").chmod(0o755)
     env = {**slurm, "PATH": f"{bindir}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
     assert "NEURON_TRAIN_DOCTOR" not in env and "NEURON_TRAIN_DRY_RUN" not in env  # the defaults
-    res = sbatch(env, "--max-steps", "2", timeout=300)
+    res = sbatch(env, "--max-steps", "2", "--output-dir", str(tmp_path / "run"), timeout=300)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     for host in HOSTS:
