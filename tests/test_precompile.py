@@ -76,6 +76,40 @@ def test_versions_and_compiler_flags_are_part_of_a_configuration():
         "torch-xla 2.8.0 here, 2.9.0 in the manifest"]
 
 
+def test_the_environment_torch_xla_hashes_is_read_as_it_reads_it():
+    """runtime/env_hash.cc (torch-xla 2.9): XLA_FLAGS' "--xla" words split at spaces, sorted, dump flags
+    out; XLA_HLO_DEBUG / XLA_IR_DEBUG / TPU_MEGACORE raw; unset and empty alike."""
+    env = {"XLA_FLAGS": "--xla_b=1  --xla_dump_to=/tmp/d --xla_a=2 --xla_dump_hlo_as_text -v",
+           "XLA_HLO_DEBUG": "1", "XLA_IR_DEBUG": "", "PATH": "/bin"}
+    assert neuron_env.xla_hashed_env(env) == {"XLA_FLAGS": "--xla_a=2 --xla_b=1", "XLA_HLO_DEBUG": "1"}
+    # The checker's own dump joins a CPU flag to --xla_dump_to by a tab: one dump word to torch_xla.
+    assert neuron_env.xla_hashed_env({"XLA_FLAGS": "--xla_dump_to=/t\t--xla_cpu_use_fusion_emitters=false"}) == {}
+    assert neuron_env.xla_hashed_env({}) == {}
+
+
+def hashed_config(env: dict) -> dict:
+    return cache_hook.graph_config(build_config(), world_size=1, num_classes=10, device="CPU", env=env,
+                                   versions={"torch": "2.9.0", "torch-xla": "2.9.0"})
+
+
+def test_a_profiled_run_is_another_configuration_and_says_which_variable():
+    plain, profiled = hashed_config({}), hashed_config({"XLA_HLO_DEBUG": "1", "XLA_IR_DEBUG": "1"})
+    assert "xla_env" not in plain  # nothing set: the fingerprints of existing caches stay as they were
+    assert coverage.fingerprint(plain) != coverage.fingerprint(profiled)
+    assert coverage.differences(profiled, plain) == [
+        "XLA_HLO_DEBUG=1 here, unset in the precompile run: set the same for both (torch_xla hashes it into every graph)",
+        "XLA_IR_DEBUG=1 here, unset in the precompile run: set the same for both (torch_xla hashes it into every graph)"]
+    flagged = hashed_config({"XLA_FLAGS": "--xla_foo=1"})
+    assert coverage.differences(plain, flagged) == [
+        "XLA_FLAGS unset here, --xla_foo=1 in the precompile run: set the same for both (torch_xla hashes it into "
+        "every graph)"]
+    # A graph precompiled without the variables covers nothing of the profiled run, and the reason names them.
+    report = coverage.coverage_report([graph("h0", "train", 0)], manifest_with((plain, ["h0"])), profiled, "cc")
+    assert report.coverage == 0.0 and report.explanation.startswith("XLA_HLO_DEBUG=1 here, unset in the precompile run")
+    script = coverage.script_config(["python", "t.py"], device="CPU", env={"XLA_IR_DEBUG": "1"})
+    assert script["xla_env"] == {"XLA_IR_DEBUG": "1"}
+
+
 def test_compiler_flags_drop_the_cache_wrappers_own_flags():
     env = {"NEURON_CC_FLAGS": "--model-type=transformer --cache_dir=/var/tmp/x --retry_failed_compilation "
                               "--log_level INFO -O1"}
@@ -304,6 +338,29 @@ def test_require_precompiled_stops_a_changed_precision_before_training(precompil
     assert "Precompile it first: neuron-train precompile --compile-cache" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (out / "summary.json").exists() and not (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_require_precompiled_refuses_a_profiled_run_of_an_unprofiled_precompile(precompiled, tmp_path):
+    """Neuron's profiler guides set XLA_HLO_DEBUG / XLA_IR_DEBUG; torch_xla hashes them into every graph."""
+    out = tmp_path / "run"
+    proc = run_train(out, *TRAIN, "--compile-cache", str(precompiled), "--require-precompiled",
+                     env=cpu_env(XLA_HLO_DEBUG="1"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "XLA_HLO_DEBUG=1 here, unset in the precompile run: set the same for both" in proc.stderr
+    assert "raise --precompile-steps" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (out / "metrics.jsonl").exists()  # refused before the first step
+
+
+@pytest.mark.slow
+def test_require_precompiled_refuses_world_2_on_a_cache_prewarmed_at_world_1(precompiled, tmp_path):
+    """What an image pre-warmed without its process count would do to a 2-process run: refuse, saying why."""
+    out = tmp_path / "run"
+    proc = run_train(out, *TRAIN, "--compile-cache", str(precompiled), "--require-precompiled", nproc=2)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert "world size 2 here, 1 in the manifest" in proc.stderr + proc.stdout, proc.stderr[-3000:]
+    assert "--nproc-per-node 2" in proc.stderr + proc.stdout  # the precompile command to run
+    assert not (out / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

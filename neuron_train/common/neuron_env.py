@@ -64,6 +64,32 @@ def compiler_flags(env: Mapping[str, str]) -> str:
     return " ".join(kept)
 
 
+# What torch_xla 2.9 hashes from the environment into every graph it compiles (runtime/env_hash.cc):
+# the XLA flags of these variables, split at spaces, "--xla" words only, dump flags left out,
+# sorted; and these variables' raw values (XLA_HLO_DEBUG / XLA_IR_DEBUG: what profiling guides set).
+XLA_HASHED_FLAG_VARS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+XLA_HASHED_RAW_VARS = ("TPU_MEGACORE", "XLA_HLO_DEBUG", "XLA_IR_DEBUG")
+_XLA_UNHASHED_FLAGS = frozenset(f"--xla_{name}" for name in (
+    "dump_compress_protos", "dump_module_metadata", "dump_max_hlo_modules", "dump_include_timestamp",
+    "dump_hlo_pass_re", "dump_hlo_module_re", "dump_hlo_snapshots", "dump_fusion_visualization",
+    "dump_hlo_as_url", "dump_hlo_as_proto", "dump_hlo_as_text", "dump_hlo_as_long_text", "dump_hlo_as_html",
+    "dump_hlo_as_dot", "dump_to", "force_host_platform_device_count", "dump_disable_metadata",
+    "dump_hlo_pipeline_re", "tpu_sdc_checker_streamz_metric", "tpu_sdc_checker_enable_sdc_event_callbacks"))
+
+
+def xla_hashed_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment torch_xla puts into every graph hash, as it reads it (unset and empty are the
+    same to it; an unset variable is left out). Two runs whose values differ compile other graphs."""
+    out = {}
+    for name in XLA_HASHED_FLAG_VARS:
+        words = [w for w in env.get(name, "").split(" ")  # torch_xla splits at ' ' only, not tabs
+                 if w.startswith("--xla") and w.split("=", 1)[0] not in _XLA_UNHASHED_FLAGS]
+        if words:
+            out[name] = " ".join(sorted(words))
+    out.update({name: env[name] for name in XLA_HASHED_RAW_VARS if env.get(name)})
+    return out
+
+
 def neuron_cache_location(env: Mapping[str, str]) -> tuple[str, str]:
     """Where the Neuron compiler caches NEFFs, and which setting says so.
 

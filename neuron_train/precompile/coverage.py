@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from neuron_train.common.neuron_env import compiler_flags, library_versions
+from neuron_train.common.neuron_env import compiler_flags, library_versions, xla_hashed_env
 from neuron_train.graphs.records import Graph
 from neuron_train.graphs.report import short
 from neuron_train.precompile.manifest import Manifest
@@ -33,9 +33,12 @@ GRAPH_LIBRARIES = ("torch", "torch-xla", "timm", "torch-neuronx", "neuronx-cc", 
 # Labels of the keys a compile environment and a script's configuration hold; our loop's settings
 # are labelled where they are declared (training/config.py) and handed in as `labels`.
 LABELS = {"device": "device", "neuron_cc_flags": "NEURON_CC_FLAGS", "script": "command"}
+# The key of a configuration that holds what torch_xla hashes from the environment (xla_hashed_env);
+# left out when nothing is set, so the fingerprints of caches made before it was kept stay the same.
+XLA_ENV = "xla_env"
 
 
-COMPILE_ENV_KEYS = ("device", "neuron_cc_flags", "versions")
+COMPILE_ENV_KEYS = ("device", "neuron_cc_flags", "versions", XLA_ENV)
 # What a graph record keeps besides phase, step and compile time (GraphRecord.extra): its call site
 # (innermost user line, then the stack), the checker's kind, and its input shapes (from the HLO).
 GRAPH_DETAILS = ("where", "site", "kind", "input_shapes")
@@ -49,11 +52,17 @@ def graph_library_versions() -> dict[str, str]:
     return library_versions(GRAPH_LIBRARIES)
 
 
+def xla_env_setting(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The configuration entry for what torch_xla hashes from `env` ({} when nothing is set)."""
+    hashed = xla_hashed_env(env)
+    return {XLA_ENV: hashed} if hashed else {}
+
+
 def script_config(command: list[str], *, device: str, env: Mapping[str, str]) -> dict:
     """What determines a script's graphs, as far as can be seen from outside: its command line and
     the compile environment (a graph hash covers another run's graph only within the same one)."""
     return {"script": shlex.join(command), "device": device, "neuron_cc_flags": compiler_flags(env),
-            "versions": dict(sorted(graph_library_versions().items()))}
+            "versions": dict(sorted(graph_library_versions().items())), **xla_env_setting(env)}
 
 
 def fingerprint(config: dict) -> str:
@@ -73,7 +82,7 @@ def differences(here: dict, there: dict, labels: Mapping[str, str] | None = None
     is named by its words: 'sift_keep' -> 'sift keep')."""
     names = {**LABELS, **(labels or {})}
     diffs = []
-    for key in [k for k in {**here, **there} if k != "versions"]:
+    for key in [k for k in {**here, **there} if k not in ("versions", XLA_ENV)]:
         label = names.get(key, key.replace("_", " "))
         if key == "script" and here.get(key) and there.get(key):
             diffs += command_differences(here[key], there[key])
@@ -83,7 +92,14 @@ def differences(here: dict, there: dict, labels: Mapping[str, str] | None = None
     for lib in sorted(set(mine) | set(theirs)):
         if mine.get(lib) != theirs.get(lib):
             diffs.append(f"{lib} {_shown(mine.get(lib))} here, {_shown(theirs.get(lib))} in the manifest")
-    return diffs
+    return diffs + xla_env_differences(here.get(XLA_ENV) or {}, there.get(XLA_ENV) or {})
+
+
+def xla_env_differences(here: Mapping[str, str], there: Mapping[str, str]) -> list[str]:
+    """'XLA_HLO_DEBUG=1 here, unset in the precompile run: set the same for both' per variable."""
+    return [f"{name}{'=' + here[name] if name in here else ' unset'} here, {there.get(name, 'unset')} in the "
+            "precompile run: set the same for both (torch_xla hashes it into every graph)"
+            for name in sorted(set(here) | set(there)) if here.get(name) != there.get(name)]
 
 
 def _is_option(token: str) -> bool:

@@ -34,6 +34,7 @@ from neuron_train.precompile.coverage import (
     fingerprint,
     format_coverage,
     graph_library_versions,
+    xla_env_setting,
 )
 from neuron_train.training.config import RunConfig, graph_labels, graph_settings
 from neuron_train.training.config_io import config_to_argv
@@ -47,9 +48,11 @@ RUNTIME_LABELS = {"world_size": "world size"}
 def graph_config(cfg: RunConfig, *, world_size: int, num_classes: int, device: str,
                  env: Mapping[str, str], versions: dict[str, str]) -> dict:
     """The settings that determine which graphs a run compiles (plain JSON values): the fields
-    config.py marks `graph=`, the number of classes the data gave, and where and how it compiles."""
+    config.py marks `graph=`, the number of classes the data gave, and where and how it compiles
+    (device, compiler flags, versions, and what torch_xla hashes from the environment)."""
     return {**graph_settings(cfg), "num_classes": num_classes, "world_size": world_size, "device": device,
-            "neuron_cc_flags": compiler_flags(env), "versions": dict(sorted(versions.items()))}
+            "neuron_cc_flags": compiler_flags(env), "versions": dict(sorted(versions.items())),
+            **xla_env_setting(env)}
 
 
 def config_labels() -> dict[str, str]:
