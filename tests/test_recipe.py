@@ -7,12 +7,16 @@ the counter is shown able to catch it.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import torch_xla
 import torch_xla.debug.metrics as met
+from conftest import cpu_env
 
 from neuron_train.common.errors import UsageError
 from neuron_train.training.augment import AugmentedTensors, SoftTargetCollate, image_augment
@@ -324,6 +328,57 @@ def test_a_float32_ema_of_a_bf16_model_is_evaluated_in_bf16_and_saved_in_float32
         torch_xla.sync()
     assert after_raw > 0 and compiles() == after_raw, (raw, averaged)
     assert {t.dtype for t in averages.state_dict().values() if t.is_floating_point()} == {torch.float32}
+
+
+# The EMA as the loop builds it (build_ema, then ModelEma on the device) of weights 1.0 moving to 2.0:
+# at decay 0.9998 each update adds 2e-4, below half a bf16 ulp at 1.0 (2^-8): in bf16 it never moves.
+_EMA_MOVES = """
+import torch, torch_xla
+from neuron_train.training.config_io import build_config
+from neuron_train.training.ema import ModelEma, build_ema
+cfg = build_config({"train": {"precision": "xla-downcast-bf16"}, "recipe": {"model_ema": True}})
+host = torch.nn.Linear(4, 4)
+with torch.no_grad():
+    for p in host.parameters():
+        p.fill_(1.0)
+timm_ema = build_ema(cfg, host)
+model = host.to(torch_xla.device())
+timm_ema.module.to(torch_xla.device())
+ema = ModelEma(timm_ema, model)
+with torch.no_grad():
+    for p in model.parameters():
+        p.fill_(2.0)
+for _ in range(10):
+    ema.update()
+    torch_xla.sync()
+print("AVERAGE", ema.state_dict()["weight"].double().mean().item())
+"""
+
+
+@pytest.mark.slow  # a torch process of its own: XLA_DOWNCAST_BF16 is read when torch_xla starts
+def test_the_ema_moves_under_xla_downcast_bf16():
+    """XLA_DOWNCAST_BF16 makes a float32 tensor bf16 on the device (a float32 EMA stayed at 1.0 here);
+    the EMA is float64 there, float32 on the device: 10 updates of 2e-4 move it by 2e-3."""
+    proc = subprocess.run([sys.executable, "-c", _EMA_MOVES], env=cpu_env(XLA_DOWNCAST_BF16="1"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    average = float(proc.stdout.split("AVERAGE")[1])
+    assert 1.0015 < average < 1.0025, average  # 1 + 10 * 2e-4, within float32 rounding
+
+
+def test_model_ema_is_refused_under_xla_use_bf16_by_flag_and_by_environment(monkeypatch):
+    """XLA_USE_BF16 makes float64 bf16 too: no dtype keeps the average moving."""
+    from neuron_train.training.config_io import build_config
+    from neuron_train.training.device import resolve_precision
+
+    with pytest.raises(UsageError, match="--model-ema with --precision xla-use-bf16.*does not move"):
+        build_config({"train": {"precision": "xla-use-bf16"}, "recipe": {"model_ema": True}})
+    build_config({"train": {"precision": "xla-downcast-bf16"}, "recipe": {"model_ema": True}})  # kept: it moves
+    cfg = build_config({"recipe": {"model_ema": True}})
+    monkeypatch.setenv("XLA_USE_BF16", "1")
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    with pytest.raises(UsageError, match="--model-ema with --precision xla-use-bf16"):
+        resolve_precision(cfg)
 
 
 # ----- the flags: train options, so bench and plan take them and hand them on ----------------

@@ -354,6 +354,10 @@ class RunConfig:
               f"--batches-per-execution {self.data.batches_per_execution} joins lazily traced steps into "
               f"one execution; --step-compiler {self.train.step_compiler} runs each captured graph as "
               "it is called: add --step-compiler lazy")
+        _need(not (self.recipe.model_ema and self.train.precision == "xla-use-bf16"),
+              "--model-ema with --precision xla-use-bf16 (XLA_USE_BF16): every float weight, the average's "
+              "too, is bf16 on the device, where an EMA update is below half a bf16 ulp and the average "
+              "does not move; use --precision bf16 (a float32 EMA) or xla-downcast-bf16")
         _need(not (self.recipe.mixup or self.recipe.cutmix) or self.train.batch_size % 2 == 0,
               f"--mixup/--cutmix pair each sample with another of its batch: --batch-size must be even, "
               f"got {self.train.batch_size}")

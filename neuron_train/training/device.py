@@ -29,7 +29,8 @@ _LEGACY_BF16_ENV = {"xla-use-bf16": "XLA_USE_BF16", "xla-downcast-bf16": "XLA_DO
 def resolve_precision(cfg: RunConfig) -> RunConfig:
     """The run's configuration with its precision resolved, the XLA environment set for it: what a
     command runs, saves and reports. Call before anything imports torch_xla (prepare_environment)."""
-    return replace(cfg, train=replace(cfg.train, precision=prepare_environment(cfg.train.precision)))
+    # validated again: a precision from XLA_USE_BF16 in the environment meets the same refusals as the flag
+    return replace(cfg, train=replace(cfg.train, precision=prepare_environment(cfg.train.precision))).validate()
 
 
 def prepare_environment(precision: str) -> str:

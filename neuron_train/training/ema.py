@@ -6,6 +6,11 @@ timm's ModelEmaV3 is used as it is, with two settings XLA needs:
   accelerator"; timm 1.0.31), the generator being for bf16 stochastic rounding;
 - `stochastic_rounding=False`, and a float32 EMA of a bf16 model (`--precision bf16`): that rounding
   would draw from a host generator on device tensors. In float32 the update needs no rounding.
+  Under `--precision xla-downcast-bf16` (XLA_DOWNCAST_BF16) a float32 tensor is bf16 on the device,
+  where the update (1 - decay = 2e-4 of the difference) is below half a bf16 ulp: round to nearest
+  leaves the average where it started (tests/test_recipe.py, CPU). There the EMA is float64, which
+  that mode keeps as float32 on the device. Under xla-use-bf16 every float is bf16 on the device:
+  config.py refuses --model-ema with it.
 
 The average is ours (ModelEma), timm's arithmetic, on one flat buffer per dtype:
 - timm's `update(model)` walks `state_dict().values()` on every call, which torch.compile cannot
@@ -47,7 +52,7 @@ def build_ema(cfg: RunConfig, host_model: torch.nn.Module) -> ModelEmaV3 | None:
         return None
     from timm.utils import ModelEmaV3
 
-    dtype = torch.float32 if cfg.train.precision == "bf16" else None
+    dtype = {"bf16": torch.float32, "xla-downcast-bf16": torch.float64}.get(cfg.train.precision)
     return ModelEmaV3(host_model, decay=cfg.recipe.model_ema_decay, stochastic_rounding=False, dtype=dtype)
 
 
