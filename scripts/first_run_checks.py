@@ -26,6 +26,9 @@ from importlib import metadata
 from pathlib import Path
 
 CACHE_HIT = "Using a cached neff at"   # libneuronxla's compiler wrapper, on each NEFF taken from the cache
+_HIT_PATH = re.compile(re.escape(CACHE_HIT) + r" (\S+?\.neff)")
+# The wrapper's lines for a graph it compiles instead: it found no NEFF and calls neuronx-cc.
+CACHE_MISSES = ("Call compiler with cmd", "No candidate found under")
 ONLY_NEURON = "only a Neuron device can tell"
 
 
@@ -85,11 +88,26 @@ def step_path(out: Path, path: str, device: str) -> tuple[str, str]:
     if device != "NEURON":
         return "INFO", (f"{times} on {warm['device']}; whether the precompiled NEFFs are reused "
                         f"('{CACHE_HIT}' in the run's log) {ONLY_NEURON}")
-    log = out / "raw" / f"{path}-train.txt"
-    hits = log.read_text(errors="replace").count(CACHE_HIT) if log.is_file() else 0
+    return _neffs_reused(out / "raw" / f"{path}-train.txt", out / f"cache-{path}", times)
+
+
+def _neffs_reused(log: Path, cache: Path, times: str) -> tuple[str, str]:
+    """PASS only when the run took NEFFs from its own precompiled cache (`cache`) and compiled none:
+    every cache-hit line names a NEFF under `cache` (a hit elsewhere, e.g. the default
+    /var/tmp/neuron-compile-cache, says the --cache_dir never reached the compiler), no miss line."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    hits = [m.group(1) for line in lines if (m := _HIT_PATH.search(line))]
+    misses = [line for line in lines if any(m in line for m in CACHE_MISSES)]
+    home = cache.resolve()
+    elsewhere = [h for h in hits if not Path(h).resolve().is_relative_to(home)]
+    seen = f"{len(hits)} cache hit(s), {len(misses)} compile(s) in {log}"
     if not hits:
         return "FAIL", f"no '{CACHE_HIT}' line in {log}: the precompiled graphs were not reused ({times})"
-    return "PASS", f"{hits} cached NEFF(s) used; {times}"
+    if elsewhere:
+        return "FAIL", f"{seen}: {len(elsewhere)} NEFF(s) from outside {home} (e.g. {elsewhere[0]}): the run's cache is not the one the compiler used ({times})"
+    if misses:
+        return "FAIL", f"{seen}: the precompiled cache missed graphs (first: {misses[0].strip()[:200]}) ({times})"
+    return "PASS", f"{len(hits)} cached NEFF(s) used, all under {home}, no compile; {times}"
 
 
 def bench(out: Path, mode: str, device: str) -> tuple[str, str]:

@@ -101,11 +101,25 @@ def test_a_precompiled_path_passes_only_with_neurons_cache_hit_lines(tmp_path):
     log.write_text("INFO ||NEURON_CACHE||: Compile cache path: /x\n")  # completed, but compiled anew
     status, detail = check(tmp_path, "lazy", "NEURON")
     assert status == "FAIL" and "not reused" in detail
-    log.write_text("".join(f"INFO ||NEURON_CC_WRAPPER||: Using a cached neff at /c/MODULE_{i}/model.neff\n"
-                           for i in range(4)))
+    cache = (tmp_path / "cache-lazy").resolve()
+
+    def hits(folder: Path, n: int = 4) -> str:  # the wrapper's line, as recorded in Neuron users' logs
+        return "".join(f"INFO ||NEURON_CC_WRAPPER||: Using a cached neff at {folder}/neuronxcc-2.22/MODULE_{i}+ab/"
+                       "model.neff. Exiting with a successfully compiled graph.\n" for i in range(n))
+
+    # NEFFs from another cache (the default one): the run's --cache_dir never reached the compiler.
+    log.write_text(hits(Path("/var/tmp/neuron-compile-cache")))
+    status, detail = check(tmp_path, "lazy", "NEURON")
+    assert status == "FAIL" and "4 NEFF(s) from outside" in detail and "/var/tmp/neuron-compile-cache" in detail
+    # Hits from the run's cache, but a graph compiled anew: the precompile did not cover the run.
+    log.write_text(hits(cache, 3) + "INFO ||NEURON_CC_WRAPPER||: Call compiler with cmd: ['neuronx-cc', "
+                   "'--target=trn1', 'compile']\n")
+    status, detail = check(tmp_path, "lazy", "NEURON")
+    assert status == "FAIL" and "3 cache hit(s), 1 compile(s)" in detail and "missed graphs" in detail
+    log.write_text(hits(cache))
     assert check(tmp_path, "lazy", "NEURON") == (
-        "PASS", "4 cached NEFF(s) used; compile 310.0 s in 4 graph(s) from a cold cache, 2.5 s in 4 from "
-                "the precompiled one")
+        "PASS", f"4 cached NEFF(s) used, all under {cache}, no compile; compile 310.0 s in 4 graph(s) from a "
+                "cold cache, 2.5 s in 4 from the precompiled one")
     status, detail = check(tmp_path, "lazy", "CPU")  # the same evidence on CPU is not Neuron's
     assert status == "INFO" and detail.endswith("only a Neuron device can tell")
 

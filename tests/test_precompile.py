@@ -127,6 +127,36 @@ def test_cache_flags_point_the_compiler_at_the_cache(tmp_path):
         cache_env.cache_flags({"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"}, tmp_path)
 
 
+def test_train_points_the_compiler_at_the_cache_before_the_device_client_starts(tmp_path, monkeypatch, capsys):
+    """NEURON_CC_FLAGS --cache_dir is in the environment when the device client starts (the runtime and
+    the compiler processes it starts inherit it), not only once the loop is built after it."""
+    from neuron_train import graphs
+    from neuron_train.commands import train
+    from neuron_train.common.cli_parser import CommandParser
+    from neuron_train.training import device
+
+    class Started(Exception):
+        pass
+
+    seen = {}
+
+    def init_backend():  # STAND-IN for the device client's start: records what it would inherit
+        seen["flags"] = os.environ.get("NEURON_CC_FLAGS")
+        raise Started
+
+    monkeypatch.setattr(os, "environ", {**{k: v for k, v in os.environ.items() if k != "NEURON_CC_FLAGS"},
+                                        "NEURON_COMPILE_CACHE_URL": "/var/tmp/elsewhere"})
+    monkeypatch.setattr(device, "init_backend", init_backend)
+    monkeypatch.setattr(graphs, "prepare_process", lambda check: None)  # its debug files: not this test's
+    parser = CommandParser(prog="neuron-train train")
+    train.configure_parser(parser)
+    cache = tmp_path / "cache"
+    with pytest.raises(Started):
+        train.main(parser.parse_args([*TRAIN, "--compile-cache", str(cache), "--output-dir", str(tmp_path / "run")]))
+    assert seen["flags"] == f"--cache_dir={cache.resolve()}"
+    assert "NEURON_COMPILE_CACHE_URL=/var/tmp/elsewhere is overridden" in capsys.readouterr().err  # said once
+
+
 def test_coverage_full_partial_and_explained():
     a = config()
     m = manifest_with((a, ["h0", "h1", "heval"]))

@@ -112,6 +112,12 @@ def _train(args: argparse.Namespace) -> int:
     from neuron_train.training.device import init_backend, resolve_precision
 
     cfg = resolve_precision(cfg)
+    from neuron_train.precompile.cache_env import warn
+    from neuron_train.training.cache_hook import point_compiler_at_cache
+
+    note = point_compiler_at_cache(cfg.compile.compile_cache)  # before the device client starts
+    if note and os.environ.get("LOCAL_RANK", "0") == "0":
+        warn(note)  # said here: by the loop's cache hook, the flag is already ours
     from neuron_train.graphs import prepare_process
 
     prepare_process(check=cfg.compile.check_graphs)  # torch_xla reads its debug settings only once

@@ -55,6 +55,18 @@ def graph_config(cfg: RunConfig, *, world_size: int, num_classes: int, device: s
             **xla_env_setting(env)}
 
 
+def point_compiler_at_cache(cache: str | None) -> str | None:
+    """NEURON_CC_FLAGS --cache_dir for --compile-cache DIR (none for an S3 URL, which the hook refuses);
+    returns a note about what it overrides. `train` calls it before the device client starts, so the
+    runtime and every compiler process it starts inherit it; the hook again (the same value) for the
+    commands that build the loop themselves."""
+    if not cache or is_s3(cache):
+        return None
+    flags, note = cache_flags(os.environ, Path(cache))
+    os.environ["NEURON_CC_FLAGS"] = flags  # read by the Neuron compiler wrapper when it compiles
+    return note
+
+
 def config_labels() -> dict[str, str]:
     return {**graph_labels(), **RUNTIME_LABELS}
 
@@ -107,8 +119,7 @@ class CompileCacheHook:
 
     def _point_compiler_at_cache(self) -> None:
         self._cache.mkdir(parents=True, exist_ok=True)
-        flags, note = cache_flags(os.environ, self._cache)
-        os.environ["NEURON_CC_FLAGS"] = flags  # read by the Neuron compiler wrapper when it compiles
+        note = point_compiler_at_cache(str(self._cache))  # train did it before the device started; others now
         if self.speaks:
             for message in (note, network_fs_warning(self._cache)):
                 if message:
