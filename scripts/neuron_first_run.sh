@@ -34,12 +34,14 @@ limit=2400
 deadline=0
 
 usage() { sed -n '2,/^# Exit code/p' "$0" | sed 's/^# \{0,1\}//'; }
+# need OPTION VALUE WHAT: a missing value is a usage error (exit 2), as the header says
+need() { [[ -n $2 ]] || { echo "neuron_first_run: $1 needs $3 (see --help)" >&2; exit 2; }; }
 while (($#)); do
     case $1 in
-        --out) out=${2:?--out needs a folder}; shift 2 ;;
-        --only) only=${2:?--only needs check names}; shift 2 ;;
-        --timeout) limit=${2:?--timeout needs seconds}; shift 2 ;;
-        --instance-type) itype=${2:?--instance-type needs a type}; shift 2 ;;
+        --out) need "$1" "${2:-}" "a folder"; out=$2; shift 2 ;;
+        --only) need "$1" "${2:-}" "check names"; only=$2; shift 2 ;;
+        --timeout) need "$1" "${2:-}" "seconds"; limit=$2; shift 2 ;;
+        --instance-type) need "$1" "${2:-}" "a type"; itype=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "neuron_first_run: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -166,19 +168,25 @@ check_cache_module_files() {
     fi
 }
 
-# Does XLA_FLAGS=--xla_dump_to write HLO text on this device? (check-graphs relies on it)
+# Does the checker's HLO dump (its own XLA_FLAGS, graphs/process.py dump_flags) write the files its
+# HLO diff reads (module_*.before_optimizations.txt) on this device?
 check_hlo_dump() {
-    local dump=$out/hlo-dump count code=0
-    PJRT_DEVICE=$device XLA_FLAGS="--xla_dump_to=$dump --xla_dump_hlo_as_text" limited "$out/raw/hlo-dump.txt" "$PY" -c '
+    local dump=$out/hlo-dump flags count code=0
+    flags=$(PJRT_DEVICE=$device "$PY" -c 'import sys; from pathlib import Path
+from neuron_train.graphs.process import dump_flags
+print(dump_flags(Path(sys.argv[1]), ""))' "$dump" 2>"$out/raw/hlo-dump-flags.txt") || code=$?
+    ((code == 0)) || { failed_step hlo-dump "reading the checker's dump flags" "$code" "$out/raw/hlo-dump-flags.txt"; return; }
+    echo "XLA_FLAGS=$flags" >>"$out/raw/hlo-dump-flags.txt"
+    PJRT_DEVICE=$device XLA_FLAGS="$flags" limited "$out/raw/hlo-dump.txt" "$PY" -c '
 import torch, torch_xla
 x = torch.ones(4, 4, device=torch_xla.device())
 print((x @ x).sum().item(), torch_xla.runtime.device_type())' || code=$?
     ((code == 0)) || { failed_step hlo-dump "a matmul on the XLA device" "$code" "$out/raw/hlo-dump.txt"; return; }
-    count=$(grep -l '^HloModule' "$dump"/*.txt 2>/dev/null | wc -l)
+    count=$(grep -l '^HloModule' "$dump"/module_*.before_optimizations.txt 2>/dev/null | wc -l)
     if ((count > 0)); then
-        record hlo-dump PASS "$count HLO text file(s) in $dump on $(tail -n 1 "$out/raw/hlo-dump.txt" | awk '{print $NF}')"
+        record hlo-dump PASS "$count HLO text file(s) in $dump with the checker's XLA_FLAGS on $(tail -n 1 "$out/raw/hlo-dump.txt" | awk '{print $NF}')"
     else
-        record hlo-dump FAIL "no HLO text in $dump: the checker's HLO diff has nothing to read on this device"
+        record hlo-dump FAIL "no module_*.before_optimizations.txt with HLO in $dump (the checker's XLA_FLAGS): its HLO diff has nothing to read on this device"
     fi
 }
 

@@ -192,6 +192,21 @@ def test_a_hanging_check_is_stopped_at_its_limit_and_the_next_checks_run(tmp_pat
 
 
 @pytest.mark.slow
+def test_the_hlo_dump_check_uses_the_checkers_own_dump_flags(tmp_path):
+    """Evidence for check-graphs' HLO diff only counts when the dump ran as the checker runs it."""
+    from neuron_train.graphs.process import dump_flags
+
+    proc = first_run(tmp_path, "--only", "hlo-dump")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (check,) = read_back(tmp_path)["checks"]
+    dump = tmp_path / "out" / "hlo-dump"
+    assert check["status"] == "PASS" and "with the checker's XLA_FLAGS on CPU" in check["detail"], check
+    assert check["raw"]["hlo-dump-flags.txt"].splitlines()[-1] == \
+        f"XLA_FLAGS={dump_flags(dump, '', {'PJRT_DEVICE': 'CPU'})}"
+    assert list(dump.glob("module_*.before_optimizations.txt"))  # the files the checker's HLO diff reads
+
+
+@pytest.mark.slow
 def test_every_check_runs_end_to_end_on_cpu_without_a_traceback_or_a_pass_without_evidence(tmp_path):
     """The whole script as the first Neuron hour runs it, here: a moved import, a flag the commands
     lost, a Python snippet this Python rejects or a check that cannot answer fails this test."""
@@ -216,6 +231,14 @@ def test_every_check_runs_end_to_end_on_cpu_without_a_traceback_or_a_pass_withou
     assert checks["hlo-dump"]["detail"].endswith("on CPU")
     everything = proc.stdout + proc.stderr + "".join(t for c in doc["checks"] for t in c["raw"].values())
     assert "Traceback" not in everything and "SyntaxError" not in everything
+
+
+@pytest.mark.parametrize("option", ["--out", "--only", "--timeout", "--instance-type"])
+def test_an_option_without_its_value_is_one_line_exit_2(tmp_path, option):
+    proc = subprocess.run(["bash", str(SCRIPT), option], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"neuron_first_run: {option} needs ") and proc.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []  # nothing made
 
 
 @pytest.mark.slow

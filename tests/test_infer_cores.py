@@ -85,3 +85,6 @@ def test_a_neuron_row_names_its_threads_per_core_and_casting():
     device = {"kind": "NEURON", "count": 2, "cores_total": 2, "tracer": "torch-neuronx", "threads_per_core": 2}
     assert device_text(device) == "NEURON, torch-neuronx, 2 of 2 NeuronCores, 2 thread(s) per core"
     assert precision_text("fp32", "--auto-cast none") == "fp32 (compiler --auto-cast none: no auto-cast)"
+    # neuron-cc's appnote says --fast-math none keeps matmuls 16-bit, not which 16-bit type
+    assert precision_text("fp32", "--fast-math none") == \
+        "fp32 (compiler --fast-math none: matmuls cast to 16-bit (neuron-cc's most precise))"

@@ -125,7 +125,8 @@ _CAST_MEANING = {"--auto-cast none": "no auto-cast",
                  "--auto-cast matmult --auto-cast-type bf16": "matmuls auto-cast to bf16, as the published FP32 rows",
                  "--auto-cast all --auto-cast-type bf16": "every op auto-cast to bf16",
                  "--fast-math all": "every fp32 op cast to bf16 (neuron-cc's default, as the published inf1 rows)",
-                 "--fast-math none": "matmuls cast to bf16 (neuron-cc's most precise)"}
+                 # the appnote says matmuls stay 16-bit, not whether bf16 or fp16
+                 "--fast-math none": "matmuls cast to 16-bit (neuron-cc's most precise)"}
 
 
 def precision_text(precision: str, compiler_args: str | None) -> str:
