@@ -47,7 +47,7 @@ variable "ubuntu_ssm_parameter" {
 variable "base_ami_id" {
   type        = string
   default     = ""
-  description = "A pinned base image id (ami-..., of this region), used instead of the SSM parameter: record the date and the name it had (aws ec2 describe-images --image-ids ID) where you keep the build command."
+  description = "A pinned base image id (ami-..., of this region), used instead of the SSM parameter: record the date and the name it had (aws ec2 describe-images --image-ids ID) where you keep the build command. Packer still reads one SSM parameter (Canonical's, present in every region): the build needs ssm:GetParameter."
   validation {
     condition     = var.base_ami_id == "" || can(regex("^ami-[0-9a-f]{8,17}$", var.base_ami_id))
     error_message = "base_ami_id must be an AMI id (ami-...) or empty."
@@ -110,8 +110,11 @@ variable "ami_name_prefix" {
 }
 
 # The base image's id from its publisher's SSM parameter (needs ssm:GetParameter), read at build time.
+# Packer reads a data source even when base_ami_id pins the image: then it reads Canonical's Ubuntu
+# parameter, published in every region, so a pinned build never fails on the DLAMI's parameter
+# (unused, and perhaps absent in the region). The build needs ssm:GetParameter in either case.
 data "amazon-parameterstore" "base" {
-  name   = var.base == "dlami" ? var.dlami_ssm_parameter : var.ubuntu_ssm_parameter
+  name   = var.base == "dlami" && var.base_ami_id == "" ? var.dlami_ssm_parameter : var.ubuntu_ssm_parameter
   region = var.region
 }
 

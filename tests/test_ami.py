@@ -125,7 +125,10 @@ def test_template_bases_come_from_their_publishers_ssm_parameters_or_a_pinned_id
     assert var["base_ami_id"]["default"] == ""
     (data,) = template["data"]
     store = data["amazon-parameterstore"]["base"]
-    assert store["name"] == "${var.base == \"dlami\" ? var.dlami_ssm_parameter : var.ubuntu_ssm_parameter}"
+    # A pinned image reads Canonical's parameter (in every region), never the DLAMI's it does not use.
+    assert store["name"] == \
+        "${var.base == \"dlami\" && var.base_ami_id == \"\" ? var.dlami_ssm_parameter : var.ubuntu_ssm_parameter}"
+    assert "ssm:GetParameter" in var["base_ami_id"]["description"]  # said where the pin is set
     (local,) = template["locals"]
     assert local["source_ami"] == \
         "${var.base_ami_id != \"\" ? var.base_ami_id : data.amazon-parameterstore.base.value}"
