@@ -121,8 +121,10 @@ check_neuron_cores() {
         record neuron-cores INFO "no neuron-ls on $device: the NeuronCores the instance has only a Neuron device can tell"
         return
     fi
-    limited "$raw" neuron-ls --json-output || code=$?
-    ((code == 0)) || { failed_step neuron-cores "neuron-ls --json-output" "$code" "$raw"; return; }
+    # stdout alone is the JSON; the tool's warnings go to raw/neuron-cores-stderr.txt ($0, $@: the inner bash's)
+    # shellcheck disable=SC2016
+    limited "$out/raw/neuron-cores-stderr.txt" bash -c 'exec "$@" >"$0"' "$raw" neuron-ls --json-output || code=$?
+    ((code == 0)) || { failed_step neuron-cores "neuron-ls --json-output" "$code" "$out/raw/neuron-cores-stderr.txt"; return; }
     evidence neuron-cores neuron-cores "$raw" "$itype"
 }
 

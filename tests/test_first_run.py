@@ -192,6 +192,19 @@ def test_a_hanging_check_is_stopped_at_its_limit_and_the_next_checks_run(tmp_pat
 
 
 @pytest.mark.slow
+def test_neuron_ls_warnings_on_stderr_do_not_spoil_its_json(tmp_path):
+    """neuron-ls prints its JSON on stdout; a warning on stderr is kept apart (raw/neuron-cores-stderr.txt)."""
+    standin(tmp_path / "bin", "neuron-ls", 'echo "WARNING: driver version mismatch" >&2\n'
+            f'[[ $1 == --json-output ]] && cat "{NEURON_LS / "neuron_ls_trn1_2xlarge.json"}"\n')
+    proc = first_run(tmp_path, "--only", "neuron-cores", "--instance-type", "trn1.2xlarge",
+                     env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (check,) = read_back(tmp_path)["checks"]
+    assert check["status"] == "PASS", check
+    assert check["raw"]["neuron-cores-stderr.txt"] == "WARNING: driver version mismatch\n"
+
+
+@pytest.mark.slow
 def test_the_hlo_dump_check_uses_the_checkers_own_dump_flags(tmp_path):
     """Evidence for check-graphs' HLO diff only counts when the dump ran as the checker runs it."""
     from neuron_train.graphs.process import dump_flags

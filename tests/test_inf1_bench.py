@@ -152,15 +152,21 @@ STANDIN_WORKER = textwrap.dedent("""
     core = int(os.environ["NEURON_RT_VISIBLE_CORES"])
     log = os.path.join(sys.argv[1], f"core{core}")
     open(log + ".pid", "w").write(str(os.getpid()))
+    noisy = len(sys.argv) > 3  # the runtime's log lines on stderr, also after the result
     if core == int(sys.argv[2]):
-        print("Failed to allocate 1.0GB on NeuronCore", flush=True)
+        print("Failed to allocate 1.0GB on NeuronCore", file=sys.stderr, flush=True)  # the runtime's stream
         sys.exit(1)
+    if noisy:
+        print("2026-Nov-27 WARN NRT:nrt_init  loading\\n" * 5000, file=sys.stderr, flush=True)  # more than a pipe holds
     time.sleep(0.05 * core)  # cores get ready at different times
     open(log + ".ready", "w").write(repr(time.time()))
     print("READY", flush=True)
     sys.stdin.readline()
     open(log + ".go", "w").write(repr(time.time()))
     print(json.dumps({"samples_per_sec": 100.0 + core, "step_time_ms": 10.0 + core}), flush=True)
+    if noisy:
+        print("nrt_close: released NeuronCore", flush=True)  # a line after the result, on stdout
+        print('2026-Nov-27 WARN NRT:nrt_close {"core": 0}', file=sys.stderr, flush=True)
 """)
 
 
@@ -168,7 +174,8 @@ STANDIN_WORKER = textwrap.dedent("""
 def worker(tmp_path):
     path = tmp_path / "standin_worker.py"
     path.write_text(STANDIN_WORKER)
-    return lambda failing=-1: [sys.executable, str(path), str(tmp_path), str(failing)]
+    return lambda failing=-1, noisy=False: [sys.executable, str(path), str(tmp_path), str(failing),
+                                            *(["noisy"] if noisy else [])]
 
 
 def test_per_core_workers_run_one_per_core_and_start_timing_together(worker, tmp_path):
@@ -178,6 +185,13 @@ def test_per_core_workers_run_one_per_core_and_start_timing_together(worker, tmp
     ready = [float((tmp_path / f"core{c}.ready").read_text()) for c in range(4)]
     go = [float((tmp_path / f"core{c}.go").read_text()) for c in range(4)]
     assert max(ready) <= min(go)  # no core was timed while another was still loading
+
+
+def test_a_workers_stderr_and_lines_after_its_result_do_not_hide_the_result(worker):
+    """The runtime logs to stderr, also after the result line: stderr is kept apart, and the result is
+    the last stdout line that parses as one."""
+    figures = run_per_core(worker(noisy=True), [0, 1])
+    assert [(f.core, f.samples_per_sec, f.step_time_ms) for f in figures] == [(0, 100.0, 10.0), (1, 101.0, 11.0)]
 
 
 def test_a_failing_core_fails_the_measurement_with_its_reason_and_no_worker_is_left(worker, tmp_path):
