@@ -14,7 +14,10 @@ The model (a torchvision model, random weights: nothing is downloaded) is compil
 torch.neuron.trace, then replicated on every NeuronCore of the instance with torch.neuron.DataParallel
 (one copy per core, the batch split across them), as the published inf1 figures are made. Each step
 takes a host batch of batch-size x cores images and returns the logits to the host; warm-up steps
-(the first loads the copies onto the cores) are left out; compile time is reported apart.
+(the first loads the copies onto the cores) are left out; compile time is reported apart. Like the
+published rows (their "Threads" column: 4 for ResNet-50 on inf1.xlarge), several host threads call
+the model at once (--threads, default 4), so one thread's Python time between steps does not leave
+the cores idle; the result records the count (device.host_threads) and the report's row says it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import platform
 import socket
 import statistics
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -56,7 +60,10 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--cores", type=int, default=0, help="NeuronCores to use (default 0: every core of the instance)")
     p.add_argument("--fast-math", default="all", choices=("all", "none"),
                    help="neuron-cc --fast-math: all (its default: fp32 ops cast to bf16, as the published inf1 "
-                        "figures) or none (most precise: only matmuls cast to bf16)")
+                        "figures) or none (most precise: matmuls still cast to a 16-bit type)")
+    p.add_argument("--threads", type=int, default=4,
+                   help="host threads calling the model at once (default 4: the published inf1 ResNet-50 "
+                        "row's Threads); recorded in the result and shown on the report's row")
     p.add_argument("--steps", type=int, default=100, help="timed steps per repeat")
     p.add_argument("--warmup", type=int, default=10, help="steps left out before timing")
     p.add_argument("--repeats", type=int, default=3)
@@ -64,7 +71,7 @@ def parse_args(argv: list) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="result file to write (refused if it exists, unless --force)")
     p.add_argument("--force", action="store_true")
     args = p.parse_args(argv)
-    for name in ("img_size", "num_classes", "batch_size", "steps", "repeats"):
+    for name in ("img_size", "num_classes", "batch_size", "steps", "repeats", "threads"):
         if getattr(args, name) < 1:
             p.error("--{} must be >= 1".format(name.replace("_", "-")))
     if args.warmup < 0 or args.cores < 0:
@@ -167,18 +174,32 @@ def median_and_spread(values: list) -> tuple:
     return statistics.median(values), (deciles[-1] - deciles[0]) / 2
 
 
-def timed(model, x, steps: int, warmup: int) -> tuple:
-    """(samples/s, median step ms) of `steps` calls after `warmup` calls."""
+def timed(model, x, steps: int, warmup: int, threads: int = 1) -> tuple:
+    """(samples/s, median step ms) of `threads` host threads making `steps` calls each at once, after
+    `warmup` calls; a thread's error is raised here, after every thread has ended."""
     for _ in range(warmup):
         model(x)
-    times = []
+    times, errors = [], []  # list.append is atomic: the threads share them
+
+    def calls() -> None:
+        try:
+            for _ in range(steps):
+                t = time.perf_counter()
+                model(x)  # host batch in, logits back on the host
+                times.append(time.perf_counter() - t)
+        except Exception as exc:  # re-raised below, in the calling thread
+            errors.append(exc)
+
+    pool = [threading.Thread(target=calls) for _ in range(threads)]
     start = time.perf_counter()
-    for _ in range(steps):
-        t = time.perf_counter()
-        model(x)  # host batch in, logits back on the host
-        times.append(time.perf_counter() - t)
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
     total = time.perf_counter() - start
-    return x.shape[0] * steps / total, statistics.median(times) * 1e3
+    if errors:
+        raise errors[0]
+    return x.shape[0] * steps * threads / total, statistics.median(times) * 1e3
 
 
 def measure(args: argparse.Namespace, trace, data_parallel, cores: int) -> dict:
@@ -196,7 +217,7 @@ def measure(args: argparse.Namespace, trace, data_parallel, cores: int) -> dict:
     runs = []
     with torch.no_grad():
         for i in range(args.repeats):
-            runs.append(timed(parallel, x, args.steps, args.warmup if i == 0 else 1))
+            runs.append(timed(parallel, x, args.steps, args.warmup if i == 0 else 1, args.threads))
             print(f"inf1_bench: repeat {i + 1}: {runs[-1][0]:.1f} samples/s", flush=True)
     return {"compile_s": compile_s, "sps": [r[0] for r in runs], "step_ms": [r[1] for r in runs],
             "parameters": sum(p.numel() for p in model.parameters())}
@@ -213,7 +234,8 @@ def build_result(args: argparse.Namespace, figures: dict, cores: int, cores_tota
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "mode": "infer", "instance_type": instance[0], "instance_type_source": instance[1],
         "device": {"kind": "NEURON", "count": cores, "cores_total": cores_total, "tracer": "torch-neuron",
-                   "compiler_args": "--fast-math " + args.fast_math, "harness": HARNESS},
+                   "compiler_args": "--fast-math " + args.fast_math, "host_threads": args.threads,
+                   "harness": HARNESS},
         "world_size": cores,
         "model": {"name": args.model, "parameters": figures["parameters"], "img_size": args.img_size,
                   "num_classes": args.num_classes},

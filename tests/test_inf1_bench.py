@@ -62,6 +62,29 @@ def test_inf1_script_never_replaces_a_result(tmp_path):
     assert out.read_text() == "{}"
 
 
+def test_inf1_timing_calls_the_model_from_its_threads_at_once_and_counts_every_sample():
+    """As the published inf1 rows (Threads 4): the host threads call the data-parallel model together."""
+    import threading
+
+    bench = load_script()
+    together = threading.Barrier(4, timeout=60)  # passes only when 4 calls are under way at once
+    callers, lock = [], threading.Lock()
+
+    class Batch:
+        shape = (8, 3, 224, 224)
+
+    def model(x):  # STAND-IN for the data-parallel module: waits for the other threads' calls
+        with lock:
+            callers.append(threading.get_ident())
+        together.wait()
+
+    sps, step_ms = bench.timed(model, Batch(), steps=3, warmup=0, threads=4)
+    assert len(callers) == 12 and len(set(callers)) == 4  # 3 steps in each of 4 threads
+    assert sps > 0 and step_ms > 0
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--output", "x.json", "--threads", "0"])
+
+
 def test_inf1_script_syntax_is_python_3_8():
     import ast
 
@@ -105,7 +128,8 @@ def test_inf1_result_is_our_schema_and_asks_torch_neuron_for_every_core(inf1_res
     data = validate_result(json.loads(out.read_text()), str(out))  # the check `report` applies
     assert neuron.compiler_args == ["--fast-math", "all"] and neuron.device_ids == [0, 1, 2, 3]
     assert data["device"] == {"kind": "NEURON", "count": 4, "cores_total": 4, "tracer": "torch-neuron",
-                              "compiler_args": "--fast-math all", "harness": "scripts/inf1_bench.py"}
+                              "compiler_args": "--fast-math all", "host_threads": 4,  # as the published row
+                              "harness": "scripts/inf1_bench.py"}
     assert (data["batch_size_per_device"], data["global_batch_size"], data["world_size"]) == (1, 4, 4)
     assert data["model"]["parameters"] == 25_557_032  # torchvision resnet50, 1000 classes
 
@@ -124,7 +148,7 @@ def test_report_shows_the_inf1_row_beside_inf2_and_labelled(inf1_result, tmp_pat
     measured = [r for r in rows if r["origin"] == "measured"]
     assert len(measured) == 1 and measured[0]["instance_type"] == "inf1.xlarge"
     row = measured[0]
-    assert row["device"] == "NEURON, torch-neuron, 4 of 4 NeuronCores"
+    assert row["device"] == "NEURON, torch-neuron, 4 of 4 NeuronCores, 4 host thread(s)"
     assert row["precision"].startswith("fp32 (compiler --fast-math all: every fp32 op cast to bf16")
     assert row["provenance"].startswith("measured with scripts/inf1_bench.py: inf1-standin.json")
     same_group = {r["instance_type"] for r in rows if r["workload"] == row["workload"]}

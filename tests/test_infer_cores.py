@@ -85,6 +85,8 @@ def test_a_neuron_row_names_its_threads_per_core_and_casting():
     device = {"kind": "NEURON", "count": 2, "cores_total": 2, "tracer": "torch-neuronx", "threads_per_core": 2}
     assert device_text(device) == "NEURON, torch-neuronx, 2 of 2 NeuronCores, 2 thread(s) per core"
     assert precision_text("fp32", "--auto-cast none") == "fp32 (compiler --auto-cast none: no auto-cast)"
+    inf1 = {"kind": "NEURON", "count": 4, "cores_total": 4, "tracer": "torch-neuron", "host_threads": 1}
+    assert device_text(inf1) == "NEURON, torch-neuron, 4 of 4 NeuronCores, 1 host thread(s)"  # not the published 4
     # neuron-cc's appnote says --fast-math none keeps matmuls 16-bit, not which 16-bit type
     assert precision_text("fp32", "--fast-math none") == \
         "fp32 (compiler --fast-math none: matmuls cast to 16-bit (neuron-cc's most precise))"

@@ -116,6 +116,8 @@ def device_text(device: dict) -> str:
         parts.append(f"{device['count']} NeuronCore(s), instance total not known")
     if device.get("threads_per_core"):  # published rows: NeuronPerf's 2 threads per core (inf1 ResNet-50: 4)
         parts.append(f"{device['threads_per_core']} thread(s) per core")
+    if device.get("host_threads"):  # one data-parallel module over every core (inf1), called by N threads
+        parts.append(f"{device['host_threads']} host thread(s)")
     return ", ".join(parts)
 
 

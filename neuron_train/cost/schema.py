@@ -45,6 +45,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "device.tracer": "str?", "device.compiler_args": "str?", "device.cores_total": "int>=1?",
     # infer on Neuron: threads calling each core's copy (NeuronPerf's published rows: 2)
     "device.threads_per_core": "int>=1?",
+    # infer through one data-parallel module (inf1): host threads calling it at once (published inf1 rows: 4)
+    "device.host_threads": "int>=1?",
     # a result written outside this package (scripts/inf1_bench.py in the inf1 environment)
     "device.harness": "str?",
 }
