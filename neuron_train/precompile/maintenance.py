@@ -144,7 +144,11 @@ def parse_size(text: str) -> int:
     value = _quantity(raw[: len(raw) - len(unit)])
     if value is None:
         raise UsageError(f"--max-size: expected a size >= 0 like 500M, 20G or 1T, got {text!r}")
-    return int(value * SIZE_UNITS[unit])
+    size = value * SIZE_UNITS[unit]
+    if size >= 2**63:  # 1e308T is infinite once multiplied
+        raise UsageError(f"--max-size: {text!r} is more bytes than any disk holds (at most 8388608T): give a size "
+                         "like 500M, 20G or 1T")
+    return int(size)
 
 
 def parse_age(text: str) -> float:
