@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,6 +99,7 @@ print("returned", flush=True)
 """
 
 
+@pytest.mark.slow  # the child imports torch (commands/train.py does)
 def test_a_quiet_torchrun_rank_waits_until_it_is_stopped():
     """Mutant: the fixed 3 s sleep put back (rank 0 could be stopped by torchrun before it printed
     the one line). The rank must still be waiting well after 3 s, and end on torchrun's SIGTERM."""
@@ -106,10 +108,110 @@ def test_a_quiet_torchrun_rank_waits_until_it_is_stopped():
     try:
         assert child.stdout is not None and child.stdout.readline() == "waiting\n"
         time.sleep(5)
-        assert child.poll() is None, "the quiet rank stopped waiting on its own"
         child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=30) == -signal.SIGTERM
+        rest = child.communicate(timeout=60)[0]
+        assert "returned" not in rest, "the quiet rank stopped waiting on its own"
+        assert child.returncode == -signal.SIGTERM
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+# ----------------------------------------------------------------------------- plan: weak rows
+
+
+def test_instances_named_twice_in_any_case_are_one_and_a_list_of_none_is_refused(capsys):
+    """Weak rows: `--instances trn1.2xlarge,TRN1.2xlarge` estimated twice; `--instances ,` ran with none."""
+    from neuron_train.commands import plan
+
+    assert plan._wanted_instances(" trn1.2xlarge,TRN1.2xlarge,inf2.xlarge ") == ["trn1.2xlarge", "inf2.xlarge"]
+    assert plan._wanted_instances(None) is None
+    for given in (",", "", " , "):
+        code = cli.main(["plan", "--model", "vit-nano", "--instances", given])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "--instances: no instance type in" in err, err
+
+
+WAITS = """
+import pathlib, sys, time
+pathlib.Path(sys.argv[1]).write_text("ready")
+time.sleep(120)
+"""
+
+
+def test_ctrl_c_to_plan_is_interrupted_exit_130(tmp_path, capsys, monkeypatch):
+    """Weak row: SIGINT to `plan -- COMMAND` said the command never imported torch_xla (exit 1)."""
+    ready = tmp_path / "ready"
+
+    def ctrl_c() -> None:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C; proc.run passes it on to the command
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    code = cli.main(["plan", "--instances", "trn1.2xlarge", "--", sys.executable, "-c", WAITS, str(ready)])
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip().splitlines()[-1] == "neuron-train plan: interrupted", err
+
+
+def test_more_processes_than_an_instances_cores_are_said_to_be_capped():
+    """Weak row: `--nproc-per-instance 64` was capped at each type's NeuronCores silently."""
+    from neuron_train.commands import plan
+    from neuron_train.cost import plan_data
+
+    known = plan_data.targets()
+    chosen = [known["trn1.2xlarge"], known["trn1.32xlarge"]]
+    assert plan._capped_note(64, chosen) == ("plan: warning: --nproc-per-instance 64 is more than the NeuronCores "
+                                             "of trn1.2xlarge (2), trn1.32xlarge (32): capped at each one's cores")
+    assert plan._capped_note(2, chosen) is None and plan._capped_note(None, chosen) is None
+
+
+# ----------------------------------------------------------------------------- cache: weak rows
+
+
+def test_a_prune_that_failed_on_a_protected_file_is_not_later_reported_as_killed(tmp_path, capsys, monkeypatch):
+    """Weak row: the prune's mark stayed after a deletion failed (EACCES on a protected file), and
+    every later `verify` said a prune had been killed. Now the entries it did delete are forgotten
+    and the mark goes; the failure is the one line now."""
+    from neuron_train.precompile import maintenance
+
+    cache = make_cache(tmp_path / "c", {"xla/1": b"a", "xla/2": b"b"})
+    age(cache)
+    real_remove = maintenance.remove_path
+
+    def protected(path: Path) -> None:
+        if path.name == "2":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        real_remove(path)
+
+    monkeypatch.setattr(maintenance, "remove_path", protected)
+    code = cli.main(["cache", "prune", "--compile-cache", str(cache), "--older-than", "1d"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "permission denied" in err, err
+    assert not list(cache.glob(".prune.running-*"))
+    assert cli.main(["cache", "verify", "--compile-cache", str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "prune" not in out and "missing" not in out, out  # xla/1 is forgotten, xla/2 is whole
+
+
+def test_an_unreadable_manifest_is_unreadable_not_damaged(tmp_path, capsys, monkeypatch):
+    """Weak row: a manifest we may not read was called damaged, with advice (move it aside) that
+    would lose it."""
+    from neuron_train.precompile import store
+
+    cache = make_cache(tmp_path / "c", {"xla/1": b"a"})
+    manifest = str(cache / store.MANIFEST)
+    real_open = os.open
+
+    def forbidden(path, flags, *args, **kwargs):
+        if str(path) == manifest:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", forbidden)
+    code = cli.main(["cache", "verify", "--compile-cache", str(cache)])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and "cannot be read" in err, err
+    assert "damaged" not in err and "move it aside" not in err

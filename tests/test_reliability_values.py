@@ -163,3 +163,16 @@ def test_an_integer_of_400_digits_is_refused_either_sign(sign):
     """Item 7: a huge negative integer passed the integer bound (mutant: `node >=` for `abs(node) >=`)."""
     with pytest.raises(UsageError, match="optim.lr: an integer of 400 digits"):
         reader.parse(f"optim:\n  lr: {sign}{'9' * 400}\n", "yaml", "c.yaml")
+
+
+def test_link_image_and_newline_in_a_name_are_text_in_report_md(tmp_path, capsys):
+    """Weak row: a model name holding `![x](http://...)` was an image in report.md (a request to
+    that host when the file is viewed), one holding a newline broke the table row."""
+    name = "vit ![pixel](http://example.invalid/p.png) [click](http://example.invalid)\n| injected | row |"
+    code = cli.main(["report", str(result(tmp_path, model__name=name)), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "](http://example.invalid" in md  # the name is there, as text
+    assert "![pixel](" not in md and "[click](" not in md and "\\[click\\](" in md
+    assert not any(line.startswith("| injected") for line in md.splitlines())
