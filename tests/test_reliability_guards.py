@@ -123,10 +123,10 @@ def test_a_quiet_torchrun_rank_waits_until_it_is_stopped():
 
 def test_instances_named_twice_in_any_case_are_one_and_a_list_of_none_is_refused(capsys):
     """Weak rows: `--instances trn1.2xlarge,TRN1.2xlarge` estimated twice; `--instances ,` ran with none."""
-    from neuron_train.commands import plan
+    from neuron_train.cost import plan_data
 
-    assert plan._wanted_instances(" trn1.2xlarge,TRN1.2xlarge,inf2.xlarge ") == ["trn1.2xlarge", "inf2.xlarge"]
-    assert plan._wanted_instances(None) is None
+    assert plan_data.wanted_instances(" trn1.2xlarge,TRN1.2xlarge,inf2.xlarge ") == ["trn1.2xlarge", "inf2.xlarge"]
+    assert plan_data.wanted_instances(None) is None
     for given in (",", "", " , "):
         code = cli.main(["plan", "--model", "vit-nano", "--instances", given])
         err = capsys.readouterr().err
@@ -158,14 +158,13 @@ def test_ctrl_c_to_plan_is_interrupted_exit_130(tmp_path, capsys, monkeypatch):
 
 def test_more_processes_than_an_instances_cores_are_said_to_be_capped():
     """Weak row: `--nproc-per-instance 64` was capped at each type's NeuronCores silently."""
-    from neuron_train.commands import plan
     from neuron_train.cost import plan_data
 
     known = plan_data.targets()
     chosen = [known["trn1.2xlarge"], known["trn1.32xlarge"]]
-    assert plan._capped_note(64, chosen) == ("plan: warning: --nproc-per-instance 64 is more than the NeuronCores "
+    assert plan_data.capped_note(64, chosen) == ("plan: warning: --nproc-per-instance 64 is more than the NeuronCores "
                                              "of trn1.2xlarge (2), trn1.32xlarge (32): capped at each one's cores")
-    assert plan._capped_note(2, chosen) is None and plan._capped_note(None, chosen) is None
+    assert plan_data.capped_note(2, chosen) is None and plan_data.capped_note(None, chosen) is None
 
 
 # ----------------------------------------------------------------------------- cache: weak rows

@@ -15,9 +15,8 @@ import shlex
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import new_output, write_json_or_print
-from neuron_train.common.values import shown
 from neuron_train.cost import plan_calibrate, plan_data
-from neuron_train.cost.plan_model import EXECUTIONS, Target, WorkloadFigures, estimate_all
+from neuron_train.cost.plan_model import EXECUTIONS, WorkloadFigures, estimate_all
 from neuron_train.cost.plan_result import UNKNOWN, format_estimates, plan_document
 from neuron_train.cost.schema import MODES
 from neuron_train.instrument.script import checked_command
@@ -87,17 +86,6 @@ def _processes(value: str) -> int | None:
     return n
 
 
-def _capped_note(processes: int | None, chosen: list[Target]) -> str | None:
-    """The line saying --nproc-per-instance is more than some types' NeuronCores (estimated with
-    their cores there), else None."""
-    over = [t for t in chosen if processes and processes > t.cores]
-    if not over:
-        return None
-    names = ", ".join(f"{t.instance_type} ({t.cores})" for t in over[:4]) + (", ..." if len(over) > 4 else "")
-    return (f"plan: warning: --nproc-per-instance {processes} is more than the NeuronCores of {names}: capped "
-            "at each one's cores")
-
-
 def _workload_source(args: argparse.Namespace) -> tuple[list[str] | None, RunConfig | None]:
     """(COMMAND, None) or (None, our loop's RunConfig); refused when neither or both are given."""
     train_flags = getattr(args, "config", None) or any("." in key for key in vars(args))
@@ -119,27 +107,16 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
 
 
-def _wanted_instances(text: str | None) -> list[str] | None:
-    """`--instances` as each type once, in the order given, whatever its case (`trn1.2xlarge,TRN1.2xlarge`
-    is one row); a list that names none is refused."""
-    if text is None:
-        return None
-    names = list(dict.fromkeys(s.strip().lower() for s in text.split(",") if s.strip()))
-    if not names:
-        raise UsageError(f"--instances: no instance type in {shown(text)}: give e.g. trn1.2xlarge,inf2.xlarge")
-    return names
-
-
 def main(args: argparse.Namespace) -> int:
     # Everything that can be refused is refused before the run: a late failure would lose it.
     output = new_output(args.output, "--output", replace=args.force, create_folder=True) if args.output else None
     _check_flags(args)
     command, cfg = _workload_source(args)
     known = plan_data.targets()
-    wanted = _wanted_instances(args.instances)
+    wanted = plan_data.wanted_instances(args.instances)
     chosen = plan_data.choose_targets(known, wanted, args.mode)
     processes = _processes(args.nproc_per_instance)
-    if (capped := _capped_note(processes, chosen)) is not None:
+    if (capped := plan_data.capped_note(processes, chosen)) is not None:
         print(capped, flush=True)
     if command:
         name = args.workload or _script_name(command)

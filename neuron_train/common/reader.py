@@ -8,7 +8,12 @@ calibration, manifests, checksum sidecars, CSV tables): bounded, then parsed, th
 - Parsed documents are bounded too: nesting at most `MAX_DEPTH` levels, integers of at most
   `MAX_INT_DIGITS` digits (a 400-digit `lr` is refused here, not as an OverflowError later), and
   YAML aliases (`*name`) refused before anything is expanded (a 1 KB alias bomb is megabytes of
-  values). YAML reads numbers as YAML 1.2 does: `lr: 1e-3` is a float, not the string '1e-3'.
+  values). YAML reads numbers as YAML 1.2 does: `lr: 1e-3` is a float, not the string '1e-3';
+  `010000` is 10000, not octal 4096. A key given twice in a YAML mapping or a JSON object is
+  refused, as TOML refuses it.
+- What the parser took but later code cannot use is refused naming the field: a float that is not
+  0 and not between 1e-100 and 1e100 in size (`values.out_of_range`: its arithmetic stays finite),
+  text that does not encode as UTF-8 (a lone surrogate) or holds NUL.
 - Every refusal is one `UsageError` line naming the option (or file) and quoting at most a bounded
   prefix of a value (`values.shown`). Validation into the typed record the code uses is the
   caller's next step (`values.kind_problem` tables, the config's dataclasses, `records.py` models).

@@ -10,8 +10,11 @@
 - How it ended is kept: an exit code, or the signal that killed it.
 - A daemon the command starts in a session of its own (`setsid`) is not in its group: while the
   command runs we are a child subreaper (prctl), so such orphans become our children instead of
-  init's, and every descendant left at the end is ended too (`_end_descendants`). If we are killed
+  init's, and every descendant left at the end is ended too (`_end_descendants`), listed again on
+  every pass until none is left (a daemon that re-forks has a new pid each time). If we are killed
   with SIGKILL, the watchdog ends the group only (a daemon in its own session then survives).
+- The output is read in time linear in its size: each line keeps its last LINE_BYTES (a progress
+  bar that writes only `\r` is one endless line).
 """
 
 from __future__ import annotations
