@@ -102,6 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         code = _parse(parser, argv)  # help for -h, or one line naming the unknown command
         return code if isinstance(code, int) else 2
     name, rest = argv[0], argv[1:]
+    try:
+        return _run(name, rest)
+    except KeyboardInterrupt:  # also while the command's module imports torch
+        print(f"neuron-train {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(name: str, rest: list[str]) -> int:
+    """One command: its module imported, its options parsed, its errors one line."""
     module = importlib.import_module(COMMANDS[name][0])
     parser = CommandParser(prog=f"neuron-train {name}", description=COMMANDS[name][1])
     module.configure_parser(parser)
@@ -124,9 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # e.g. a command's own parser (precompile's TRAIN_ARGS) printed its one line
         return _exit_code(exc)
-    except KeyboardInterrupt:
-        print(f"neuron-train {name}: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

@@ -113,10 +113,11 @@ def main(args: argparse.Namespace) -> int:
     _check_flags(args)
     command, cfg = _workload_source(args)
     known = plan_data.targets()
-    # each type once, in the order given: `--instances trn1.2xlarge,trn1.2xlarge` is one row
-    wanted = list(dict.fromkeys(s.strip() for s in args.instances.split(",") if s.strip())) if args.instances else None
+    wanted = plan_data.wanted_instances(args.instances)
     chosen = plan_data.choose_targets(known, wanted, args.mode)
     processes = _processes(args.nproc_per_instance)
+    if (capped := plan_data.capped_note(processes, chosen)) is not None:
+        print(capped, flush=True)
     if command:
         name = args.workload or _script_name(command)
     else:

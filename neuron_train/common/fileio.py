@@ -65,6 +65,7 @@ _UNUSABLE = {
     errno.ENOTDIR: "goes through a file as if it were a folder: check the path",
     errno.EACCES: "cannot be used: permission denied: fix its permissions or choose another location",
     errno.EPERM: "cannot be used: operation not permitted: choose another location",
+    errno.EROFS: "is on a read-only file system: remount it read-write or choose another location",
 }
 _SYMLINK_LOOP = "Symlink loop from "  # Path.resolve() raises RuntimeError, not OSError(ELOOP), before 3.13
 

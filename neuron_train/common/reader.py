@@ -8,7 +8,12 @@ calibration, manifests, checksum sidecars, CSV tables): bounded, then parsed, th
 - Parsed documents are bounded too: nesting at most `MAX_DEPTH` levels, integers of at most
   `MAX_INT_DIGITS` digits (a 400-digit `lr` is refused here, not as an OverflowError later), and
   YAML aliases (`*name`) refused before anything is expanded (a 1 KB alias bomb is megabytes of
-  values). YAML reads numbers as YAML 1.2 does: `lr: 1e-3` is a float, not the string '1e-3'.
+  values). YAML reads numbers as YAML 1.2 does: `lr: 1e-3` is a float, not the string '1e-3';
+  `010000` is 10000, not octal 4096. A key given twice in a YAML mapping or a JSON object is
+  refused, as TOML refuses it.
+- What the parser took but later code cannot use is refused naming the field: a float that is not
+  0 and not between 1e-100 and 1e100 in size (`values.out_of_range`: its arithmetic stays finite),
+  text that does not encode as UTF-8 (a lone surrogate) or holds NUL.
 - Every refusal is one `UsageError` line naming the option (or file) and quoting at most a bounded
   prefix of a value (`values.shown`). Validation into the typed record the code uses is the
   caller's next step (`values.kind_problem` tables, the config's dataclasses, `records.py` models).
@@ -27,7 +32,7 @@ import yaml
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import not_utf8, unusable_path
-from neuron_train.common.values import plain, shown
+from neuron_train.common.values import out_of_range, plain, range_problem, shown
 
 DEFAULT_LIMIT = 16 * 2**20
 MAX_DEPTH = 64          # levels of nesting; real inputs have fewer than 10
@@ -117,10 +122,32 @@ _FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0
     |\.(?:nan|NaN|NAN))$""", re.X)
 
 
+# YAML 1.1 (PyYAML) reads `010000` as octal 4096 and `1:20` as 80; YAML 1.2 writes octal `0o10000`.
+_INT_12 = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)$")
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
 class _BoundedLoader(yaml.SafeLoader):
-    """safe_load without aliases (refused before they are expanded) and at most MAX_DEPTH levels."""
+    """safe_load without aliases (refused before they are expanded), at most MAX_DEPTH levels, no
+    key twice in a mapping (TOML refuses it; YAML 1.1 keeps the last silently)."""
 
     _depth = 0
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and (key_node.tag, key) in seen:
+                raise _Refused(f"line {key_node.start_mark.line + 1}: the key {shown(key, 40)} is given twice: "
+                               "keep one (TOML refuses it too)")
+            seen.add((key_node.tag, key))
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = str(self.construct_scalar(node)).replace("_", "")
+        sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+        base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+        return sign * int(digits[2:] if base != 10 else digits, base)  # `010000` is 10000
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -136,6 +163,10 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 _BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+_BoundedLoader.yaml_implicit_resolvers = {  # YAML 1.2's integers where 1.1's were, before _FLOAT_12
+    first: [(tag, _INT_12 if tag == _INT_TAG else regex) for tag, regex in resolvers]
+    for first, resolvers in _BoundedLoader.yaml_implicit_resolvers.items()}
+_BoundedLoader.add_constructor(_INT_TAG, _BoundedLoader.construct_yaml_int)
 
 
 _Trail = tuple  # (parent trail, key or index): the path to a node, spelled out only for a message
@@ -150,27 +181,59 @@ def _spelled(trail: _Trail | None) -> str:
 
 
 def _check_tree(value: object) -> None:
-    """Depth and integer bounds of a parsed document, walked without recursion."""
-    stack: list[tuple[object, int, _Trail | None]] = [(value, 1, None)]
+    """Depth, integer, float and text bounds of a parsed document, walked without recursion."""
+    stack: list[tuple[object, int, _Trail | None, str]] = [(value, 1, None, "")]
     while stack:
-        node, depth, trail = stack.pop()
+        node, depth, trail, role = stack.pop()
         if depth > MAX_DEPTH:
             raise _Refused(f"nested too deeply (more than {MAX_DEPTH} levels; no real file has)")
         if isinstance(node, dict):
-            stack += [(v, depth + 1, (trail, k)) for k, v in node.items()]
-            stack += [(k, depth + 1, trail) for k in node]
+            stack += [(v, depth + 1, (trail, k), "") for k, v in node.items()]
+            stack += [(k, depth + 1, trail, "a key: ") for k in node]
         elif isinstance(node, (list, tuple)):
-            stack += [(v, depth + 1, (trail, i)) for i, v in enumerate(node)]
-        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10**MAX_INT_DIGITS:
-            raise _Refused(f"{_spelled(trail)}: an integer of {len(str(abs(node)))} digits is not a value "
-                           "any field takes")
+            stack += [(v, depth + 1, (trail, i), "") for i, v in enumerate(node)]
+        else:
+            problem = _leaf_problem(node)
+            if problem:
+                raise _Refused(f"{_spelled(trail) if trail else 'the top level'}: {role}{problem}")
+
+
+def _leaf_problem(node: object) -> str | None:
+    """What makes a value unusable later although the parser took it: an integer no field takes,
+    a float whose arithmetic would overflow (a price of 1e-320 made a report's axis NaN), text that
+    is not UTF-8 (a lone surrogate from a JSON or YAML escape) or holds NUL (no name, label or path can)."""
+    if isinstance(node, bool):
+        return None
+    if isinstance(node, int) and abs(node) >= 10**MAX_INT_DIGITS:
+        return f"an integer of {len(str(abs(node)))} digits is not a value any field takes"
+    if isinstance(node, float) and out_of_range(node):
+        return range_problem(node)
+    if isinstance(node, str):
+        if "\0" in node:
+            return f"{shown(node, 40)} holds a NUL character (\\0): no name, label or path can; remove it"
+        try:
+            node.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (f"{shown(node, 40)} is not valid Unicode (a lone surrogate {node[exc.start]!a} at character "
+                    f"{exc.start + 1}): write the text itself, not a \\u escape of half a pair")
+    return None
+
+
+def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object with no key twice (json keeps the last silently; TOML refuses it)."""
+    data: dict[str, object] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _Refused(f"the key {shown(key, 40)} is given twice in one object: keep one")
+        data[key] = value
+    return data
 
 
 def parse(text: str, fmt: str, where: str) -> object:
     """`text` parsed as `fmt` ("json", "yaml" or "toml") within the bounds; one UsageError line if not."""
     try:
         if fmt == "json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_json_object)
         elif fmt == "yaml":
             data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
         else:

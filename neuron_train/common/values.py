@@ -13,9 +13,22 @@ from __future__ import annotations
 import math
 import reprlib
 
+MIN_FLOAT, MAX_FLOAT = 1e-100, 1e100  # a number is 0 or this big: products of three stay finite
+
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def out_of_range(value: object) -> bool:
+    """A finite number whose later arithmetic may overflow (a price of 1e-320 made a report's axis
+    NaN): not 0 and not between MIN_FLOAT and MAX_FLOAT in size."""
+    return _number(value) and value != 0 and not MIN_FLOAT <= abs(value) <= MAX_FLOAT  # type: ignore[arg-type]
+
+
+def range_problem(value: object) -> str:
+    return (f"{value!r} is not a value any field takes (a number is 0, or between {MIN_FLOAT:g} and "
+            f"{MAX_FLOAT:g} in size: its arithmetic must stay finite)")
 
 
 def _integer(value: object) -> bool:
@@ -41,8 +54,10 @@ def kind_problem(value: object, kind: str) -> str | None:
     if kind.endswith("?") and value is None:
         return None
     test, expected = _KINDS[kind.rstrip("?")]
-    if test(value):
+    if test(value) and not out_of_range(value):
         return None
+    if test(value):
+        return f"must be {expected}: {range_problem(value)}"
     got = "null" if value is None else shown(value)
     return f"must be {expected}{' or null' if kind.endswith('?') else ''}, got {got}"
 

@@ -21,7 +21,7 @@ import yaml
 
 from neuron_train.common import reader
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.values import shown
+from neuron_train.common.values import out_of_range, range_problem, shown
 
 CATALOG_PATH = Path(__file__).resolve().parent.parent / "data" / "instances.yaml"
 PRICES_LIMIT = 4 * 2**20  # a price file is a few KiB
@@ -106,6 +106,8 @@ def _parse_price(raw: Any, where: str, sources: dict[str, dict[str, str]]) -> Pr
         raise UsageError(f"{where}: usd_per_hour must be a number, got {shown(raw['usd_per_hour'])}") from None
     if not math.isfinite(usd) or usd <= 0:
         raise UsageError(f"{where}: usd_per_hour must be a finite number > 0, got {shown(raw['usd_per_hour'])}")
+    if out_of_range(usd):  # a CSV price is parsed here, not by the reader
+        raise UsageError(f"{where}: usd_per_hour: {range_problem(usd)}")
     name, url = _source(str(raw["source"]), sources)
     return Price(usd, str(raw["region"]), str(raw["date"]), name, str(raw.get("url") or url),
                  str(raw.get("kind", "on-demand")))

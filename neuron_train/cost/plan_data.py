@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from neuron_train.common.errors import UsageError
+from neuron_train.common.values import shown
 from neuron_train.cost.catalog import CATALOG_PATH, Catalog, load_catalog
 from neuron_train.cost.plan_model import Chip, Target, WorkloadFigures
 
@@ -53,6 +54,28 @@ def choose_targets(all_targets: dict[str, Target], wanted: list[str] | None, mod
             raise UsageError(f"--instances: {cannot[0]} cannot train (inference only): drop it or use --mode infer")
         return chosen
     return [t for t in all_targets.values() if mode == "infer" or t.can_train]
+
+
+def wanted_instances(text: str | None) -> list[str] | None:
+    """`--instances` as each type once, in the order given, whatever its case (`trn1.2xlarge,TRN1.2xlarge`
+    is one row); a list that names none is refused."""
+    if text is None:
+        return None
+    names = list(dict.fromkeys(s.strip().lower() for s in text.split(",") if s.strip()))
+    if not names:
+        raise UsageError(f"--instances: no instance type in {shown(text)}: give e.g. trn1.2xlarge,inf2.xlarge")
+    return names
+
+
+def capped_note(processes: int | None, chosen: list[Target]) -> str | None:
+    """The line saying --nproc-per-instance is more than some types' NeuronCores (estimated with
+    their cores there), else None."""
+    over = [t for t in chosen if processes and processes > t.cores]
+    if not over:
+        return None
+    names = ", ".join(f"{t.instance_type} ({t.cores})" for t in over[:4]) + (", ..." if len(over) > 4 else "")
+    return (f"plan: warning: --nproc-per-instance {processes} is more than the NeuronCores of {names}: capped "
+            "at each one's cores")
 
 
 # --- published rows -------------------------------------------------------------------------------

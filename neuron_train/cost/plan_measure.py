@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sized
@@ -271,6 +272,8 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
         dump = Path(folder) / "hlo"
         flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump} --xla_dump_hlo_as_text".strip()
         run = run_script(command, Path(folder), mode="bench", steps=steps, extra_env={"XLA_FLAGS": flags}, echo=False)
+        if run.interrupted == signal.SIGINT:  # Ctrl-C: the command was ended, nothing to estimate
+            raise KeyboardInterrupt
         require_ran(run, "nothing was measured", stopped_ok=("bench",))
         hlo, graphs = steady_graph(dump)
     if hlo.flops <= 0:

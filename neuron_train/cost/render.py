@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -299,9 +300,15 @@ def render_markdown(blocks: list[Block]) -> str:
     return "\n".join(out)
 
 
+_LINE_BREAKS = re.compile(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+")
+
+
 def _md(text: object) -> str:
-    """Text from the inputs (model names, host names) as Markdown shows it, never as raw HTML."""
-    return html.escape(str(text), quote=False)
+    """Text from the inputs (model names, host names) as Markdown shows it: never raw HTML, a link or
+    an image (`[x](url)`, `![x](url)` in a name: the brackets are escaped), nor a line of its own (a
+    newline in a name ended the table row or the heading)."""
+    flat = _LINE_BREAKS.sub(" ", str(text))
+    return html.escape(flat, quote=False).replace("[", "\\[").replace("]", "\\]")
 
 
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"

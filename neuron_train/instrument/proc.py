@@ -10,8 +10,11 @@
 - How it ended is kept: an exit code, or the signal that killed it.
 - A daemon the command starts in a session of its own (`setsid`) is not in its group: while the
   command runs we are a child subreaper (prctl), so such orphans become our children instead of
-  init's, and every descendant left at the end is ended too (`_end_descendants`). If we are killed
+  init's, and every descendant left at the end is ended too (`_end_descendants`), listed again on
+  every pass until none is left (a daemon that re-forks has a new pid each time). If we are killed
   with SIGKILL, the watchdog ends the group only (a daemon in its own session then survives).
+- The output is read in time linear in its size: each line keeps its last LINE_BYTES (a progress
+  bar that writes only `\r` is one endless line).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ _WATCHDOG = Path(__file__).resolve().with_name("_watchdog.py")
 GRACE_S = 10.0      # after SIGTERM, before SIGKILL (the group's processes write their records)
 DRAIN_S = 1.0       # output still read after the command exited (a grandchild may hold the pipe)
 POLL_S = 0.1
+KILL_S = 30.0       # SIGKILL repeated this long at most (a process in uninterruptible sleep outlasts it)
+LINE_BYTES = 8192   # of an output line, the last bytes kept
 
 
 @dataclass
@@ -115,11 +120,14 @@ class _Child:
             if out is not None:
                 out.buffer.write(chunk)
                 out.buffer.flush()
-            lines = (partial + chunk).split(b"\n")
-            partial = lines.pop()
-            self.tail.extend(line.decode("utf-8", "replace").rstrip() for line in lines)
+            # each line keeps its last LINE_BYTES only, an unfinished one too (a progress bar that
+            # writes only \r makes one line of the whole output): linear time, bounded memory
+            lines = chunk.split(b"\n")
+            lines[0] = partial + lines[0]
+            partial = lines.pop()[-LINE_BYTES:]
+            self.tail.extend(_text(line) for line in lines[-(self.tail.maxlen or len(lines)):])
         if partial:
-            self.tail.append(partial.decode("utf-8", "replace").rstrip())
+            self.tail.append(_text(partial))
 
     def forward_signals(self) -> dict:
         """SIGTERM/SIGINT to us end the command's group too; a second one kills it outright."""
@@ -138,6 +146,10 @@ class _Child:
         return previous
 
 
+def _text(line: bytes) -> str:
+    return line[-LINE_BYTES:].decode("utf-8", "replace").rstrip()
+
+
 def _restore(previous: dict) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
@@ -150,15 +162,15 @@ def _kill(pgid: int, sig: int) -> None:
         pass
 
 
-def end_group(pgid: int, grace_s: float = GRACE_S) -> None:
-    """End what is left of the command's process group: SIGTERM, then SIGKILL after `grace_s`."""
+def end_group(pgid: int, grace_s: float | None = None) -> None:
+    """End what is left of the command's process group: SIGTERM, then SIGKILL after `grace_s`
+    (GRACE_S by default), repeated until no process of the group runs (one forked meanwhile too)."""
     _kill(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _group_runs(pgid):
-            return
+    deadline = time.monotonic() + (GRACE_S if grace_s is None else grace_s)
+    while _group_runs(pgid) and time.monotonic() < deadline + KILL_S:
+        if time.monotonic() > deadline:
+            _kill(pgid, signal.SIGKILL)
         time.sleep(0.05)
-    _kill(pgid, signal.SIGKILL)
 
 
 def _group_runs(pgid: int) -> bool:
@@ -224,21 +236,31 @@ def descendants(root: int, parents: dict[int, int] | None = None) -> list[int]:
 
 def _end_descendants(exclude: set[int], grace_s: float | None = None) -> None:
     """SIGTERM, then SIGKILL after the grace period, to every descendant of ours the command left
-    (a `setsid` daemon reparented to us); each is reaped. `exclude`: processes that are not its."""
-    grace = GRACE_S if grace_s is None else grace_s
-    left = [p for p in descendants(os.getpid()) if p not in exclude]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in left:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
-        while left and time.monotonic() < deadline:
-            left = [p for p in left if not _reaped(p)]
-            time.sleep(POLL_S / 2)
-        if not left:
+    (a `setsid` daemon reparented to us), each reaped. Repeated until one reading of /proc finds
+    neither a live descendant nor a zombie child of ours: a daemon that re-forks (a new pid each
+    time, ours once its parent exits) is found again, also one forked after /proc was listed (its
+    parent is then seen running, or as our zombie). `exclude`: processes that are not the command's."""
+    deadline = time.monotonic() + (GRACE_S if grace_s is None else grace_s)
+    termed: set[int] = set()
+    me = os.getpid()
+    while time.monotonic() < deadline + KILL_S:
+        seen = [(pid, state, parent) for pid, state, parent, _ in _processes() if pid not in exclude]
+        zombies = [pid for pid, state, parent in seen if state == b"Z" and parent == me]
+        dead = {pid for pid, state, _ in seen if state == b"Z"}
+        left = [p for p in descendants(me, {pid: parent for pid, _, parent in seen}) if p not in dead]
+        if not left and not zombies:
             return
+        late = time.monotonic() > deadline
+        for pid in left:
+            if late or pid not in termed:
+                termed.add(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL if late else signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for pid in zombies:
+            _reaped(pid)
+        time.sleep(POLL_S / 2)
 
 
 def _reaped(pid: int) -> bool:

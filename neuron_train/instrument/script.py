@@ -34,6 +34,7 @@ class ScriptRun:
     tail: str                # the command's last output lines
     how: str = ""            # how it ended: "exit code N", "killed by SIGKILL"
     started: int = 0         # its processes that imported torch_xla (with a record or not)
+    interrupted: int | None = None  # the signal (SIGINT/SIGTERM) to us that ended it early
 
     def stop(self, reason: str) -> probe.Stop | None:
         """The first process that stopped for `reason` ('tour', 'bench', 'uncovered')."""
@@ -120,7 +121,7 @@ def run_script(command: list[str], folder: Path, *, mode: str, steps: int,
            **(extra_env or {})}
     ended = stream(command, env, echo)
     return ScriptRun(command, ended.code, graph_runner.load_records(folder), load_probes(folder),
-                     "\n".join(ended.tail), ended.status(), len(started(folder)))
+                     "\n".join(ended.tail), ended.status(), len(started(folder)), ended.interrupted)
 
 
 def require_ran(run: ScriptRun, what: str, stopped_ok: tuple[str, ...]) -> None:

@@ -144,7 +144,11 @@ def parse_size(text: str) -> int:
     value = _quantity(raw[: len(raw) - len(unit)])
     if value is None:
         raise UsageError(f"--max-size: expected a size >= 0 like 500M, 20G or 1T, got {text!r}")
-    return int(value * SIZE_UNITS[unit])
+    size = value * SIZE_UNITS[unit]
+    if size >= 2**63:  # 1e308T is infinite once multiplied
+        raise UsageError(f"--max-size: {text!r} is more bytes than any disk holds (at most 8388608T): give a size "
+                         "like 500M, 20G or 1T")
+    return int(size)
 
 
 def parse_age(text: str) -> float:
@@ -206,7 +210,6 @@ def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = 
     """
     cache = Path(cache)
     require_cache(cache, "prune", adopt)
-    gone = {e.path for e in chosen}
     with file_lock(cache / USE_LOCK, wait=False, purpose="prune needs the cache to itself"):
         manifest = load_manifest(cache)
         foreign = unvouched(cache, chosen, manifest)
@@ -215,12 +218,18 @@ def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = 
                              "not a compiler artifact): nothing deleted")
         mark = work_path(cache / PRUNE_MARK, "running")  # says, if we are killed, why files are missing
         mark.touch()
-        for e in chosen:
-            announce(e)
-            _remove_entry(cache, e.path, manifest)
-        if has_manifest(cache):
-            update_manifest(cache, lambda manifest: manifest.forget_entries(gone, utc_now()))
-        mark.unlink()
+        done: set[str] = set()
+        try:
+            for e in chosen:
+                announce(e)
+                _remove_entry(cache, e.path, manifest)
+                done.add(e.path)
+        finally:  # a deletion that failed (a protected file) is said now: not later as a killed prune
+            try:
+                if done and has_manifest(cache):
+                    update_manifest(cache, lambda manifest: manifest.forget_entries(done, utc_now()))
+            finally:
+                mark.unlink(missing_ok=True)
 
 
 def interrupted_prunes(cache: Path) -> list[Path]:

@@ -114,6 +114,11 @@ def load_manifest(cache: Path) -> Manifest:
     path = Path(cache) / MANIFEST
     if not path.exists() and not path.is_symlink():
         return Manifest()
+    try:  # unreadable (permissions) is not damaged: the advice below would lose a good manifest
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as exc:
+        raise RunError(f"{path}: the cache's manifest cannot be read ({exc.strerror or exc}): fix its "
+                       "permissions, or use the cache as a user who may read it; nothing was changed") from None
     try:
         data = reader.load(path, fmt="json", limit=MANIFEST_LIMIT)
     except UsageError as exc:  # not a regular file, too large, not JSON, nested too deeply
