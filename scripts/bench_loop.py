@@ -38,6 +38,7 @@ CANDIDATES: dict[str, dict] = {
     "lazy": {"train.step_compiler": "lazy", "optim.optimizer_impl": "for-loop"},
     "lazy-syncfree": {"train.step_compiler": "lazy", "optim.optimizer_impl": "for-loop", "syncfree": True},
     "lazy-foreach": {"train.step_compiler": "lazy", "optim.optimizer_impl": "foreach"},
+    "lazy-flat": {"train.step_compiler": "lazy", "optim.optimizer_impl": "flat"},
     # 4 steps per execution; logging every 2nd step gives every execution the same graph (see --warmup).
     "lazy-foreach-bpe4": {"train.step_compiler": "lazy", "optim.optimizer_impl": "foreach",
                           "data.batches_per_execution": 4, "log.log_every": 2},

@@ -131,7 +131,7 @@ check_neuron_cores() {
 # A run from a cold cache, precompile, then train --require-precompiled from the precompiled cache:
 # all complete? compile time with and without the cache, and (Neuron) the cache-hit lines.
 check_step_path() {
-    local path=$1 cache=$out/cache-$1 optim=for-loop run code=0
+    local path=$1 cache=$out/cache-$1 optim=flat run code=0  # each path with its default update
     [[ $path == dynamo-full ]] && optim=foreach
     run=(--step-compiler "$path" --optimizer-impl "$optim")
     limited "$out/raw/$path-cold.txt" "$PY" -m neuron_train train "${TRAIN[@]}" "${run[@]}" \

@@ -149,18 +149,18 @@ def test_digits_are_upscaled_once_to_the_pixels_of_one_by_one_upscaling():
 
 # --- the device-aware default step path (a pure function of the device kind: no device is faked) ---
 
-def test_neuron_device_defaults_to_the_samples_lazy_path_and_cpu_to_dynamo_full(tmp_path):
+def test_neuron_device_defaults_to_the_lazy_flat_path_and_cpu_to_dynamo_full(tmp_path):
     from neuron_train.training.config_io import save_config
 
     neuron, cpu = build_config(device_kind="NEURON"), build_config(device_kind="CPU")
-    assert (neuron.train.step_compiler, neuron.optim.optimizer_impl) == ("lazy", "for-loop")
+    assert (neuron.train.step_compiler, neuron.optim.optimizer_impl) == ("lazy", "flat")
     assert (cpu.train.step_compiler, cpu.optim.optimizer_impl) == ("dynamo-full", "foreach")
     # the run's saved config holds what the default resolved to, and a relaunch elsewhere keeps it
     save_config(neuron, tmp_path / "config.yaml")
     saved = (tmp_path / "config.yaml").read_text()
-    assert "step_compiler: lazy" in saved and "optimizer_impl: for-loop" in saved
+    assert "step_compiler: lazy" in saved and "optimizer_impl: flat" in saved
     argv = config_to_argv(neuron)
-    assert argv[argv.index("--step-compiler") + 1] == "lazy" and argv[argv.index("--optimizer-impl") + 1] == "for-loop"
+    assert argv[argv.index("--step-compiler") + 1] == "lazy" and argv[argv.index("--optimizer-impl") + 1] == "flat"
 
 
 @pytest.mark.parametrize("made_on, parsed_on", [("NEURON", "NEURON"), ("CPU", "NEURON"), ("NEURON", "CPU")])
@@ -179,7 +179,7 @@ def test_file_and_flags_override_the_device_default(tmp_path):
                          device_kind="NEURON")
     assert (flags.train.step_compiler, flags.optim.optimizer_impl) == ("dynamo-full", "foreach")
     from_file = build_config({"train": {"step_compiler": "dynamo"}}, device_kind="NEURON")
-    assert (from_file.train.step_compiler, from_file.optim.optimizer_impl) == ("dynamo", "for-loop")
+    assert (from_file.train.step_compiler, from_file.optim.optimizer_impl) == ("dynamo", "flat")
 
 
 def test_help_names_the_default_of_each_device():
@@ -187,7 +187,7 @@ def test_help_names_the_default_of_each_device():
     add_config_arguments(parser)
     helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
     assert helps["--step-compiler"].endswith("(default: dynamo-full on the CPU device; lazy on a Neuron device)")
-    assert helps["--optimizer-impl"].endswith("(default: foreach on the CPU device; for-loop on a Neuron device)")
+    assert helps["--optimizer-impl"].endswith("(default: foreach on the CPU device; flat on a Neuron device)")
     assert helps["--lr"].endswith("(default: 0.001)")
 
 

@@ -248,22 +248,27 @@ def test_world_size_disagreement_fails_loudly(world, joined, xla_world, bridge, 
 
 @pytest.mark.slow
 def test_every_step_path_trains_the_same_weights_and_resumes_the_others_checkpoints(tmp_path):
-    """The default step path (dynamo-full, foreach) against dynamo and against lazy for-loop (the path
-    Neuron's samples use): the same weights after 6 steps. And a checkpoint written by the lazy path
-    resumes under the default one (LR tensor, step counters moved) and ends at the same weights."""
+    """The default step path (dynamo-full, foreach) against dynamo, lazy for-loop (the path Neuron's
+    samples use) and lazy flat (Neuron's default): the same weights after 6 steps, the flat path with
+    the lazy path's graph count. And checkpoints written by the lazy paths resume under another path
+    (LR tensor, step counters moved; flat buckets to torch's per-tensor state) at the same weights."""
     common = ["--eval-every", "100", "--warmup-steps", "2", "--schedule", "constant"]
     paths = {"default": [], "dynamo": ["--step-compiler", "dynamo"],
-             "lazy": ["--step-compiler", "lazy", "--optimizer-impl", "for-loop"]}
+             "lazy": ["--step-compiler", "lazy", "--optimizer-impl", "for-loop"],
+             "flat": ["--step-compiler", "lazy", "--optimizer-impl", "flat"]}
     for name, extra in paths.items():
         proc = run_train(tmp_path / name, *NANO, *common, "--max-steps", "6", *extra)
         assert proc.returncode == 0, proc.stderr[-2000:]
     default = final_weights(tmp_path / "default")
-    for name in ("dynamo", "lazy"):
+    for name in ("dynamo", "lazy", "flat"):
         assert_same_weights(final_weights(tmp_path / name), default, atol=1e-4)
-    out = tmp_path / "switched"
-    first = run_train(out, *NANO, *common, "--max-steps", "3", *paths["lazy"])
-    assert first.returncode == 0, first.stderr[-2000:]
-    resumed = run_train(out, *NANO, *common, "--max-steps", "6", "--resume", "--check-graphs")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert summary_of(out)["steps"] == 6
-    assert_same_weights(final_weights(out), default, atol=1e-4)
+    graphs = {name: summary_of(tmp_path / name)["compile_count"] for name in ("lazy", "flat")}
+    assert graphs["flat"] == graphs["lazy"], graphs
+    for first_path, then in (("lazy", []), ("flat", paths["lazy"])):
+        out = tmp_path / f"switched-{first_path}"
+        first = run_train(out, *NANO, *common, "--max-steps", "3", *paths[first_path])
+        assert first.returncode == 0, first.stderr[-2000:]
+        resumed = run_train(out, *NANO, *common, "--max-steps", "6", "--resume", "--check-graphs", *then)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert summary_of(out)["steps"] == 6
+        assert_same_weights(final_weights(out), default, atol=1e-4)

@@ -24,12 +24,13 @@ PRECISIONS = ("fp32", "bf16-autocast", "bf16", *LEGACY_BF16_PRECISIONS)
 DATASETS = ("digits", "synthetic", "folder")
 # Defaults that depend on the device a run trains on (PJRT device kind -> {"section.field": value}),
 # declared here once: config_io applies them under file values and flags, --help shows them, and the
-# run's saved config.yaml holds the values they resolved to. On a Neuron device the step path is the
-# one aws-neuron-samples use (lazy tensors, torch.optim's per-tensor update: 4 graphs to compile
-# instead of dynamo-full's 12), because the Neuron SDK 2.29.1 documentation says torch.compile support
-# for torch 2.9 "will be available in a future release"; the CPU XLA device keeps dynamo-full.
+# run's saved config.yaml holds the values they resolved to. On a Neuron device the step is traced
+# lazily, as aws-neuron-samples do (4 graphs to compile instead of dynamo-full's 12), because the Neuron
+# SDK 2.29.1 documentation says torch.compile support for torch 2.9 "will be available in a future
+# release"; its update is the flat one (flat_optim.py), which traces ~10x fewer ops than torch's
+# per-tensor AdamW the samples run (scripts/bench_trace.py). The CPU XLA device keeps dynamo-full.
 DEVICE_DEFAULTS: dict[str, dict[str, str]] = {
-    "NEURON": {"train.step_compiler": "lazy", "optim.optimizer_impl": "for-loop"},
+    "NEURON": {"train.step_compiler": "lazy", "optim.optimizer_impl": "flat"},
 }
 _DEVICE_NAMES = {"NEURON": "a Neuron device"}
 
@@ -143,8 +144,10 @@ class OptimConfig:
     zero1: bool = opt(False, "shard optimizer state across data-parallel ranks (ZeRO-1)", graph=Graph("ZeRO-1"))
     optimizer_impl: str = opt("foreach", "foreach: torch's multi-tensor update and clipping (a few "
                               "large ops to trace); for-loop: one update per tensor (what torch "
-                              "picks by itself for XLA tensors, and Neuron's samples run)",
-                              choices=("foreach", "for-loop"), graph=Graph("optimizer implementation"))
+                              "picks by itself for XLA tensors, and Neuron's samples run); flat: "
+                              "weights and gradients concatenated, clipped and updated in one piece "
+                              "per bucket (the fewest ops to trace; the update is traced lazily)",
+                              choices=("foreach", "for-loop", "flat"), graph=Graph("optimizer implementation"))
 
     def validate(self) -> None:
         _need(self.lr > 0, f"--lr must be > 0, got {self.lr}")

@@ -109,6 +109,12 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, backend: Backend |
         cls = torch.optim.SGD if sgd else torch.optim.AdamW
         defaults = {"lr": cfg.lr, "momentum": cfg.momentum} if sgd else {"lr": cfg.lr}
         return build_zero1(groups, cls, defaults, max_norm=cfg.grad_clip, backend=backend)
+    if cfg.optimizer_impl == "flat":  # concatenated buckets: the fewest ops to trace (flat_optim.py)
+        from neuron_train.training.flat_optim import FlatAdamW, FlatSGD
+
+        if sgd:
+            return FlatSGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+        return FlatAdamW(groups, lr=cfg.lr)
     # torch picks the per-tensor loop for XLA tensors by itself; foreach traces one op per group.
     foreach = cfg.optimizer_impl == "foreach"
     lr: float | torch.Tensor = torch.tensor(cfg.lr, device=decay[0].device) if captured else cfg.lr

@@ -26,6 +26,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
 from neuron_train.training.device import Backend
+from neuron_train.training.flat_optim import FlatOptimizer
 from neuron_train.training.optim import build_optimizer, clip_grad_norm
 from neuron_train.training.tasks import Task
 
@@ -80,7 +81,9 @@ class StepPath:
         # ZeRO-1 updates its own way. The legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 modes make every f32
         # tensor bf16 on the device, where a captured AdamW's bias correction 1 - 0.999**t rounds to 0
         # (NaN weights): there the update is traced lazily, its corrections computed on the host.
-        captured_update = (compiler == "dynamo-full" and not optim.zero1
+        # The flat update keeps its step counter on the host (as torch's lazy AdamW does): a captured
+        # graph would guard on it, so it is traced lazily too.
+        captured_update = (compiler == "dynamo-full" and not optim.zero1 and optim.optimizer_impl != "flat"
                            and cfg.train.precision not in LEGACY_BF16_PRECISIONS)
         self.model, self.clip = model, optim.grad_clip
         self.ema = ema
@@ -90,12 +93,15 @@ class StepPath:
         self.update = _captured(self._update) if captured_update else self._update
 
     def _update(self) -> torch.Tensor:
-        params: list[torch.Tensor] = list(self.model.parameters())
-        if self.clip:
-            grad_norm = clip_grad_norm(params, self.clip, foreach=self.foreach)
+        if isinstance(self.optimizer, FlatOptimizer):  # clipping is part of the flat update
+            grad_norm = self.optimizer.clip_and_step(self.clip)
         else:
-            grad_norm = torch.zeros((), device=params[0].device)
-        self.optimizer.step()
+            params: list[torch.Tensor] = list(self.model.parameters())
+            if self.clip:
+                grad_norm = clip_grad_norm(params, self.clip, foreach=self.foreach)
+            else:
+                grad_norm = torch.zeros((), device=params[0].device)
+            self.optimizer.step()
         if self.ema is not None:  # --model-ema: one lerp of the flat average, no host read (ema.py)
             self.ema.update()
         return grad_norm

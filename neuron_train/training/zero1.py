@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from neuron_train.common.errors import UsageError
+from neuron_train.training.flat_optim import FlatOptimizer
 
 if TYPE_CHECKING:
     from neuron_train.training.device import Backend
@@ -63,6 +64,8 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     Reads shapes and dtypes only: no device transfer.
     """
     base = getattr(optimizer, "base_optimizer", optimizer)
+    if isinstance(base, FlatOptimizer):  # --optimizer-impl flat: its state is flat buckets
+        return {"optimizer_state_bytes": sum(_nbytes(t) for t in base.state_tensors()), "master_weight_bytes": 0}
     moments = sum(_nbytes(t) for s in base.state.values() for t in s.values() if isinstance(t, torch.Tensor))
     master = 0
     if base is not optimizer:  # ZeRO-1: the shards the base optimizer updates are fp32 copies
