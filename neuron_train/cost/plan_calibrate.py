@@ -235,10 +235,34 @@ def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: flo
     return calib, relative_error(first, measured), warning
 
 
+def workload_differences(bench: dict, batch: float, img_size: int | None, precision: str | None) -> list[str]:
+    """What the bench measured that this plan's workload does not do (unknown on either side: not compared)."""
+    out = []
+    if bench["batch_size_per_device"] != batch:
+        out.append(f"batch size {bench['batch_size_per_device']} per device, this plan {batch:g}")
+    bench_img = bench["model"].get("img_size")
+    if bench_img is not None and img_size is not None and bench_img != img_size:
+        out.append(f"image size {bench_img}, this plan {img_size}")
+    if precision is not None and bench["precision"].lower() != precision.lower():
+        out.append(f"precision {bench['precision']}, this plan {precision}")
+    return out
+
+
+def check_workload(bench: dict, where: str, batch: float, img_size: int | None, precision: str | None) -> None:
+    """A bench of another batch size, image size or precision measured another workload: its rate
+    would re-fit the device on the wrong step. Refused, naming the difference."""
+    diff = workload_differences(bench, batch, img_size, precision)
+    if diff:
+        raise UsageError(f"--calibrate {where} measured {'; '.join(diff)}: calibrate with a bench of the same "
+                         "workload (or plan the bench's batch size, image size and precision)")
+
+
 def calibration(w: WorkloadFigures, bench: dict | None, known: dict[str, Target],
-                where: str | None) -> tuple[Calibration, float | None, list[str]]:
+                where: str | None, processes: int | None = None) -> tuple[Calibration, float | None, list[str]]:
     """The published calibration, or with a bench result (`load_calibration`, read from `where`) the
-    device side re-fitted on it: (calibration, how far the first estimate was off or None, what to tell)."""
+    device side re-fitted on it: (calibration, how far the first estimate was off or None, what to tell).
+    A bench run with another number of processes than this plan gives its type is accepted: the re-fit
+    uses the bench's own processes, and the band is doubled (the other count is extrapolated)."""
     calib = published_calibration()
     if bench is None:
         return calib, None, []
@@ -247,6 +271,11 @@ def calibration(w: WorkloadFigures, bench: dict | None, known: dict[str, Target]
     calib, first_off, warning = recalibrated(calib, w, t, measured, bench["world_size"], str(where))
     lines = [f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
              f"({measured:.1f} samples/s measured); device side re-fitted: {calib.fraction[w.mode]:.1%} of peak"]
+    planned = min(processes or t.cores, t.cores)
+    if bench["world_size"] != planned:
+        calib = dataclasses.replace(calib, band={**calib.band, w.mode: 2 * calib.band[w.mode]})
+        lines.append(f"plan: warning: {where} ran {bench['world_size']} process(es) on {t.instance_type}, this plan "
+                     f"{planned}: the re-fit is extrapolated, its range doubled to x/{1 + calib.band[w.mode]:.2f}")
     return calib, first_off, lines + ([f"plan: warning: {warning}"] if warning else [])
 
 

@@ -115,6 +115,18 @@ def _step_fn(model: torch.nn.Module, mode: str, precision: str) -> StepFn:
     return step
 
 
+def graphs_per_step(execution: str, mode: str) -> int:
+    """Graph calls the host makes per step: a dynamo-full training step replays two captured graphs
+    (forward/backward, then the update); anything else one."""
+    return 2 if execution == "replay" and mode == "train" else 1
+
+
+def compiler_precision(neuron_cc_flags: str, graph_precision: str) -> str:
+    """What the matrix units run: neuronx-cc casts matmuls to bf16 by default (--auto-cast matmult);
+    `--auto-cast none` (or `--auto-cast=none`) keeps the graph's own precision."""
+    return graph_precision if "--auto-cast none" in neuron_cc_flags.replace("=", " ") else "bf16"
+
+
 def default_execution(mode: str, step_compiler: str | None = None) -> str:
     """How the target runs the step when the user does not say (plan --execution): inference as the
     published rows run it (a compiled model), training as our loop's --step-compiler says (lazy for a COMMAND)."""
@@ -171,9 +183,7 @@ def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = No
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
         activation_bytes=activations, host_input_s=host_input, loader_workers=cfg.data.workers(),
-        execution=execution, hlo_instructions=hlo.instructions,
-        # dynamo-full replays two captured graphs a step (forward/backward, then the update)
-        graphs_per_step=2 if execution == "replay" and train else 1,
+        execution=execution, hlo_instructions=hlo.instructions, graphs_per_step=graphs_per_step(execution, mode),
         measured_by="counted on the CPU XLA device of this machine (one step traced, not run)")
     return figures, {"parameters": n, "num_classes": data.num_classes, "train_samples": len(cast(Sized, data.train)),
                      "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions, "instructions": hlo.instructions,
@@ -280,8 +290,7 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
     n = f.parameters
     legacy_bf16 = os.environ.get("XLA_USE_BF16") == "1" or os.environ.get("XLA_DOWNCAST_BF16") == "1"
     weights = n * (2 if legacy_bf16 else 4)
-    cast = os.environ.get("NEURON_CC_FLAGS", "").replace("=", " ")
-    precision = hlo.precision if "--auto-cast none" in cast else "bf16"   # neuronx-cc's default: matmult in bf16
+    precision = compiler_precision(os.environ.get("NEURON_CC_FLAGS", ""), hlo.precision)
     figures = WorkloadFigures(
         name=name or script_bench.script_name(command), mode=mode, flops_per_step=hlo.flops, precision=precision,
         conv_flops=hlo.conv_flops, input_bytes=4.0 * math.prod(f.batch_shape or [0]),  # 4 bytes an element: assumed
