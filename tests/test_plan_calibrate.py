@@ -183,7 +183,9 @@ def test_a_plan_never_writes_over_its_own_calibrate_input(tmp_path, monkeypatch)
     mine.write_text(json.dumps(data))
     (tmp_path / "link.json").symlink_to(mine)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(plan, "_measure_loop", lambda *a: pytest.fail("the step was measured"))
+    from neuron_train.cost import plan_measure
+
+    monkeypatch.setattr(plan_measure, "measure_or_count", lambda *a: pytest.fail("the step was measured"))
     parser = argparse.ArgumentParser()
     plan.configure_parser(parser)
     for output in ("bench.json", str(mine), "link.json", "./sub/../bench.json"):
