@@ -194,3 +194,13 @@ def test_a_plan_never_writes_over_its_own_calibrate_input(tmp_path, monkeypatch)
         with pytest.raises(UsageError, match="is the --calibrate input"):
             plan.main(args)
     assert json.loads(mine.read_text()) == data
+
+
+def test_a_refit_far_from_the_published_fraction_warns(shipped):
+    """A bench at a tenth of the estimate (as a 32-core row that ran 2 workers re-fits to ~3% of peak)."""
+    t = plan_data.targets()["trn1.2xlarge"]
+    w = workload(mode="infer", execution="compiled", host_input_s=0.0, grad_bytes=0.0)
+    rate = estimate(w, t, shipped).samples_per_sec
+    _, _, far = plan_calibrate.recalibrated(shipped, w, t, rate / 10, 2, "bench.json")
+    _, _, near = plan_calibrate.recalibrated(shipped, w, t, rate / 2, 2, "bench.json")
+    assert far and "far from the 36.6% the published rows achieve" in far and near is None

@@ -207,6 +207,9 @@ def published_calibration(fitted: list[Fitted] | None = None) -> Calibration:
 
 
 FIT_BOUNDS = (1e-5, 1.0)   # fit_fraction's search range: a fit at either end reproduces nothing
+# A re-fit more than 3x from the published fraction: the published rows span 0.27-0.59 (inference) of peak,
+# so 3x either way means the bench measured something else (another process count, a host-bound step).
+FAR_FROM_PUBLISHED = 3.0
 
 
 def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: float, processes: int,
@@ -232,6 +235,10 @@ def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: flo
     elif fraction >= FIT_BOUNDS[1] * 0.999 or fraction <= FIT_BOUNDS[0] * 1.001:
         warning = (f"the re-fit stopped at {fraction:.1%} of peak, a bound of its range: the bench on "
                    f"{t.instance_type} is not explained by device compute; treat the other types' figures with care")
+    elif not 1 / FAR_FROM_PUBLISHED <= fraction / base.fraction[w.mode] <= FAR_FROM_PUBLISHED:
+        warning = (f"the re-fit puts the device at {fraction:.1%} of peak, far from the {base.fraction[w.mode]:.1%} "
+                   f"the published rows achieve: check the bench ran what this plan assumes ({processes} process(es) "
+                   f"on {t.instance_type}; the published big-instance inference rows ran 2 workers, not one per core)")
     return calib, relative_error(first, measured), warning
 
 
