@@ -204,3 +204,23 @@ def test_a_refit_far_from_the_published_fraction_warns(shipped):
     _, _, far = plan_calibrate.recalibrated(shipped, w, t, rate / 10, 2, "bench.json")
     _, _, near = plan_calibrate.recalibrated(shipped, w, t, rate / 2, 2, "bench.json")
     assert far and "far from the 36.6% the published rows achieve" in far and near is None
+
+
+@pytest.mark.slow
+def test_a_commands_plan_takes_the_execution_it_is_told(tmp_path):
+    """`plan --execution compiled -- COMMAND`: the target dispatches a compiled graph, whatever the
+    script's own loop traces (issue 40 item 8: a mutant ignoring the flag survived)."""
+    import shutil
+    import sys
+
+    from conftest import ROOT
+    from test_plan import nt
+
+    shutil.copytree(ROOT / "tests" / "fixtures" / "byos", tmp_path / "w")
+    out = tmp_path / "plan.json"
+    proc = nt("--instances", "trn1.2xlarge", "--execution", "compiled", "--output", str(out), "--",
+              sys.executable, "mp_loader_loop.py", cwd=tmp_path / "w")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["execution"] == "compiled"
+    assert doc["results"][0]["estimate"]["parts_ms"]["host_rest"] == pytest.approx(0.1)   # one 0.1 ms dispatch
