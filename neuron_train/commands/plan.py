@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import shlex
 
 from neuron_train.common.errors import UsageError
@@ -107,8 +108,17 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
 
 
+def _not_the_calibration(args: argparse.Namespace) -> None:
+    """--output naming the --calibrate input (even through another name or a link) would replace the
+    bench result the plan is calibrated on: refused, with or without --force."""
+    if args.output and args.calibrate and os.path.realpath(args.output) == os.path.realpath(args.calibrate):
+        raise UsageError(f"--output {args.output} is the --calibrate input: write the plan to another file "
+                         "(the bench result is kept)")
+
+
 def main(args: argparse.Namespace) -> int:
     # Everything that can be refused is refused before the run: a late failure would lose it.
+    _not_the_calibration(args)
     output = new_output(args.output, "--output", replace=args.force, create_folder=True) if args.output else None
     _check_flags(args)
     command, cfg = _workload_source(args)
@@ -131,6 +141,8 @@ def main(args: argparse.Namespace) -> int:
         w, details = measure_script(command, steps=args.steps, samples_flag=args.samples_per_step, mode=args.mode,
                                     name=args.workload, execution=args.execution)
         img, dataset, precision = image_size(details.get("batch_shape")), UNKNOWN, UNKNOWN
+        if bench is not None:  # the step's batch is known once it ran
+            plan_calibrate.check_workload(bench, args.calibrate, w.samples_per_step, img, None)
         epoch_samples = args.epoch_samples
         line = ["--steps", str(args.steps), "--", *command]
     else:
@@ -138,11 +150,14 @@ def main(args: argparse.Namespace) -> int:
         from neuron_train.training.device import resolve_precision  # imports torch: only here
 
         cfg = resolve_precision(cfg)
+        if bench is not None:  # refused before the step is traced
+            plan_calibrate.check_workload(bench, args.calibrate, cfg.train.batch_size, cfg.model.img_size,
+                                          cfg.train.precision)
         w, details = _measure_loop(args, cfg)
         img, dataset, precision = cfg.model.img_size, cfg.data.dataset, cfg.train.precision
         epoch_samples = args.epoch_samples or details.get("train_samples")
         line = config_to_argv(cfg)
-    calib, first_off, told = plan_calibrate.calibration(w, bench, known, args.calibrate)
+    calib, first_off, told = plan_calibrate.calibration(w, bench, known, args.calibrate, processes)
     for text in told:
         print(text, flush=True)
     ests = estimate_all(w, chosen, calib, processes, epoch_samples)

@@ -6,36 +6,58 @@ encoder pairs, with the price-performance ranking of each pair (docs/plan.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
 
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
-from neuron_train.cost.plan_data import PublishedRow, load_published, published_workload, targets
-from neuron_train.cost.plan_model import Calibration, Target, WorkloadFigures, estimate
+from neuron_train.cost.plan_data import (
+    PublishedRow,
+    load_published,
+    newest,
+    processes,
+    published_workload,
+    targets,
+)
+from neuron_train.cost.plan_model import (
+    HOST,
+    Calibration,
+    HostCosts,
+    Target,
+    WorkloadFigures,
+    allreduce_s,
+    estimate,
+)
 from neuron_train.cost.schema import RESULT_LIMIT, validate_result
 
 MODES = ("train", "infer")
 BAND_PERCENTILE = 0.8     # the error band: 4 in 5 published rows, left out, fell within it
 
 
-def predicted(w: WorkloadFigures, t: Target, fraction: float, processes: int | None = None) -> float:
+def predicted(w: WorkloadFigures, t: Target, fraction: float, processes: int | None = None,
+              host: HostCosts = HOST) -> float:
     """Samples/s the model predicts at this fraction of peak (the real estimate, no band)."""
-    calib = Calibration({w.mode: fraction}, {w.mode: 0.0}, "fit")
+    calib = Calibration({w.mode: fraction}, {w.mode: 0.0}, "fit", host)
     return estimate(w, t, calib, processes).samples_per_sec or 0.0
 
 
-def fit_fraction(w: WorkloadFigures, t: Target, measured: float, processes: int | None = None) -> float:
+def fit_fraction(w: WorkloadFigures, t: Target, measured: float, processes: int | None = None,
+                 host: HostCosts = HOST) -> float:
     """The fraction of peak at which the estimate matches a measured rate (bisection in log space;
-    1.0 when even the full peak is too slow: the row is then bound elsewhere, e.g. memory)."""
+    1.0 when even the full peak is too slow: the row is then bound elsewhere, e.g. memory or host)."""
     low, high = FIT_BOUNDS
-    if predicted(w, t, high, processes) <= measured:
+    if predicted(w, t, high, processes, host) <= measured:
         return high
     for _ in range(60):
         mid = math.sqrt(low * high)
-        low, high = (mid, high) if predicted(w, t, mid, processes) < measured else (low, mid)
+        low, high = (mid, high) if predicted(w, t, mid, processes, host) < measured else (low, mid)
     return math.sqrt(low * high)
+
+
+# A training row's fraction of peak as if the device were all its step (no host term): a lower bound.
+DEVICE_ONLY = HostCosts(trace_s_per_instruction=0.0, image_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -44,9 +66,15 @@ class Fitted:
     workload: WorkloadFigures
     target: Target
     fraction: float
+    processes: int
 
-    def rate(self, fraction: float) -> float:
-        return predicted(self.workload, self.target, fraction) * self.row.nodes
+    def rate(self, fraction: float, host: HostCosts = HOST) -> float:
+        return predicted(self.workload, self.target, fraction, self.processes, host) * self.row.nodes
+
+    @property
+    def step_s(self) -> float:
+        """The published step time of one process (samples per step x processes x nodes / the rate)."""
+        return self.workload.samples_per_step * self.processes * self.row.nodes / self.row.samples_per_sec
 
 
 def fitted_rows(rows: list[PublishedRow] | None = None) -> list[Fitted]:
@@ -59,9 +87,27 @@ def fitted_rows(rows: list[PublishedRow] | None = None) -> list[Fitted]:
     tgt = targets()
     out = []
     for r in (r for r in rows if r.model_shards == 1):
-        w, t = published_workload(r, archs[r.arch]), tgt[r.instance_type]
-        out.append(Fitted(r, w, t, fit_fraction(w, t, r.samples_per_sec / r.nodes)))
+        t = tgt[r.instance_type]
+        w, procs = published_workload(r, archs[r.arch], t.cores), processes(r, t.cores)
+        host = DEVICE_ONLY if r.mode == "train" else HOST
+        out.append(Fitted(r, w, t, fit_fraction(w, t, r.samples_per_sec / r.nodes, procs, host), procs))
     return out
+
+
+def fit_host(fitted: list[Fitted]) -> HostCosts:
+    """The target host's tracing and image costs from the newest published training rows: a step cannot
+    be shorter than its trace, so the tracing cost is the smallest step time per counted instruction of
+    any row (the row that attains it is host-bound); the image cost likewise, from the image rows' step
+    time left after their trace. The defaults (HOST) when no training row has counted instructions."""
+    train = [f for f in fitted if f.row.mode == "train" and f.workload.hlo_instructions]
+    if not train:
+        return HOST
+    def spare(f: Fitted) -> float:   # the step time left after its all-reduce share
+        return f.step_s - allreduce_s(f.workload.grad_bytes, f.processes, f.target) / f.workload.grad_accumulation
+    trace = min(spare(f) / f.workload.hlo_instructions for f in train)
+    images = [max(spare(f) - trace * f.workload.hlo_instructions, 0.0) / f.workload.decoded_images
+              for f in train if f.workload.decoded_images]
+    return dataclasses.replace(HOST, trace_s_per_instruction=trace, image_s=min(images, default=HOST.image_s))
 
 
 def pooled_fraction(fractions: list[float]) -> float:
@@ -84,16 +130,31 @@ def pooled(fitted: list[Fitted], mode: str, conv: bool) -> float | None:
     return pooled_fraction(same) if same else None
 
 
-def leave_one_out(fitted: list[Fitted], mode: str) -> list[tuple[Fitted, float]]:
-    """Each row of the mode predicted from the fraction fitted on the rows of other architectures (a
-    user's model is not in the calibration: its architecture's other rows must not be either), of its
-    kind (dots or convolutions; all of the mode when it is the only one of its kind): (row, error)."""
-    rows = [f for f in fitted if f.row.mode == mode]
-    out = []
-    for f in rows:
-        others = [o for o in rows if o.row.arch != f.row.arch]
-        fraction = pooled(others, mode, is_conv(f)) or pooled_fraction([o.fraction for o in others])
-        out.append((f, relative_error(f.rate(fraction), f.row.samples_per_sec)))
+def fit(fitted: list[Fitted]) -> tuple[dict[str, float], HostCosts]:
+    """The device's fractions of peak and the target host's costs, from the newest row of each workload.
+    The fractions come from the inference rows (compiled models: the device is all their step); a
+    training step runs on the same matrix units at the same fraction, and its rows calibrate the host
+    (every published training row is bound by its host at the inference fraction: docs/plan.md)."""
+    rows = [f.row for f in fitted]
+    fresh = [f for f in fitted if f.row in set(newest(rows))]
+    dots, conv = pooled(fresh, "infer", False), pooled(fresh, "infer", True)
+    fraction = {"infer": dots or conv or 1.0, "train": dots or conv or 1.0}
+    if conv is not None:
+        fraction.update({"infer-conv": conv, "train-conv": conv})
+    return fraction, fit_host(fresh)
+
+
+def leave_one_out(fitted: list[Fitted], mode: str, strict: bool = False) -> list[tuple[Fitted, float]]:
+    """Each row of the mode, every release, predicted from the fractions fitted on the rows of other
+    architectures only (a user's model is not in the calibration: its architecture's other rows, of
+    either mode, must not be either): (row, error). The host costs are those of every row, as a user's
+    new model gets them; `strict` fits them without the row's architecture too (the tracing cost is
+    then unknown when the left-out architecture is the only host-bound one: docs/plan.md)."""
+    out, shipped = [], fit(fitted)[1]
+    for f in (f for f in fitted if f.row.mode == mode):
+        fraction, host = fit([o for o in fitted if o.row.arch != f.row.arch])
+        kind = f"{mode}-conv" if is_conv(f) and f"{mode}-conv" in fraction else mode
+        out.append((f, relative_error(f.rate(fraction[kind], host if strict else shipped), f.row.samples_per_sec)))
     return out
 
 
@@ -133,22 +194,22 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def published_calibration(fitted: list[Fitted] | None = None) -> Calibration:
-    """The shipped calibration: per mode, the pooled fraction of every published row of that mode,
-    and an error band from leave-one-out."""
+    """The shipped calibration: the fractions and host costs fitted on the newest row of every published
+    workload (`fit`), and per mode an error band from leave-architecture-out over every release's row
+    (so it holds the release drift too)."""
     fitted = fitted if fitted is not None else fitted_rows()
-    fraction, band = {}, {}
-    for mode in MODES:
-        dots, conv = pooled(fitted, mode, False), pooled(fitted, mode, True)
-        fraction[mode] = dots or conv or 1.0
-        if conv is not None:
-            fraction[f"{mode}-conv"] = conv
-        band[mode] = percentile([factor_error(e) for _, e in leave_one_out(fitted, mode)], BAND_PERCENTILE)
+    fraction, host = fit(fitted)
+    band = {mode: percentile([factor_error(e) for _, e in leave_one_out(fitted, mode)], BAND_PERCENTILE)
+            for mode in MODES}
     count = {m: sum(f.row.mode == m for f in fitted) for m in MODES}
     return Calibration(fraction, band, f"published Neuron rows ({count['train']} training, {count['infer']} "
-                                       "inference; neuron_train/data/plan_published.yaml)")
+                                       "inference; neuron_train/data/plan_published.yaml)", host)
 
 
 FIT_BOUNDS = (1e-5, 1.0)   # fit_fraction's search range: a fit at either end reproduces nothing
+# A re-fit more than 3x from the published fraction: the published rows span 0.27-0.59 (inference) of peak,
+# so 3x either way means the bench measured something else (another process count, a host-bound step).
+FAR_FROM_PUBLISHED = 3.0
 
 
 def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: float, processes: int,
@@ -158,13 +219,13 @@ def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: flo
     cross-instance error of the published pairs (same chip, other host). The warning says when the
     re-fit stopped at a bound of the fraction of peak, or does not reproduce the benched type's own
     rate: the device is then not what limits the estimate, and its rate is not to be trusted."""
-    first = predicted(w, t, base.fraction[w.mode], processes)
-    fraction = fit_fraction(w, t, measured, processes)
+    first = predicted(w, t, base.fraction[w.mode], processes, base.host)
+    fraction = fit_fraction(w, t, measured, processes, base.host)
     pairs = cross_predict(fitted_rows())
     band = percentile([factor_error(p.error) for p in pairs], BAND_PERCENTILE)
     # the bench's fraction for both kinds: one measurement cannot tell dots from convolutions
     calib = Calibration({**base.fraction, w.mode: fraction, f"{w.mode}-conv": fraction}, {**base.band, w.mode: band},
-                        f"re-fitted on {where} ({measured:.1f} samples/s on {t.instance_type})")
+                        f"re-fitted on {where} ({measured:.1f} samples/s on {t.instance_type})", base.host)
     refit = estimate(w, t, calib, processes)
     warning = None
     if refit.samples_per_sec is None or abs(refit.samples_per_sec / measured - 1) > 0.01:
@@ -174,13 +235,41 @@ def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: flo
     elif fraction >= FIT_BOUNDS[1] * 0.999 or fraction <= FIT_BOUNDS[0] * 1.001:
         warning = (f"the re-fit stopped at {fraction:.1%} of peak, a bound of its range: the bench on "
                    f"{t.instance_type} is not explained by device compute; treat the other types' figures with care")
+    elif not 1 / FAR_FROM_PUBLISHED <= fraction / base.fraction[w.mode] <= FAR_FROM_PUBLISHED:
+        warning = (f"the re-fit puts the device at {fraction:.1%} of peak, far from the {base.fraction[w.mode]:.1%} "
+                   f"the published rows achieve: check the bench ran what this plan assumes ({processes} process(es) "
+                   f"on {t.instance_type}; the published big-instance inference rows ran 2 workers, not one per core)")
     return calib, relative_error(first, measured), warning
 
 
+def workload_differences(bench: dict, batch: float, img_size: int | None, precision: str | None) -> list[str]:
+    """What the bench measured that this plan's workload does not do (unknown on either side: not compared)."""
+    out = []
+    if bench["batch_size_per_device"] != batch:
+        out.append(f"batch size {bench['batch_size_per_device']} per device, this plan {batch:g}")
+    bench_img = bench["model"].get("img_size")
+    if bench_img is not None and img_size is not None and bench_img != img_size:
+        out.append(f"image size {bench_img}, this plan {img_size}")
+    if precision is not None and bench["precision"].lower() != precision.lower():
+        out.append(f"precision {bench['precision']}, this plan {precision}")
+    return out
+
+
+def check_workload(bench: dict, where: str, batch: float, img_size: int | None, precision: str | None) -> None:
+    """A bench of another batch size, image size or precision measured another workload: its rate
+    would re-fit the device on the wrong step. Refused, naming the difference."""
+    diff = workload_differences(bench, batch, img_size, precision)
+    if diff:
+        raise UsageError(f"--calibrate {where} measured {'; '.join(diff)}: calibrate with a bench of the same "
+                         "workload (or plan the bench's batch size, image size and precision)")
+
+
 def calibration(w: WorkloadFigures, bench: dict | None, known: dict[str, Target],
-                where: str | None) -> tuple[Calibration, float | None, list[str]]:
+                where: str | None, processes: int | None = None) -> tuple[Calibration, float | None, list[str]]:
     """The published calibration, or with a bench result (`load_calibration`, read from `where`) the
-    device side re-fitted on it: (calibration, how far the first estimate was off or None, what to tell)."""
+    device side re-fitted on it: (calibration, how far the first estimate was off or None, what to tell).
+    A bench run with another number of processes than this plan gives its type is accepted: the re-fit
+    uses the bench's own processes, and the band is doubled (the other count is extrapolated)."""
     calib = published_calibration()
     if bench is None:
         return calib, None, []
@@ -189,6 +278,11 @@ def calibration(w: WorkloadFigures, bench: dict | None, known: dict[str, Target]
     calib, first_off, warning = recalibrated(calib, w, t, measured, bench["world_size"], str(where))
     lines = [f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
              f"({measured:.1f} samples/s measured); device side re-fitted: {calib.fraction[w.mode]:.1%} of peak"]
+    planned = min(processes or t.cores, t.cores)
+    if bench["world_size"] != planned:
+        calib = dataclasses.replace(calib, band={**calib.band, w.mode: 2 * calib.band[w.mode]})
+        lines.append(f"plan: warning: {where} ran {bench['world_size']} process(es) on {t.instance_type}, this plan "
+                     f"{planned}: the re-fit is extrapolated, its range doubled to x/{1 + calib.band[w.mode]:.2f}")
     return calib, first_off, lines + ([f"plan: warning: {warning}"] if warning else [])
 
 

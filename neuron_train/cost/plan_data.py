@@ -94,14 +94,46 @@ class PublishedRow:
     sdk: str
     file: str
     model_shards: int = 1
+    workers: int | None = None        # processes per instance as the row ran (None: one per NeuronCore)
+    global_batch: int | None = None   # training: samples per update over every core and node (accumulation)
+    setup: str | None = None          # training: the table's "Training Data-Type" (Autocast:BF16+SR, FP32, ...)
+    optimizer: str | None = None
+
+    @property
+    def workload_key(self) -> tuple:
+        """What a row measures, release aside: rows with the same key are one workload at several releases."""
+        return (self.model, self.mode, self.instance_type, self.nodes, self.batch_per_core, self.seq, self.setup,
+                self.global_batch, self.optimizer, self.workers)
+
+    @property
+    def release(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.sdk.split("."))
 
     @property
     def label(self) -> str:
-        return f"{self.model} on {self.instance_type}" + (f" x {self.nodes}" if self.nodes > 1 else "")
+        setup = f" ({self.setup}, microbatch {self.batch_per_core})" if self.setup else ""
+        return (f"{self.model}{setup} on {self.instance_type}" + (f" x {self.nodes}" if self.nodes > 1 else "")
+                + f" [{self.sdk}]")
+
+
+def newest(rows: list[PublishedRow]) -> list[PublishedRow]:
+    """The newest release's row of each workload (the calibration's rows; older releases measure the drift)."""
+    best: dict[tuple, PublishedRow] = {}
+    for r in rows:
+        if r.workload_key not in best or r.release > best[r.workload_key].release:
+            best[r.workload_key] = r
+    return list(best.values())
+
+
+def processes(row: PublishedRow, cores: int) -> int:
+    """The processes per instance the row ran: its workers when the table says, else one per NeuronCore."""
+    return row.workers or cores
 
 
 def forward_flops(arch: dict, seq: int | None) -> float:
     """Forward FLOPs of one sample from the architecture's sizes (the formula in plan_published.yaml)."""
+    if arch["kind"] == "counted":     # no formula: a third of the training step's counted FLOPs
+        return arch["train_gflops"] * 1e9 / 3
     if arch["kind"] == "cnn":
         return 2 * arch["gmacs"] * 1e9
     tokens = arch.get("tokens") or seq
@@ -118,10 +150,14 @@ def load_published(path: Path = PUBLISHED_PATH) -> tuple[list[PublishedRow], dic
     return [PublishedRow(**r) for r in data["rows"]], data["architectures"]
 
 
-def published_workload(row: PublishedRow, arch: dict) -> WorkloadFigures:
-    """One process (NeuronCore) of a published row: a model replica spans `model_shards` cores, so a
-    core does 1/shards of a replica's work and holds 1/shards of its weights."""
+def published_workload(row: PublishedRow, arch: dict, cores: int) -> WorkloadFigures:
+    """One process (NeuronCore) of a published row as it ran: a model replica spans `model_shards` cores,
+    so a core does 1/shards of a replica's work and holds 1/shards of its weights. A training row traces
+    its step lazily (torch-neuronx), the architecture's counted instructions, decodes its images in the
+    training process (the examples' default loader) and all-reduces once per global batch; an inference
+    row runs a compiled model on tensors already made."""
     train = row.mode == "train"
+    accumulation = max(1, (row.global_batch or 0) // (row.batch_per_core * processes(row, cores) * row.nodes))
     flops = forward_flops(arch, row.seq) * (3 if train else 1)
     params = arch["params_m"] * 1e6 / row.model_shards
     per_step = row.batch_per_core / row.model_shards
@@ -133,4 +169,6 @@ def published_workload(row: PublishedRow, arch: dict) -> WorkloadFigures:
         precision=row.precision, bytes_per_step=weights * (3 if train else 1), samples_per_step=per_step,
         param_bytes=params * BYTES_FP32 if train else weights, grad_bytes=params * BYTES_FP32 if train else 0.0,
         optimizer_bytes=params * 2 * BYTES_FP32 if train else 0.0, activation_bytes=0.0,
+        execution="lazy" if train else "compiled", hlo_instructions=arch.get("train_instructions", 0) if train else 0,
+        decoded_images=per_step if train and row.seq is None else 0.0, loader_workers=0, grad_accumulation=accumulation,
         measured_by=f"published row ({row.file}, Neuron SDK {row.sdk}); FLOPs from the architecture")

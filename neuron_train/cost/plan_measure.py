@@ -2,9 +2,9 @@
 step of our loop or of any script, as `WorkloadFigures` for the estimate (plan_model.py).
 
 - our loop (`measure_loop`): one steady step traced on the CPU XLA device in this process and read as
-  HLO before it would run (FLOPs, bytes, instructions; never executed); the input pipeline's CPU
-  seconds per batch (thread CPU time, drawn without workers); activations = the bytes autograd saves
-  for the backward. No wall time is taken: the host term is computed from the counts (plan_model).
+  HLO before it would run (FLOPs, bytes, instructions; never executed); the input pipeline as the
+  images it decodes per step; activations = the bytes autograd saves for the backward. No time of this
+  machine is taken (wall or CPU): the host terms are computed from the counts (plan_model).
 - a model too large for this machine (`from_shapes`): the same figures counted on the meta device
   (torch's FLOP counter, nothing allocated, no host time): an estimate from shapes.
 - any script (`measure_script`): the command runs under bench's probe with XLA's HLO dump on; the
@@ -13,12 +13,10 @@ step of our loop or of any script, as `WorkloadFigures` for the estimate (plan_m
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -70,24 +68,20 @@ def _saved_bytes(model: torch.nn.Module, run_forward: Callable[[], Any]) -> tupl
     return float(sum(seen.values())), out
 
 
-def _input_seconds(loader: Iterable[Any], batches: int) -> float:
-    """CPU seconds per batch of the input pipeline, drawn in this thread (no workers): the thread's CPU
-    time, not the wall time, so another process busy on this machine does not inflate it."""
-    it = iter(loader)
-    next(it)  # the first batch pays for start-up
-    start = time.thread_time()
-    for _ in range(batches):
-        next(it)
-    return (time.thread_time() - start) / batches
-
-
-def _loader_pair(cfg: RunConfig, data: Datasets) -> tuple[Iterable[Any], Iterable[Any]]:
-    """The loop's train loader, and the same data drawn without workers (to time the pipeline)."""
+def _train_loader(cfg: RunConfig, data: Datasets) -> Iterable[Any]:
+    """The loop's train loader (its first batch gives the step's input shapes)."""
     from neuron_train.training.data import train_loader
 
-    kw: dict[str, Any] = dict(batch_size=cfg.train.batch_size, accum=1, world=1, rank=0, seed=cfg.train.seed, epoch=0)
-    return (train_loader(data.train, cfg.data, **kw),
-            train_loader(data.train, dataclasses.replace(cfg.data, num_workers=0), **kw))
+    return train_loader(data.train, cfg.data, batch_size=cfg.train.batch_size, accum=1, world=1, rank=0,
+                        seed=cfg.train.seed, epoch=0)
+
+
+def decoded_images(cfg: RunConfig) -> int:
+    """Images the host decodes and preprocesses per step: a folder's every sample (read, decode, resize);
+    none for the in-memory datasets (digits, synthetic: a sample is a slice of tensors made once, and the
+    batch's one copy is counted as its copy to the device). A count of the workload, never a timing of
+    this machine, whose load would move it (the target's cost per image: the calibration's)."""
+    return cfg.train.batch_size if cfg.data.dataset == "folder" else 0
 
 
 def _step_fn(model: torch.nn.Module, mode: str, precision: str) -> StepFn:
@@ -116,6 +110,18 @@ def _step_fn(model: torch.nn.Module, mode: str, precision: str) -> StepFn:
     return step
 
 
+def graphs_per_step(execution: str, mode: str) -> int:
+    """Graph calls the host makes per step: a dynamo-full training step replays two captured graphs
+    (forward/backward, then the update); anything else one."""
+    return 2 if execution == "replay" and mode == "train" else 1
+
+
+def compiler_precision(neuron_cc_flags: str, graph_precision: str) -> str:
+    """What the matrix units run: neuronx-cc casts matmuls to bf16 by default (--auto-cast matmult);
+    `--auto-cast none` (or `--auto-cast=none`) keeps the graph's own precision."""
+    return graph_precision if "--auto-cast none" in neuron_cc_flags.replace("=", " ") else "bf16"
+
+
 def default_execution(mode: str, step_compiler: str | None = None) -> str:
     """How the target runs the step when the user does not say (plan --execution): inference as the
     published rows run it (a compiled model), training as our loop's --step-compiler says (lazy for a COMMAND)."""
@@ -140,8 +146,8 @@ def _warm_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
 def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Our loop's model, data and optimizer: one steady step traced on the XLA device and read as HLO
-    (FLOPs, bytes, instructions), never executed: nothing here depends on this machine's speed or load
-    except the input pipeline's CPU seconds. Returns the figures and details."""
+    (FLOPs, bytes, instructions), never executed, and the input pipeline counted (`decoded_images`):
+    nothing here depends on this machine's speed, load or free memory. Returns the figures and details."""
     import torch_xla
 
     from neuron_train.training.data import build_datasets
@@ -155,9 +161,7 @@ def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = No
     optimizer = build_optimizer(model, cfg.optim) if mode == "train" else None
     if optimizer is not None:
         _warm_optimizer(model, optimizer)
-    loader, no_workers = _loader_pair(cfg, data)
-    host_input = _input_seconds(no_workers, 3)
-    images, labels = (t.to(device) for t in next(iter(loader)))
+    images, labels = (t.to(device) for t in next(iter(_train_loader(cfg, data))))
     outputs, activations = _step_fn(model, mode, cfg.train.precision)(images, labels, optimizer)
     # The steady step's pending graph, read and not run: its counts are all the estimate needs.
     hlo = hlo_figures(torch_xla._XLAC._get_xla_tensors_hlo(outputs))
@@ -171,10 +175,9 @@ def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = No
         precision=matmul_precision(cfg.train.precision), bytes_per_step=hlo.bytes_in + hlo.bytes_out,
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
-        activation_bytes=activations, host_input_s=host_input, loader_workers=cfg.data.workers(),
-        execution=execution, hlo_instructions=hlo.instructions,
-        # dynamo-full replays two captured graphs a step (forward/backward, then the update)
-        graphs_per_step=2 if execution == "replay" and train else 1,
+        activation_bytes=activations, host_input_s=0.0, decoded_images=decoded_images(cfg),
+        loader_workers=cfg.data.workers(),
+        execution=execution, hlo_instructions=hlo.instructions, graphs_per_step=graphs_per_step(execution, mode),
         measured_by="counted on the CPU XLA device of this machine (one step traced, not run)")
     return figures, {"parameters": n, "num_classes": data.num_classes, "train_samples": len(cast(Sized, data.train)),
                      "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions, "instructions": hlo.instructions,
@@ -191,7 +194,8 @@ def model_classes(cfg: RunConfig) -> int:
 
 def too_large(cfg: RunConfig) -> tuple[bool, float]:
     """Would our loop's model (weights, gradients, two optimizer states) fill half this machine's
-    memory? And its GiB."""
+    physical memory? And its GiB. The machine's size, not its free memory: another process holding
+    memory must not switch the plan to counting from shapes (its figures differ)."""
     import torch
 
     from neuron_train.training.models import build_model
@@ -199,8 +203,8 @@ def too_large(cfg: RunConfig) -> tuple[bool, float]:
     with torch.device("meta"):
         n = sum(p.numel() for p in build_model(cfg.model.name, num_classes=model_classes(cfg),
                                                 img_size=cfg.model.img_size).parameters())
-    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    return n * 16 > available / 2, n * 16 / GIB
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return n * 16 > physical / 2, n * 16 / GIB
 
 
 def measure_or_count(cfg: RunConfig, mode: str, execution: str | None, shapes: bool,
@@ -283,8 +287,7 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
     n = f.parameters
     legacy_bf16 = os.environ.get("XLA_USE_BF16") == "1" or os.environ.get("XLA_DOWNCAST_BF16") == "1"
     weights = n * (2 if legacy_bf16 else 4)
-    cast = os.environ.get("NEURON_CC_FLAGS", "").replace("=", " ")
-    precision = hlo.precision if "--auto-cast none" in cast else "bf16"   # neuronx-cc's default: matmult in bf16
+    precision = compiler_precision(os.environ.get("NEURON_CC_FLAGS", ""), hlo.precision)
     figures = WorkloadFigures(
         name=name or script_bench.script_name(command), mode=mode, flops_per_step=hlo.flops, precision=precision,
         conv_flops=hlo.conv_flops, input_bytes=4.0 * math.prod(f.batch_shape or [0]),  # 4 bytes an element: assumed

@@ -76,7 +76,27 @@ class WorkloadFigures:
     graphs_per_step: int = 1        # graph executions the host dispatches per step
     conv_flops: float = 0.0         # the convolutions' share of flops_per_step (their own fraction of peak)
     input_bytes: float = 0.0        # the batch copied from the host to the device each step
+    decoded_images: float = 0.0     # images the host decodes and preprocesses per step (workload-defined input cost)
+    grad_accumulation: int = 1      # steps per gradient all-reduce (microbatches accumulated before the update)
     measured_by: str = "measured on the CPU XLA device"
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Per-unit costs of the target's host, never the planning machine's (whose wall time moves with its
+    load). The shipped tracing and image costs are fitted on the published training rows
+    (plan_calibrate.fit_host); these defaults stand only where no training row with counted
+    instructions is given (12 us: thread CPU time per instruction measured on a quiet planning machine,
+    an upper bound of the target's). docs/plan.md."""
+
+    trace_s_per_instruction: float = 12e-6   # lazy tracing, seconds per unoptimized HLO instruction of the step
+    image_s: float = 0.0                     # the input pipeline's seconds per image decoded and preprocessed
+    dispatch_s: float = 0.1e-3               # one graph execution handed to the Neuron runtime (assumption)
+    replay_s: float = 1e-3                   # one torch.compile graph call: guards + cached-graph dispatch (assumption)
+    copy_bytes_per_s: float = 4e9            # host -> device copy of a step's batch, per NeuronCore (calibrated)
+
+
+HOST = HostCosts()
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,7 @@ class Calibration:
     fraction: dict[str, float]      # mode -> fraction of peak of dots; "<mode>-conv" -> of convolutions
     band: dict[str, float]          # mode -> error factor (e.g. 0.3: the rate / 1.3 .. x 1.3)
     source: str
+    host: HostCosts = HOST          # the target host's per-unit costs (tracing, image decoding, copy)
 
     def conv_fraction(self, mode: str) -> float:
         """Convolutions' achieved fraction of peak (the dots' when no convolution row calibrated it)."""
@@ -125,18 +146,6 @@ EXECUTIONS = {
 }
 
 
-@dataclass(frozen=True)
-class HostCosts:
-    """Per-unit costs of the target's host, stated (not measured on the planning machine, whose
-    wall time moves with its load). Sources and the command that measured the tracing cost: docs/plan.md."""
-
-    trace_s_per_instruction: float = 12e-6   # lazy tracing, CPU seconds per unoptimized HLO instruction
-    dispatch_s: float = 0.1e-3               # one graph execution handed to the Neuron runtime (assumption)
-    replay_s: float = 1e-3                   # one torch.compile graph call: guards + cached-graph dispatch (assumption)
-    copy_bytes_per_s: float = 4e9            # host -> device copy of a step's batch, per NeuronCore (calibrated)
-
-
-HOST = HostCosts()
 
 
 def host_rest_s(w: WorkloadFigures, processes: int, vcpus: int, host: HostCosts = HOST) -> float:
@@ -177,13 +186,15 @@ def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dic
     # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
     workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
     # The batch's copy to the device is in series with the compute of its step (it is the step's input).
-    parts = {"compute": dots / (per_core_peak * c.fraction[w.mode])
-                        + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode)) + w.input_bytes / HOST.copy_bytes_per_s, "memory": w.bytes_per_step / per_core_bw,
-             "host_input": (w.host_input_s or 0.0) / workers, "host_rest": host_rest_s(w, processes, t.vcpus)}
+    compute = (dots / (per_core_peak * c.fraction[w.mode]) + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode))
+               + w.input_bytes / c.host.copy_bytes_per_s)
+    host_input = (w.host_input_s or 0.0) + w.decoded_images * c.host.image_s
+    parts = {"compute": compute, "memory": w.bytes_per_step / per_core_bw, "host_input": host_input / workers,
+             "host_rest": host_rest_s(w, processes, t.vcpus, c.host)}
     if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest
         parts["host_rest"] += parts.pop("host_input")
-    if w.mode == "train":
-        parts["allreduce"] = allreduce_s(w.grad_bytes, processes, t)
+    if w.mode == "train":  # one all-reduce per update: accumulated microbatches share it
+        parts["allreduce"] = allreduce_s(w.grad_bytes, processes, t) / max(w.grad_accumulation, 1)
     return parts
 
 
