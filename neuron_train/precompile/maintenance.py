@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from neuron_train.common import writer
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import remove_path, stale_work_paths, work_path
 from neuron_train.precompile.manifest import XLA_DIR, FileRecord, Manifest, entry_of
@@ -112,11 +113,12 @@ def quarantine(cache: Path, findings: list[Finding], adopt: bool = False) -> Pat
     if not bad:
         return None
     require_cache(cache, "verify --quarantine", adopt)
-    dest_root = cache / QUARANTINE_DIR / time.strftime("%Y%m%d-%H%M%S")
+    stamp = Path(QUARANTINE_DIR) / time.strftime("%Y%m%d-%H%M%S")
+    dest_root = cache / stamp
     with file_lock(cache / USE_LOCK, wait=False, purpose="quarantine needs the cache to itself"):
         for rel in corrupt:
-            dest = dest_root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            # every folder on the way is a real folder of the cache: a link would move the file outside
+            dest = writer.make_folders(cache, stamp / Path(rel).parent) / Path(rel).name
             os.replace(cache_path(cache, rel), dest)
 
         update_manifest(cache, lambda manifest: manifest.forget_entries(bad, utc_now()))
