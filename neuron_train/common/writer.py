@@ -46,10 +46,10 @@ def lstat(path: Path) -> os.stat_result | None:
 
 @dataclass(frozen=True)
 class Target:
-    """An output probed before the work: `seen` is (device, inode) of the regular file there then
-    (None: nothing was there); the write re-checks it (`write_file`)."""
+    """An output probed before the work: `seen` is the identity (`_identity`) of the regular file
+    there then (None: nothing was there); the write re-checks it (`write_file`)."""
     path: Path
-    seen: tuple[int, int] | None = None
+    seen: tuple[int, int, int, int] | None = None
 
 
 def refuse_kernel_or_read_only(folder: Path, flag: str) -> None:
@@ -78,7 +78,7 @@ def probe_output(path: Path, flag: str, replace: bool = False) -> Target:
                          "(--force too): choose another file")
     if st is not None and not replace:
         raise UsageError(f"{flag}: {path} already exists: remove it or choose another file (nothing is overwritten)")
-    return Target(path, None if st is None else (st.st_dev, st.st_ino))
+    return Target(path, None if st is None else _identity(st))
 
 
 def _temp_beside(final: Path) -> tuple[int, Path]:
@@ -133,7 +133,7 @@ def write_file(target: Target | Path, data: bytes) -> Path:
         if now is not None and not stat.S_ISREG(now.st_mode):
             raise RunError(f"{final} is {kind(now.st_mode)}: only a regular file is replaced; move it away and "
                            "run again")
-        expected = None if now is None else (now.st_dev, now.st_ino)
+        expected = None if now is None else _identity(now)
     fd, tmp = _temp_beside(final)
     try:
         _fill(fd, data)
@@ -152,8 +152,14 @@ def write_file(target: Target | Path, data: bytes) -> Path:
         tmp.unlink(missing_ok=True)
 
 
-def _same_id(seen: tuple[int, int], now: os.stat_result | None) -> bool:
-    return now is not None and stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == seen
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """Device, inode, change time and size: a file deleted and another made meanwhile may reuse the
+    inode (and the change time, at the clock tick's resolution)."""
+    return st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size
+
+
+def _same_id(seen: tuple[int, int, int, int], now: os.stat_result | None) -> bool:
+    return now is not None and stat.S_ISREG(now.st_mode) and _identity(now) == seen
 
 
 def _open_regular(path: Path, flags: int, what: str) -> int:

@@ -55,12 +55,13 @@ def preflight(cfg: RunConfig) -> tuple[RunConfig, str | None]:
     total = _target_steps(cfg, world, images=rank == 0)
     if extracting_graphs():  # neuron_parallel_compile's extraction writes nothing: no directory
         return cfg, None
+    if run_dir is not None and rank == 0:
+        check_run_files(run_dir)  # before the checkpoints are looked at: a FIFO there would hang it
     resume = cfg.checkpoint.resume
     plan = _plan_resume(cfg, resume, run_dir, world, total) if resume is not None else None
     if plan and plan.finished:
         return cfg, plan.finished
     if run_dir is not None and rank == 0:
-        check_run_files(run_dir)
         _create_and_lock(run_dir)  # a run in progress there is refused now, before anything is said
     if plan is None:
         if run_dir is not None:
