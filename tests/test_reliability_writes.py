@@ -17,7 +17,7 @@ from test_reliability_report import result
 from test_reliability_train import run_cfg, save_checkpoint
 
 from neuron_train import cli
-from neuron_train.common import fileio, writer
+from neuron_train.common import fileio
 from neuron_train.common.errors import RunError
 from neuron_train.precompile import maintenance, store
 from neuron_train.training import rundir

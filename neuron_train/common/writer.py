@@ -137,8 +137,8 @@ def write_file(target: Target | Path, data: bytes) -> Path:
     fd, tmp = _temp_beside(final)
     try:
         _fill(fd, data)
-        if expected is None and _link_new(tmp, final):
-            return final
+        if (expected is None or lstat(final) is None) and _link_new(tmp, final):
+            return final  # nothing had the name (or what was probed is gone): taken, nothing replaced
         if expected is not None and _same_id(expected, lstat(final)):
             os.replace(tmp, final)  # still the regular file seen before
             return final

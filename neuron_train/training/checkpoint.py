@@ -117,11 +117,11 @@ def _write_atomic(final: Path, state: dict) -> None:
         writer.rename_over(side_tmp, side, "checksum file")  # the checksum first: never a checkpoint without one
         writer.rename_over(tmp, final, "checkpoint")  # atomic: a reader sees the old set or the complete new file
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        side_tmp.unlink(missing_ok=True)
+        writer.remove_ours(tmp)
+        writer.remove_ours(side_tmp)
         failed = write_failed_in_run(final.parent.parent, final, exc)
         if failed is not None:
-            side.unlink(missing_ok=True)
+            writer.remove_ours(side)
             raise failed from None
         raise
 

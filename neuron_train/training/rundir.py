@@ -265,11 +265,11 @@ def release_unused() -> None:
     (a run refused or failed at start-up leaves no empty directory)."""
     for run_dir, (fd, made) in list(_locks.items()):
         if made:
-            (run_dir / LOCK_NAME).unlink(missing_ok=True)  # before closing: no one locks it meanwhile
+            writer.remove_ours(run_dir / LOCK_NAME)  # before closing: no one locks it meanwhile
         os.close(fd)
         del _locks[run_dir]
-        if run_dir in _created and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        if run_dir in _created:
+            writer.remove_folder(run_dir, [])  # only if nothing is in it
         _created.discard(run_dir)
 
 
