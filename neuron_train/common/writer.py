@@ -57,8 +57,8 @@ def refuse_kernel_or_read_only(folder: Path, flag: str) -> None:
     real = os.path.realpath(folder)
     for top in _KERNEL:
         if real == top or real.startswith(top + "/"):
-            raise UsageError(f"{flag}: {folder} is in {top}, a kernel file system where no file can be "
-                             "written: choose another location")
+            raise UsageError(f"{flag}: cannot write in {folder}: {top} is a kernel file system where no file "
+                             "can be made: choose another location")
     try:
         read_only = bool(os.statvfs(real).f_flag & os.ST_RDONLY)
     except OSError:
