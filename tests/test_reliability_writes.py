@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
 from pathlib import Path
 
 import pytest
 from test_reliability_cache import make_cache, manifest_json, record
+from test_reliability_files import within
 from test_reliability_report import result
 from test_reliability_train import run_cfg, save_checkpoint
 
@@ -27,25 +27,6 @@ from neuron_train.training.metrics import MetricsWriter
 @pytest.fixture(autouse=True)
 def _clean_env(in_process_cli, monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-def within(seconds: float, call):
-    """`call()` in a thread: its result or exception, or a failure if it blocks (a FIFO's open)."""
-    box: dict = {}
-
-    def target():
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still blocked after {seconds} s"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def cli_run(capsys, *argv) -> tuple[int, str]:
