@@ -11,6 +11,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import FAST, NANO
 from test_reliability_cache import make_cache, manifest_json, record
 from test_reliability_files import within
 from test_reliability_report import result
@@ -70,6 +71,18 @@ def test_a_run_file_that_is_a_link_fifo_or_folder_is_refused_before_training(tmp
         within(60, lambda: rundir.preflight(run_cfg(out, "--max-steps", "4", "--resume")))
     assert "\n" not in str(err.value)
     assert notes.read_text() == "the user's notes\n"  # not truncated, no pid written into it
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_train_with_a_lock_or_metrics_file_not_ours_is_one_line_and_exit_1(tmp_path, capsys, notes, kind):
+    """The command as the user runs it (in-process: refused before torch_xla starts)."""
+    out = tmp_path / "run"
+    save_checkpoint(out, 2)
+    plant(out / (".lock" if kind == "link" else "metrics.jsonl"), kind, notes)
+    code, err = within(60, lambda: cli_run(capsys, "train", "--output-dir", out, *NANO, *FAST, "--max-steps", "4",
+                                           "--resume"))
+    assert code == 1 and "move it away and run again (nothing was written)" in err
+    assert notes.read_text() == "the user's notes\n"
 
 
 @pytest.mark.parametrize("kind", ["link", "fifo", "dir"])
