@@ -205,3 +205,17 @@ def test_folders_we_own_are_made_without_going_through_a_link(depth, at, kind):
 def test_kernel_file_systems_are_refused_up_front(folder):
     with pytest.raises(UsageError, match=r"^--json: cannot write in .*: /(proc|sys) is a kernel file system"):
         writer.refuse_kernel_or_read_only(Path(folder), "--json")
+
+
+def test_a_fifo_with_a_reader_is_refused_by_the_check_after_opening(tmp_path):
+    """With a reader (`cat fifo` running) opening a FIFO to append succeeds: fstat then refuses it,
+    and nothing is written into the pipe."""
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(RunError, match=r"metrics.jsonl is a named pipe \(FIFO\), not the metrics file"):
+            writer.open_append(fifo, "metrics file")
+        assert os.read(reader, 10) == b""  # nothing was written through it (its writer is closed)
+    finally:
+        os.close(reader)
