@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_reliability_files import within
 
 from neuron_train.common import writer
 from neuron_train.common.errors import RunError, UsageError
@@ -168,10 +169,10 @@ def test_a_lock_or_an_append_opens_only_a_regular_file(kind):
         before = state(folder)
         for opener in (lambda: writer.open_lock(path)[0], lambda: writer.open_append(path, "lock file")):
             if kind in ("none", "file"):
-                os.close(opener())
+                os.close(within(60, opener))
             else:
                 with pytest.raises(RunError, match=r"\.lock is .*not the lock file it should be"):
-                    opener()  # O_NONBLOCK: a FIFO without a reader never blocks this
+                    within(60, opener)  # O_NONBLOCK: a FIFO without a reader never blocks this
                 assert state(folder) == before
 
 
