@@ -205,7 +205,7 @@ def test_folders_we_own_are_made_without_going_through_a_link(depth, at, kind):
 @pytest.mark.parametrize("folder", ["/proc", "/proc/self", "/sys/kernel"])
 def test_kernel_file_systems_are_refused_up_front(folder):
     with pytest.raises(UsageError, match=r"^--json: cannot write in .*: /(proc|sys) is a kernel file system"):
-        writer.refuse_kernel_or_read_only(Path(folder), "--json")
+        writer.refuse_kernel_fs(Path(folder), "--json")
 
 
 def test_a_fifo_with_a_reader_is_refused_by_the_check_after_opening(tmp_path):

@@ -24,7 +24,7 @@ from neuron_train.common.values import shown
 from neuron_train.common.writer import (
     Target,
     probe_output,
-    refuse_kernel_or_read_only,
+    refuse_kernel_fs,
     remove_folder,
     write_file,
 )
@@ -123,7 +123,7 @@ def new_output(value: str | os.PathLike, flag: str, replace: bool = False, creat
         raise UsageError(f"{flag}: {parent} is not a folder: choose another location")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag}: folder {parent} is not writable: choose another location")
-    refuse_kernel_or_read_only(parent, flag)
+    refuse_kernel_fs(parent, flag)
     _probe(parent, path, flag)
     return target
 

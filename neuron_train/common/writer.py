@@ -10,7 +10,8 @@ that no module writes around it). The rules (docs/reliability.md, "The writer"):
   meanwhile is kept, ours goes beside it, said in one line;
 - appending to a file with more than one hard link copies it first (the other names keep theirs);
 - a folder is deleted entry by entry, only names we wrote, and only when nothing else is left in it;
-- an output is probed before the work (`probe_output`): /proc, /sys and read-only places refused.
+- an output is probed before the work (`common.fileio.new_output`): /proc, /sys (`refuse_kernel_fs`)
+  and read-only places (its access check and probe file) refused.
 """
 
 from __future__ import annotations
@@ -52,25 +53,20 @@ class Target:
     seen: tuple[int, int, int, int] | None = None
 
 
-def refuse_kernel_or_read_only(folder: Path, flag: str) -> None:
-    """A folder under /proc or /sys, or on a read-only file system, is refused before any work."""
+def refuse_kernel_fs(folder: Path, flag: str) -> None:
+    """A folder under /proc or /sys is refused before any work (root's os.access calls it writable;
+    a read-only mount is refused by common.fileio.new_output's access check and probe file)."""
     real = os.path.realpath(folder)
     for top in _KERNEL:
         if real == top or real.startswith(top + "/"):
             raise UsageError(f"{flag}: cannot write in {folder}: {top} is a kernel file system where no file "
                              "can be made: choose another location")
-    try:
-        read_only = bool(os.statvfs(real).f_flag & os.ST_RDONLY)
-    except OSError:
-        return  # said by the caller's probe, which creates a file there
-    if read_only:
-        raise UsageError(f"{flag}: {folder} is on a read-only file system: choose another location")
 
 
 def probe_output(path: Path, flag: str, replace: bool = False) -> Target:
     """An output file checked before the work: it is absent, or (with `replace`) a regular file,
     never a link, a directory or a special file. (common.fileio.new_output adds the folder's checks,
-    `refuse_kernel_or_read_only` and a probe file.)"""
+    `refuse_kernel_fs` and a probe file.)"""
     path = Path(path)
     st = lstat(path)
     if st is not None and not stat.S_ISREG(st.st_mode):
