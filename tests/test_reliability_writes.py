@@ -145,6 +145,22 @@ def test_a_save_never_writes_through_a_checkpoints_link(tmp_path):
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["step-00000002.pt", "step-00000002.pt.sha256"])
+def test_a_save_never_replaces_a_fifo_by_a_checkpoints_name(tmp_path, name):
+    """A FIFO made by a checkpoint's name after the checks: the save is one line, the FIFO kept."""
+    from test_checkpoint import state
+
+    from neuron_train.training import checkpoint as ckpt
+
+    folder = ckpt.checkpoint_dir(tmp_path / "run")
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / name)
+    with pytest.raises(RunError, match=rf"{name} is a named pipe \(FIFO\), not the (checkpoint|checksum file)"):
+        ckpt.save(tmp_path / "run", 2, state(2), keep_last=3)
+    assert stat.S_ISFIFO((folder / name).lstat().st_mode)
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
 @pytest.mark.parametrize("resume_step", [None, 5])
 def test_appending_to_a_hard_linked_metrics_file_leaves_the_other_copy_alone(tmp_path, resume_step):
     """`cp -al orig run`, then `train --resume` in run: the original's metrics.jsonl must not grow."""
