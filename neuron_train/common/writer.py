@@ -92,7 +92,7 @@ def _fill(fd: int, data: bytes) -> None:
 def _link_new(tmp: Path, final: Path) -> bool:
     """Give `tmp` the name `final` only if nothing has that name (link(2) never replaces)."""
     try:
-        os.link(tmp, final, follow_symlinks=False)
+        os.link(tmp, final)  # tmp is our own regular file: nothing to follow
     except FileExistsError:
         return False
     except OSError as exc:
