@@ -29,7 +29,7 @@ NOT_YET = Counter({
     "neuron_train.graphs.recorder": 4,            # records in the checker's own temporary folder
     "neuron_train.instrument.marker": 1,          # the same folder
     "neuron_train.instrument.probe": 3,           # the probe's own temporary folder
-    "neuron_train.precompile.archive": 7,         # pack/unpack: its work names (`work_path`), in the cache
+    "neuron_train.precompile.archive": 4,         # unpack: its work folder (`work_path`) and moves into the cache
     "neuron_train.precompile.maintenance": 1,     # quarantine's move (into folders made by make_folders)
     "neuron_train.precompile.script_check": 1,    # the coverage file in check-graphs' temporary folder
     "neuron_train.precompile.script_precompile": 1,  # its staging folder, under the cache

@@ -89,7 +89,7 @@ def _fill(fd: int, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _link_new(tmp: Path, final: Path) -> bool:
+def link_new(tmp: Path, final: Path) -> bool:
     """Give `tmp` the name `final` only if nothing has that name (link(2) never replaces)."""
     try:
         os.link(tmp, final)  # tmp is our own regular file: nothing to follow
@@ -133,13 +133,13 @@ def write_file(target: Target | Path, data: bytes) -> Path:
     fd, tmp = _temp_beside(final)
     try:
         _fill(fd, data)
-        if (expected is None or lstat(final) is None) and _link_new(tmp, final):
+        if (expected is None or lstat(final) is None) and link_new(tmp, final):
             return final  # nothing had the name (or what was probed is gone): taken, nothing replaced
         if expected is not None and _same_id(expected, lstat(final)):
             os.replace(tmp, final)  # still the regular file seen before
             return final
         other = _beside(final)
-        while not _link_new(tmp, other):
+        while not link_new(tmp, other):
             other = _beside(final)
         print(f"note: {final} appeared or changed while this command ran: it is kept; the output is {other}",
               file=sys.stderr, flush=True)
