@@ -266,7 +266,7 @@ def test_a_file_that_appears_while_packing_is_not_replaced(cache, tmp_path, monk
     monkeypatch.setattr(archive.os, "link", no_links)  # a file system without hard links
     with pytest.raises(UsageError) as err:
         archive._publish_archive(cache, packed, dest)
-    assert str(err.value) == f"{dest} already exists: choose another file name"
+    assert str(err.value) == f"{dest} already exists: choose another file name (nothing is overwritten)"
     assert dest.read_text() == "theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["cache", "warm.tar.gz"]
     fresh = tmp_path / "fresh.tar.gz"
     archive._publish_archive(cache, packed, fresh)

@@ -168,7 +168,7 @@ def test_the_leftovers_of_a_killed_save_are_removed_and_nothing_else(tmp_path):
                  d / ".step-00000004.optim-rank1.pt.tmp-9", d / "step-00000004.pt.sha256",
                  tmp_path / ".metrics.jsonl.abc123.tmp"]
     keep = [d / "notes.txt", d / "step-00000002.pt", d / "step-00000002.pt.sha256", tmp_path / "metrics.jsonl",
-            d / ".step-00000004.pt.tmp-host-abc"]
+            d / ".step-00000004.pt.tmp-host-abc", tmp_path / ".notes.txt.tmp", tmp_path / ".thesis.tex.abc123.tmp"]
     for p in leftovers + keep:
         if not p.exists():
             p.write_bytes(b"x")
@@ -406,7 +406,7 @@ def test_a_save_whose_file_cannot_even_be_created_is_one_line(tmp_path, monkeypa
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "open", no_space, raising=False)  # the module's open(): the temporary file
+    monkeypatch.setattr(ckpt.writer, "create_new", no_space)  # the temporary file
     with pytest.raises(RunError, match=r"^no space left on .*step-00000002.pt was not saved; no checkpoint"):
         ckpt.save(tmp_path, 2, state(2), keep_last=3)
 

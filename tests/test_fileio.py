@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from fullfs import mounted_tmpfs
 
-from neuron_train.common import fileio
+from neuron_train.common import fileio, writer
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import confined, is_s3, new_output, refuse_s3, write_failed, write_json_atomic
 
@@ -32,7 +32,7 @@ def test_an_existing_output_is_refused_unless_replacing_is_asked_for(tmp_path):
     out.write_text("someone's record")
     with pytest.raises(UsageError, match=r"^--output: .*result.json already exists: remove it or choose another"):
         new_output(out, "--output")  # by default: refused
-    assert new_output(out, "--output", replace=True) == out
+    assert new_output(out, "--output", replace=True).path == out
     assert out.read_text() == "someone's record"
 
 
@@ -40,7 +40,7 @@ def test_a_dangling_link_counts_as_an_existing_output(tmp_path):
     """Writing through a link to a missing file would create a file elsewhere: refused like a file."""
     out = tmp_path / "result.json"
     out.symlink_to(tmp_path / "elsewhere" / "target.json")
-    with pytest.raises(UsageError, match="already exists"):
+    with pytest.raises(UsageError, match="is a symbolic link: only a regular file is ever replaced"):
         new_output(out, "--output")
 
 
@@ -53,7 +53,7 @@ def test_a_missing_folder_is_refused_unless_the_command_creates_it(tmp_path):
     out = tmp_path / "a" / "b" / "result.json"
     with pytest.raises(UsageError, match=r"^--output: folder .*b does not exist: create it first"):
         new_output(out, "--output")  # by default: refused
-    assert new_output(out, "--output", create_folder=True) == out  # two levels missing: both creatable
+    assert new_output(out, "--output", create_folder=True).path == out  # two levels missing: both creatable
     assert not (tmp_path / "a").exists()  # checked only: the caller creates it
 
 
@@ -249,8 +249,8 @@ def test_an_atomic_write_leaves_only_a_temporary_file_the_runs_cleanup_removes(t
     from neuron_train.training.checkpoint import remove_stale_temps
 
     seen = []
-    real = fileio.os.replace
-    monkeypatch.setattr(fileio.os, "replace", lambda src, dst: (seen.append(Path(src)), real(src, dst)))
+    real = writer.os.link
+    monkeypatch.setattr(writer.os, "link", lambda src, dst, **kw: (seen.append(Path(src)), real(src, dst, **kw)))
     fileio.write_text_atomic(tmp_path / "metrics.jsonl", "{}\n")
     (temp,) = seen
     assert temp.parent == tmp_path  # beside the file: the rename is atomic on one file system
@@ -264,7 +264,7 @@ def test_a_folder_is_published_whole_into_new_folders_and_replaces_the_old_one(t
     out = tmp_path / "new" / "deeper" / "report"
     fileio.publish_folder(out, {"a.html": b"1", "b.csv": b"2"})
     fileio.publish_folder(out, {"a.html": b"3"})
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.html": b"3"}
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.html": b"3", fileio.LISTED: b"a.html\n"}
     assert sorted(p.name for p in out.parent.iterdir()) == ["report"]  # no work folder left
 
 
@@ -284,7 +284,7 @@ def test_a_failed_swap_puts_the_old_folder_back_and_says_so(tmp_path, monkeypatc
     with pytest.raises(RunError, match=rf"^cannot write {out}: Input/output error \(the previous folder, if any, is "
                                        r"kept as it was\)$"):
         fileio.publish_folder(out, {"a.html": b"new"})
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.html": b"old"}
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {"a.html": b"old", fileio.LISTED: b"a.html\n"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
     # the old folder was moved aside under the name recover_folder looks for after a killed process
     assert renames[0] == (out, fileio.work_path(out, "old")) and renames[-1] == (fileio.work_path(out, "old"), out)
@@ -305,7 +305,16 @@ def test_a_killed_publish_is_finished_the_old_folder_back_or_the_new_one_kept(tm
     out.rename(tmp_path / "moved")
     (tmp_path / "moved").rename(old)
     out.symlink_to(tmp_path / "elsewhere")  # the name is taken, even by a dangling link: the link stays
-    fileio.recover_folder(out)
+    (old / "notes.txt").write_text("not ours")
+    fileio.recover_folder(out)  # the old folder lists no file: nothing in it is deleted
+    assert out.is_symlink() and sorted(p.name for p in old.iterdir()) == ["a.html", "notes.txt"]
+    (old / fileio.LISTED).write_text("a.html\n")  # what publish_folder writes into every folder it makes
+    fileio.recover_folder(out)  # only the listed names go: the folder stays with what is not ours
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+    (old / "notes.txt").unlink()
+    (old / "a.html").write_text("old")
+    fileio.recover_folder(out, known=("a.html",))  # a folder made before lists: the names the caller knows
+
     assert out.is_symlink() and not old.exists()
 
 

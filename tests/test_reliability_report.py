@@ -22,9 +22,11 @@ from conftest import ROOT
 from fullfs import fill, mounted_tmpfs
 
 from neuron_train import cli
-from neuron_train.common.fileio import work_path
+from neuron_train.common.fileio import LISTED, work_path
 from neuron_train.cost import charts, report_folder
 from neuron_train.cost.report_folder import OUTPUT_FILES
+
+REPORT = sorted((*OUTPUT_FILES, LISTED))  # the report and its list of what the folder holds
 
 INFER = json.loads((ROOT / "tests" / "fixtures" / "report" / "cpu_infer_vit_digits.json").read_text())
 
@@ -71,7 +73,7 @@ def leftovers(parent: Path) -> list[str]:
 def old_report(tmp_path, capsys) -> Path:
     out = tmp_path / "rep"
     assert report(capsys, result(tmp_path, "old.json"), "--out", out)[0] == 0
-    assert sorted(snapshot(out)) == sorted(OUTPUT_FILES)
+    assert sorted(snapshot(out)) == REPORT
     return out
 
 
@@ -170,7 +172,7 @@ def test_a_failure_half_way_keeps_the_old_report_whole(tmp_path, capsys, monkeyp
     assert report(capsys, result(tmp_path, "new.json", instance="inf2.xlarge"), "--out", old_report,
                   "--force")[0] == 0
     after = snapshot(old_report)
-    assert sorted(after) == sorted(OUTPUT_FILES) and all(after[n] != before[n] for n in after)
+    assert sorted(after) == REPORT and all(after[n] != before[n] for n in OUTPUT_FILES)
     assert leftovers(tmp_path) == []
 
 
@@ -239,7 +241,7 @@ def test_a_dead_runs_half_built_folder_is_removed(tmp_path, capsys):
     stale.mkdir()
     (stale / "throughput.png").write_bytes(b"half")
     assert report(capsys, result(tmp_path), "--out", out)[0] == 0
-    assert leftovers(tmp_path) == [] and sorted(snapshot(out)) == sorted(OUTPUT_FILES)
+    assert leftovers(tmp_path) == [] and sorted(snapshot(out)) == REPORT
 
 
 def test_a_folder_with_other_files_is_refused_and_untouched(tmp_path, capsys):

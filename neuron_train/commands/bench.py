@@ -17,10 +17,10 @@ import argparse
 import functools
 import shlex
 from dataclasses import replace
-from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import new_output
+from neuron_train.common.writer import Target
 from neuron_train.cost import script_bench
 from neuron_train.cost.bench_result import build_result, loop_workload, workload_facts, write_result
 from neuron_train.cost.instance import check_mode_fits, resolve_instance_type
@@ -119,7 +119,7 @@ def _script_command(args: argparse.Namespace) -> list[str] | None:
     return command
 
 
-def _main_script(args: argparse.Namespace, command: list[str], output: Path) -> int:
+def _main_script(args: argparse.Namespace, command: list[str], output: Target) -> int:
     repeats = args.repeats or 1
     if repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {repeats}")
@@ -182,13 +182,13 @@ def main(args: argparse.Namespace) -> int:
     return _finish(result, output)
 
 
-def _finish(result: dict, output: Path) -> int:
+def _finish(result: dict, output: Target) -> int:
     validate_result(result, "bench")  # a file report would refuse is never written
-    write_result(output, result)
+    written = write_result(output, result)
     sps = result["samples_per_sec"]
     print(f"bench: {sps['median']:.1f} samples/s (± {sps['spread']:.1f}) on {result['device']['kind']} "
           f"x {result['world_size']}, compile {result['compile']['time_s']:.1f} s in "
-          f"{result['compile']['graph_count']} graph(s) (not counted) -> {output}", flush=True)
+          f"{result['compile']['graph_count']} graph(s) (not counted) -> {written}", flush=True)
     if result["device"]["kind"] == "CPU":
         print("bench: measured on the CPU XLA device of this machine; the report labels it as such", flush=True)
     return 0

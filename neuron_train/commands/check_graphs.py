@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
 from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import new_output, write_failed, write_text_atomic
+from neuron_train.common.writer import Target
 from neuron_train.graphs.report import format_report
 from neuron_train.instrument.marker import started
 from neuron_train.instrument.runner import (
@@ -71,7 +72,10 @@ def main(args: argparse.Namespace) -> int:
     if extra:
         print(extra, flush=True)
     if json_path is not None:
-        _write_atomic(json_path, json.dumps(report.to_json(), indent=2, default=str))
+        try:
+            write_text_atomic(json_path, json.dumps(report.to_json(), indent=2, default=str))
+        except OSError as exc:
+            raise write_failed(json_path.path, exc) from None
     return 0 if report.stable and passed else 1
 
 
@@ -91,19 +95,7 @@ def _command(args: argparse.Namespace) -> list[str]:
     return checked_command(list(args.command), _USAGE)
 
 
-def _json_path(value: str | None) -> Path | None:
-    """Checked before the run: a report never replaces an existing file."""
-    if value is None:
-        return None
-    path = Path(value)
-    if path.exists():
-        raise UsageError(f"{path} already exists: remove it or choose another --json file")
-    if not path.parent.is_dir():
-        raise UsageError(f"--json: folder {path.parent} does not exist")
-    return path
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def _json_path(value: str | None) -> Target | None:
+    """Checked before the run (a report never replaces an existing file; /proc, a read-only folder
+    refused), and again when it is written (`write_text_atomic`)."""
+    return None if value is None else new_output(value, "--json")

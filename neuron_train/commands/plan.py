@@ -166,8 +166,8 @@ def main(args: argparse.Namespace) -> int:
         document = plan_document(w, ests, calib, details=details, first_off=first_off, img_size=img, dataset=dataset,
                                  epoch_samples=epoch_samples, precision=precision,
                                  command=shlex.join(["neuron-train", "plan", "--mode", args.mode, *line]))
-        write_json_or_print(output, document, "save it as a .json file for `neuron-train report`")
-        print(f"plan: {len(document['results'])} estimate(s) -> {output} (source: estimated)")
+        written = write_json_or_print(output, document, "save it as a .json file for `neuron-train report`")
+        print(f"plan: {len(document['results'])} estimate(s) -> {written} (source: estimated)")
     return 0
 
 

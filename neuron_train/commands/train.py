@@ -12,14 +12,14 @@ rank at the first exit: rank 0's, after its line).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import unusable_path
+from neuron_train.common.fileio import unusable_path, write_json_atomic
 from neuron_train.training import rundir
 from neuron_train.training.config_io import add_config_arguments, config_from_args
 from neuron_train.training.summary import RunSummary
@@ -78,9 +78,8 @@ def _tell_torchrun(exc: Exception) -> None:
     data = {"message": {"message": line, "extraInfo": {"py_callstack": line,
                                                        "timestamp": str(int(time.time()))}}}
     try:
-        with open(path, "w") as fh:
-            json.dump(data, fh)
-    except OSError:
+        write_json_atomic(Path(path), data)
+    except (OSError, RunError):  # a full disk, a FIFO or a link by that name: never written through
         pass  # torchrun then says less; our own line is still printed
 
 

@@ -15,11 +15,20 @@ import os
 import re
 import shutil
 import socket
-import tempfile
+import stat
+import sys
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.values import shown
+from neuron_train.common.writer import (
+    Target,
+    probe_output,
+    refuse_kernel_fs,
+    remove_folder,
+    write_file,
+)
+from neuron_train.common.writer import lstat as writer_lstat
 
 
 def sha256_file(path: Path) -> str:
@@ -30,19 +39,10 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` whole or not at all (temp file in the same folder, fsync, rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_bytes_atomic(path: Path | Target, data: bytes) -> Path:
+    """Write `data` to `path` whole or not at all, by the writer's rules (`common.writer.write_file`:
+    temp file in the same folder, fsync, rename; only a regular file replaced); the path written."""
+    return write_file(path, data)
 
 
 def write_failed(path: Path, exc: OSError, kept: str = "") -> RunError:
@@ -95,25 +95,26 @@ def refuse_unusable(path: str | os.PathLike, flag: str, but: int = 0) -> None:
             raise usage from None
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: Path | Target, text: str) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"))
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+def write_json_atomic(path: Path | Target, data: dict) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def new_output(value: str | os.PathLike, flag: str, replace: bool = False, create_folder: bool = False) -> Path:
+def new_output(value: str | os.PathLike, flag: str, replace: bool = False, create_folder: bool = False) -> Target:
     """An output file the command will create: refused before any work if it exists or cannot be
     written (a previous result may be someone's record; a late failure would lose the measurement).
-    With `replace` (the command's --force) an existing file is allowed, never a directory; with
-    `create_folder` a missing folder is allowed when it can be created (the caller creates it)."""
+    With `replace` (the command's --force) an existing regular file is allowed, never a directory,
+    a link or a special file (`common.writer.probe_output`); with `create_folder` a missing folder
+    is allowed when it can be created (the caller creates it). Write it with `write_json_atomic`:
+    the probe is re-checked then."""
     path = Path(value)
     refuse_unusable(path, flag, but=errno.ENOTDIR)  # a path under a file: said below, naming the file
     if path.is_dir():
         raise UsageError(f"{flag}: {path} is a directory: give a file name")
-    if (path.exists() or path.is_symlink()) and not replace:
-        raise UsageError(f"{flag}: {path} already exists: remove it or choose another file (nothing is overwritten)")
+    target = probe_output(path, flag, replace)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir() and not create_folder:
         raise UsageError(f"{flag}: folder {parent} does not exist: create it first")
@@ -123,8 +124,9 @@ def new_output(value: str | os.PathLike, flag: str, replace: bool = False, creat
         raise UsageError(f"{flag}: {parent} is not a folder: choose another location")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag}: folder {parent} is not writable: choose another location")
+    refuse_kernel_fs(parent, flag)
     _probe(parent, path, flag)
-    return path
+    return target
 
 
 def _probe(folder: Path, path: Path, flag: str) -> None:
@@ -139,12 +141,14 @@ def _probe(folder: Path, path: Path, flag: str) -> None:
     probe.unlink(missing_ok=True)
 
 
-def write_json_or_print(path: Path, data: dict, hint: str) -> None:
+def write_json_or_print(output: Target | Path, data: dict, hint: str) -> Path:
     """Write a measurement whole (`write_json_atomic`, its folder created); if that still fails, it
-    is printed rather than lost, and the line says so (`hint`: what to do with the printed JSON)."""
+    is printed rather than lost, and the line says so (`hint`: what to do with the printed JSON).
+    Returns the path written (beside the probed one if a file appeared there meanwhile)."""
+    path = output.path if isinstance(output, Target) else Path(output)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(path, data)
+        return write_json_atomic(output, data)
     except OSError as exc:
         print(json.dumps(data, indent=2), flush=True)
         raise RunError(f"cannot write {path}: {exc.strerror or exc}; the result is printed above ({hint})") from None
@@ -217,38 +221,66 @@ def remove_path(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def recover_folder(out: Path) -> None:
+LISTED = ".neuron-train-files"  # in a folder `publish_folder` made: the names it wrote there, one a line
+
+
+def _listed(folder: Path, known: tuple[str, ...]) -> list[str]:
+    """The names a published folder holds by its own list (`known`: for a folder made before the
+    list existed), with the temporary files of their writes."""
+    listing = folder / LISTED
+    st = writer_lstat(listing)
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_size <= 1 << 16:
+        names = listing.read_text(encoding="utf-8", errors="replace").splitlines() + [LISTED]
+    else:
+        names = list(known)
+    temps = [p.name for p in folder.iterdir() for n in names if p.name.startswith(f".{n}.") and p.name.endswith(".tmp")]
+    return names + temps
+
+
+def drop_folder(folder: Path, known: tuple[str, ...] = ()) -> list[str]:
+    """Delete a folder `publish_folder` made, entry by entry (only the names it lists, regular files);
+    what else is in it is kept with the folder. Returns what was kept."""
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return remove_folder(folder, _listed(folder, known))
+
+
+def recover_folder(out: Path, known: tuple[str, ...] = ()) -> None:
     """Clean up after a `publish_folder` of `out` killed on this host: a half-built folder is
-    deleted; an old folder moved aside is put back if the swap never finished, else deleted."""
+    deleted; an old folder moved aside is put back if the swap never finished, else deleted
+    (entry by entry: `drop_folder`)."""
     out = Path(out)
     for stale in stale_work_paths(out, "building"):
-        remove_path(stale)
+        drop_folder(stale, known)
     for stale in stale_work_paths(out, "old"):
         if out.exists() or out.is_symlink():
-            remove_path(stale)
+            drop_folder(stale, known)
         else:
             os.rename(stale, out)
 
 
-def publish_folder(out: Path, files: dict[str, bytes]) -> None:
-    """Make folder `out` hold exactly `files` (name -> bytes), whole or not at all.
+def publish_folder(out: Path, files: dict[str, bytes], known: tuple[str, ...] = ()) -> None:
+    """Make folder `out` hold exactly `files` (name -> bytes) and their list (`LISTED`), whole or
+    not at all.
 
     The files are written into a folder beside `out`, which then takes its name; an existing `out`
-    is moved aside first and deleted after. A failure or a crash leaves the old folder or the new
+    is moved aside first and deleted after, entry by entry (`drop_folder`; `known`: the names an
+    old folder without a list may hold). A failure or a crash leaves the old folder or the new
     one, never a mix of both (`recover_folder` finishes the job after a killed process).
     """
     out = Path(out)
     try:
-        _publish(out, files)
+        _publish(out, files, known)
     except OSError as exc:  # a full disk, a folder gone read-only: nothing changed
         raise write_failed(out, exc, kept=" (the previous folder, if any, is kept as it was)") from None
 
 
-def _publish(out: Path, files: dict[str, bytes]) -> None:
+def _publish(out: Path, files: dict[str, bytes], known: tuple[str, ...]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     build, old = work_path(out, "building"), work_path(out, "old")
     build.mkdir()
     try:
+        write_bytes_atomic(build / LISTED, "".join(name + "\n" for name in files).encode())
         for name, data in files.items():
             write_bytes_atomic(build / name, data)
         if not out.exists():
@@ -260,7 +292,9 @@ def _publish(out: Path, files: dict[str, bytes]) -> None:
         except BaseException:
             os.rename(old, out)  # put the old folder back
             raise
-        remove_path(old)
+        kept = drop_folder(old, known)
+        if kept:
+            print(f"note: {old} is kept: it holds {', '.join(kept[:3])}, which this command did not write",
+                  file=sys.stderr, flush=True)
     finally:
-        if build.exists():
-            remove_path(build)
+        drop_folder(build)

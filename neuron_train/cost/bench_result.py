@@ -10,6 +10,7 @@ from pathlib import Path
 
 from neuron_train.common.fileio import write_json_or_print
 from neuron_train.common.neuron_env import library_versions
+from neuron_train.common.writer import Target
 from neuron_train.cost.instance import host_metadata
 from neuron_train.cost.measure import Measurement, Workload
 from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION
@@ -66,7 +67,7 @@ def build_result(*, workload: Workload, mode: str, instance: tuple[str, str], ru
     }
 
 
-def write_result(output: Path, result: dict) -> None:
+def write_result(output: Target, result: dict) -> Path:
     """Write a result file whole (printed instead when it cannot be written); check it first
     (`validate_result`)."""
-    write_json_or_print(output, result, "save it as a .json file for `neuron-train report`")
+    return write_json_or_print(output, result, "save it as a .json file for `neuron-train report`")

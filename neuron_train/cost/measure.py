@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from neuron_train.common.errors import UsageError
+from neuron_train.common.fileio import write_text_atomic
 from neuron_train.cost.failures import MeasureFailed, classify_failure
 from neuron_train.instrument import proc
 from neuron_train.training.config import RunConfig
@@ -75,7 +76,7 @@ def measure_train(cfg: RunConfig, nproc: int, workdir: Path) -> Measurement:
     # Its own process group, ended with us (a kill -9 of bench leaves no run.py behind).
     ended = proc.run(cmd, dict(os.environ), stdout_too=True, tail_lines=OUTPUT_LINES, echo=False)
     output = "\n".join(ended.tail)
-    (out_dir / "output.log").write_text(output)
+    write_text_atomic(out_dir / "output.log", output)
     summary_path = out_dir / "run" / "summary.json"
     if ended.code != 0:
         raise classify_failure(ended.code, output)

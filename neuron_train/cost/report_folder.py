@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import publish_folder, recover_folder, refuse_unusable
+from neuron_train.common.fileio import LISTED, publish_folder, recover_folder, refuse_unusable
 from neuron_train.cost.render import Context, render_html, render_markdown, report_blocks, write_csv
 from neuron_train.cost.rows import Group
 
@@ -26,13 +26,18 @@ def check_out_dir(out: Path, force: bool) -> None:
     report run are cleaned first and never block a new one.
     """
     refuse_unusable(out, "--out", but=errno.ENOTDIR)  # under a file: said below, naming the file
-    recover_folder(out)
+    here = Path.cwd().resolve()
+    if out.resolve() == here or out.resolve() in here.parents:
+        raise UsageError(f"--out {out} is the current folder or holds it: a report folder is replaced whole; "
+                         "give a folder of its own (--out report)")
+    recover_folder(out, OUTPUT_FILES)
     if out.is_symlink():
         raise UsageError(f"--out {out} is a symbolic link: give the folder it points to")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file, not a folder")
     present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    foreign = [n for n in present if n not in OUTPUT_FILES]
+    ours = set(OUTPUT_FILES) | {LISTED}
+    foreign = [n for n in present if n not in ours or not (out / n).is_file() or (out / n).is_symlink()]
     if foreign:
         raise UsageError(f"--out {out} holds files that are not part of a report ({', '.join(foreign[:3])}): "
                          "a report folder is replaced whole; choose another --out")
@@ -55,5 +60,5 @@ def write_report(out: Path, groups: list[Group], ctx: Context) -> list[str]:
     # Every file is complete in memory before the folder is touched; it is then published whole.
     publish_folder(out, {**images, "report.csv": write_csv(groups).encode(),
                          "report.md": render_markdown(blocks).encode(),
-                         "report.html": render_html(blocks, images).encode()})
+                         "report.html": render_html(blocks, images).encode()}, known=OUTPUT_FILES)
     return list(images)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from neuron_train.common import reader
+from neuron_train.common import reader, writer
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import is_s3, new_output, remove_path, stale_work_paths, work_path
 from neuron_train.precompile.maintenance import check_files, unvouched
@@ -161,20 +161,14 @@ def _publish_archive(cache: Path, packed: Manifest, dest: Path) -> None:
     part = work_path(dest, "part")
     try:
         _write_archive(cache, packed, part)
-        try:
-            os.link(part, dest)
-        except FileExistsError:
-            raise UsageError(f"{dest} already exists: choose another file name (nothing is overwritten)") from None
-        except OSError:  # a file system without hard links: check, then rename
-            if dest.exists():
-                raise UsageError(f"{dest} already exists: choose another file name") from None
-            os.rename(part, dest)
+        if not writer.link_new(part, dest):
+            raise UsageError(f"{dest} already exists: choose another file name (nothing is overwritten)")
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise RunError(f"cannot pack into {dest}: {exc.strerror or exc}{where}; the partial archive "
                        "was removed") from None
     finally:
-        part.unlink(missing_ok=True)
+        writer.remove_ours(part)
 
 
 def _safe_member(member: tarfile.TarInfo) -> str:

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from neuron_train.common import writer
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import remove_path, stale_work_paths, work_path
+from neuron_train.common.fileio import stale_work_paths, work_path
 from neuron_train.precompile.manifest import XLA_DIR, FileRecord, Manifest, entry_of
 from neuron_train.precompile.store import (
     FAILED,
@@ -112,16 +113,17 @@ def quarantine(cache: Path, findings: list[Finding], adopt: bool = False) -> Pat
     if not bad:
         return None
     require_cache(cache, "verify --quarantine", adopt)
-    dest_root = cache / QUARANTINE_DIR / time.strftime("%Y%m%d-%H%M%S")
+    stamp = Path(QUARANTINE_DIR) / time.strftime("%Y%m%d-%H%M%S")
+    dest_root = cache / stamp
     with file_lock(cache / USE_LOCK, wait=False, purpose="quarantine needs the cache to itself"):
         for rel in corrupt:
-            dest = dest_root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            # every folder on the way is a real folder of the cache: a link would move the file outside
+            dest = writer.make_folders(cache, stamp / Path(rel).parent) / Path(rel).name
             os.replace(cache_path(cache, rel), dest)
 
         update_manifest(cache, lambda manifest: manifest.forget_entries(bad, utc_now()))
         for mark in interrupted_prunes(cache):  # what they left recorded is forgotten now
-            mark.unlink(missing_ok=True)
+            writer.remove_ours(mark)
     return dest_root if corrupt else None
 
 
@@ -217,7 +219,7 @@ def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = 
             raise UsageError(f"{foreign[0].path} holds files prune cannot vouch for (not in the manifest, "
                              "not a compiler artifact): nothing deleted")
         mark = work_path(cache / PRUNE_MARK, "running")  # says, if we are killed, why files are missing
-        mark.touch()
+        os.close(writer.create_new(mark))
         done: set[str] = set()
         try:
             for e in chosen:
@@ -229,7 +231,7 @@ def prune(cache: Path, chosen: list[Entry], announce: Callable[[Entry], None] = 
                 if done and has_manifest(cache):
                     update_manifest(cache, lambda manifest: manifest.forget_entries(done, utc_now()))
             finally:
-                mark.unlink(missing_ok=True)
+                writer.remove_ours(mark)
 
 
 def interrupted_prunes(cache: Path) -> list[Path]:
@@ -244,15 +246,13 @@ def _remove_entry(cache: Path, rel: str, manifest: Manifest) -> None:
     path = PurePosixPath(rel)
     target = cache_path(cache, str(path.parent)) / path.name
     if not target.is_dir() or target.is_symlink():
-        remove_path(target)
+        writer.remove_ours(target)  # a file entry (or a link, itself): never a folder it points to
         return
     for child in sorted(target.rglob("*"), reverse=True):  # deepest first: folders after their files
         if child.is_dir() and not child.is_symlink():
-            if not any(child.iterdir()):
-                child.rmdir()
+            writer.remove_folder(child, [])  # only once empty
         # named from the entry, not from `cache`: `target` is resolved (the cache may be a relative
         # path or reached through a symbolic link), so `child` is not under `cache` as written
         elif _vouched_file(cache, f"{rel}/{child.relative_to(target).as_posix()}", manifest):
-            child.unlink()
-    if not any(target.iterdir()):
-        target.rmdir()
+            writer.remove_ours(child)
+    writer.remove_folder(target, [])  # only once empty

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from neuron_train.common import reader
+from neuron_train.common import reader, writer
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import confined, sha256_file, write_json_atomic
 from neuron_train.precompile.manifest import (
@@ -78,7 +78,7 @@ class CacheInUse(RunError):
 @contextmanager
 def file_lock(path: Path, *, shared: bool = False, wait: bool = True, purpose: str = "") -> Iterator[None]:
     """An fcntl (flock) lock on `path`, released when the block ends (or the process dies)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd, _ = writer.open_lock(path, "cache's lock file")  # never through a link (a dangling one: outside the cache)
     try:
         mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
         try:

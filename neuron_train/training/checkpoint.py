@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 from torch.utils._pytree import tree_map
 
-from neuron_train.common import reader
+from neuron_train.common import reader, writer
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import work_path
 from neuron_train.training import checkpoint_format as fmt
@@ -37,6 +37,9 @@ from neuron_train.training import checkpoint_format as fmt
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 _TEMP = re.compile(r"^\.step-\d{8}(\.optim-rank\d+)?\.pt(\.sha256)?\.tmp-(.+-)?\d+$")  # work_path names, and older ones
+# common.writer's temporary files of the run folder's own files (tempfile.mkstemp: 8 random characters)
+_RUN_TEMP = re.compile(r"^\.(summary\.json|graphs\.json|config\.yaml|metrics\.jsonl|precompile_coverage\.json"
+                       r"|profile\.json)\.[a-z0-9_]+\.tmp$")
 _SIDECAR = re.compile(r"^(step-\d{8}(\.optim-rank\d+)?\.pt)\.sha256$")
 _T = TypeVar("_T")  # a nested structure of tensors and other values
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"  # pickled magic number of old torch.save files
@@ -82,8 +85,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 def _remove_file(path: Path) -> None:
     """Delete a file of ours by its name; anything else by that name (a directory) is not ours: kept."""
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
+    writer.remove_ours(path)
 
 
 def _step_file(run_dir: Path, step: int) -> Path:
@@ -99,26 +101,27 @@ def shard_file(checkpoint: Path, rank: int) -> Path:
 
 def _write_atomic(final: Path, state: dict) -> None:
     """`state` as `final`, whole or not at all: on any failure the temporary file is removed."""
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final.parent.parent.mkdir(parents=True, exist_ok=True)  # the run folder (the user's choice)
+    writer.make_folders(final.parent.parent, Path(final.parent.name))  # checkpoints/ ours: never a link
     tmp = work_path(final, "tmp")  # .step-N.pt.tmp-HOST-PID
     side, side_tmp = fmt.checksum_file(final), work_path(fmt.checksum_file(final), "tmp")
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(writer.create_new(tmp), "wb") as fh:
             torch.save({"format": FORMAT, **state}, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        with open(side_tmp, "w") as fh:  # hashed from the disk: what a reader will check
+        with os.fdopen(writer.create_new(side_tmp), "w") as fh:  # hashed from the disk: what a reader checks
             fh.write(fmt.checksum_line(tmp, final.name))
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(side_tmp, side)  # the checksum first: a checkpoint never appears without one
-        os.replace(tmp, final)  # atomic: a reader sees the old set or the complete new file
+        writer.rename_over(side_tmp, side, "checksum file")  # the checksum first: never a checkpoint without one
+        writer.rename_over(tmp, final, "checkpoint")  # atomic: a reader sees the old set or the complete new file
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        side_tmp.unlink(missing_ok=True)
+        writer.remove_ours(tmp)
+        writer.remove_ours(side_tmp)
         failed = write_failed_in_run(final.parent.parent, final, exc)
         if failed is not None:
-            side.unlink(missing_ok=True)
+            writer.remove_ours(side)
             raise failed from None
         raise
 
@@ -188,7 +191,8 @@ def remove_stale_temps(run_dir: Path) -> list[Path]:
     names = [p for p in d.iterdir()] if d.is_dir() else []
     stale = [p for p in names if _TEMP.match(p.name)
              or ((m := _SIDECAR.match(p.name)) and not (d / m[1]).exists())]
-    stale = [p for p in stale + list(Path(run_dir).glob(".*.tmp")) if p.is_symlink() or p.is_file()]
+    ours = [p for p in Path(run_dir).glob(".*.tmp") if _RUN_TEMP.match(p.name)]  # only names we make
+    stale = [p for p in stale + ours if p.is_symlink() or p.is_file()]
     for p in stale:
         _remove_file(p)
     return stale

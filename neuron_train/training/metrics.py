@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from neuron_train.common.errors import RunError
+from neuron_train.common import writer
 from neuron_train.common.fileio import write_failed, write_text_atomic
 
 
@@ -49,14 +49,12 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, tensorboard: bool, resume_step: int | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
-        if self.path.is_symlink():  # appending would write wherever it points
-            raise RunError(f"{self.path} is a symbolic link: refusing to write outside the run directory; "
-                           "replace it with the file itself")
+        writer.expect_regular(self.path, "run's metrics.jsonl")  # a link, a FIFO: refused before reading it
         if resume_step is not None and self.path.exists():
             note = repair_metrics(self.path, resume_step)
             if note:
                 print(f"note: {note}", file=sys.stderr, flush=True)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        self.fd = writer.open_append(self.path, "run's metrics.jsonl")  # a hard-linked copy: made its own first
         self.lock = threading.Lock()  # records come from step closures (a thread) and evaluations
         self.error: OSError | None = None  # the first failed write (a full disk): the loop stops with it
         self.failed_step: int | None = None

@@ -27,6 +27,7 @@ from collections.abc import Sized
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from neuron_train.common import writer
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.training import checkpoint as ckpt
@@ -54,6 +55,8 @@ def preflight(cfg: RunConfig) -> tuple[RunConfig, str | None]:
     total = _target_steps(cfg, world, images=rank == 0)
     if extracting_graphs():  # neuron_parallel_compile's extraction writes nothing: no directory
         return cfg, None
+    if run_dir is not None and rank == 0:
+        check_run_files(run_dir)  # before the checkpoints are looked at: a FIFO there would hang it
     resume = cfg.checkpoint.resume
     plan = _plan_resume(cfg, resume, run_dir, world, total) if resume is not None else None
     if plan and plan.finished:
@@ -86,6 +89,21 @@ def check_location(run_dir: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):  # also false on a read-only file system
         raise UsageError(f"--output-dir {run_dir}: {existing} is not writable (read-only or no "
                          "permission): choose another --output-dir")
+
+
+def check_run_files(run_dir: Path) -> None:
+    """Before any work: the run folder's own files are what they should be (common.writer's rules):
+    the lock and the files we write are absent or regular files, checkpoints/ a real folder whose
+    checkpoints and checksums are not links or special files. A link would carry our writes outside
+    the run; a FIFO would hang it; a file where checkpoints/ should be would fail at the first save."""
+    for name in (LOCK_NAME, *(n for n in RUN_FILES if n != "checkpoints")):
+        writer.expect_regular(run_dir / name, f"run's {name}")
+    folder = ckpt.checkpoint_dir(run_dir)
+    writer.expect_folder(folder, "folder of the run's checkpoints")
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if not (entry.is_dir() and not entry.is_symlink()):  # a directory by our name is skipped as damage
+                writer.expect_regular(entry, "checkpoint file")
 
 
 def _target_steps(cfg: RunConfig, world: int, *, images: bool) -> int:
@@ -212,8 +230,7 @@ def hold_lock(run_dir: Path) -> None:
         return
     path = key / LOCK_NAME
     while True:
-        made = not path.exists()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd, made = writer.open_lock(path, "run's lock file")  # never through a link, never a FIFO
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -248,11 +265,11 @@ def release_unused() -> None:
     (a run refused or failed at start-up leaves no empty directory)."""
     for run_dir, (fd, made) in list(_locks.items()):
         if made:
-            (run_dir / LOCK_NAME).unlink(missing_ok=True)  # before closing: no one locks it meanwhile
+            writer.remove_ours(run_dir / LOCK_NAME)  # before closing: no one locks it meanwhile
         os.close(fd)
         del _locks[run_dir]
-        if run_dir in _created and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        if run_dir in _created:
+            writer.remove_folder(run_dir, [])  # only if nothing is in it
         _created.discard(run_dir)
 
 
