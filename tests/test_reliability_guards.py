@@ -174,18 +174,18 @@ def test_a_prune_that_failed_on_a_protected_file_is_not_later_reported_as_killed
     """Weak row: the prune's mark stayed after a deletion failed (EACCES on a protected file), and
     every later `verify` said a prune had been killed. Now the entries it did delete are forgotten
     and the mark goes; the failure is the one line now."""
-    from neuron_train.precompile import maintenance
+    from neuron_train.common import writer
 
     cache = make_cache(tmp_path / "c", {"xla/1": b"a", "xla/2": b"b"})
     age(cache)
-    real_remove = maintenance.remove_path
+    real_remove = writer.remove_ours
 
-    def protected(path: Path) -> None:
-        if path.name == "2":
+    def protected(path: Path) -> bool:
+        if Path(path).name == "2":
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        real_remove(path)
+        return real_remove(path)
 
-    monkeypatch.setattr(maintenance, "remove_path", protected)
+    monkeypatch.setattr(writer, "remove_ours", protected)
     code = cli.main(["cache", "prune", "--compile-cache", str(cache), "--older-than", "1d"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "permission denied" in err, err
