@@ -9,7 +9,8 @@ and reports, per step:
 - trace ms: host CPU time (the process's, so autograd's backward thread counts) from the step's
   first op to the point where it is cut into a graph, with the device idle (the previous step has
   finished), so the figure is tracing alone;
-- sync ms: host CPU time of the cut itself (torch_xla.sync: the graph's hash, cache look-up, launch);
+- sync ms: host CPU time of the cut itself (torch_xla.sync: the graph's hash, cache look-up, launch),
+  the calling thread's (the graph starts executing on XLA's own threads during the call);
 - IR nodes: the traced graph's size (torch_xla's TensorsGraphSize metric);
 - HLO: instructions of the step's graph as lowered (what `plan` counts);
 - device ms: XLA's ExecuteTime of the step.
@@ -92,9 +93,9 @@ def one(model: str, impl: str, precision: str, steps: int, warmup: int) -> dict:
             t1 = time.process_time()
             hlo = hlo_figures(torch_xla._XLAC._get_xla_tensors_hlo(_live_outputs(trainer)))
             met.clear_all()
-            t2 = time.process_time()
+            t2 = time.thread_time()  # this thread's alone: the graph executes on XLA's threads meanwhile
             torch_xla.sync()  # the step's cut, as MpDeviceLoader makes it at the next batch
-            t3 = time.process_time()
+            t3 = time.thread_time()
             xm.wait_device_ops()  # for the step's ExecuteTime
             if step >= warmup:
                 sizes, execute = met.metric_data("TensorsGraphSize"), met.metric_data("ExecuteTime")

@@ -46,11 +46,13 @@ class _Bucket:
     def sizes(self) -> list[int]:
         return [p.numel() for p in self.params]
 
+    # A 1-D tensor (a bias, a norm's scale: most of a transformer's tensors) needs no view op to trace.
     def flat(self, tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-        return torch.cat([t.reshape(-1) for t in tensors])
+        return torch.cat([t if t.dim() == 1 else t.reshape(-1) for t in tensors])
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        return [part.view_as(p) for part, p in zip(torch.split(flat, self.sizes), self.params, strict=True)]
+        return [part if p.dim() == 1 else part.view_as(p)
+                for part, p in zip(torch.split(flat, self.sizes), self.params, strict=True)]
 
 
 class FlatOptimizer(torch.optim.Optimizer):
