@@ -23,7 +23,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
-from neuron_train.graphs.explain import Context, Loaders, explain, grown, guarded_write, slice_made
+from neuron_train.graphs.explain import (
+    Context,
+    Loaders,
+    constant_moved,
+    explain,
+    grown,
+    guarded_write,
+    scalar_fix,
+    slice_made,
+)
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
@@ -33,6 +42,7 @@ from neuron_train.graphs.records import (
     GRAPH_BREAK,
     GROWING_GRAPH,
     NEW_CALL_SITE,
+    NEW_CONSTANT,
     NEW_INPUT_SHAPE,
     UNKNOWN,
     WARMUP,
@@ -204,7 +214,7 @@ class Analyzer:
         if growth:
             graph.cause, graph.detail = GROWING_GRAPH, growth
             graph.where, graph.library = self.optimizer_where or graph.where, ""
-        elif graph.kind == "recompile" and fresh_read is not None:
+        elif graph.kind == "recompile" and fresh_read is not None and not constant_moved(self.hlo.get(site.last), hlo, ctx):
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause) = "late", fresh_read
             read = ctx.reads.get(graph.where)
@@ -221,6 +231,8 @@ class Analyzer:
         elif graph.kind == "recompile":
             graph.cause, graph.detail, graph.where, graph.library = explain(
                 self.hlo.get(site.last), hlo, graph.where, ctx, graph.library)
+            if graph.cause == NEW_CONSTANT and ctx.window.scalars and graph.where == ctx.window.scalars[0].where:
+                graph.fix = scalar_fix(ctx.window.scalars[0])
             self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
         elif graph.kind == "late":
             # Only a graph a read ran is the read's: a sync's graph keeps its own library line, though

@@ -153,6 +153,15 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
     return cause, detail, line
 
 
+def constant_moved(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, ctx: Context) -> bool:
+    """Did an optimizer scalar leave (or reach) exactly 0 or 1 in this window, and the graphs differ by
+    that constant? Then a read in the same window (an evaluation's `.item()` before the LR moved) did
+    not split the step: the constant made the new graph."""
+    if not ctx.window.scalars:
+        return False
+    return base is None or new is None or hlo_diff.explain(base, new, ctx.is_internal).cause == NEW_CONSTANT
+
+
 def slice_made(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None,
                is_internal: Callable[[str], bool], loaders: Loaders, w: Window,
                follows: tuple[Graph, list[str]] | None = None) -> bool:
@@ -234,7 +243,20 @@ def _scalar_detail(change: ScalarChange) -> str:
     text = f"; optimizer param_groups[{change.group}]['{change.key}'] = {change.value}"
     if change.scheduler:
         text += f", set by the {change.scheduler} made at {short(change.where)}"
+    if change.value not in (0, 1):  # it was 0 or 1 until now: baked into the earlier graphs
+        text += (f" (it was exactly 0 or 1 until then, a constant in the graphs before; {change.value} is "
+                 "graph data, so the step compiled anew)")
     return text
+
+
+def scalar_fix(change: ScalarChange) -> str:
+    """The fix for an optimizer scalar that reached or left exactly 0 or 1."""
+    if change.value not in (0, 1):
+        return (f"start {change.key} away from exactly 0 and 1 (e.g. 0.999 rather than 1.0, a warm-up from "
+                f"1e-8 rather than 0): torch_xla bakes those two values into the graph as constants, so the "
+                f"first value the {change.scheduler or 'schedule'} moves it to compiles a new step graph")
+    return (f"keep {change.key} away from exactly 0 and 1 (end a decay at min_lr=1e-8, stop a schedule short "
+            "of 1.0): torch_xla bakes those two values into the graph as constants, a new step graph")
 
 
 def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str, detail: str,

@@ -1,0 +1,23 @@
+"""check-graphs on the shapes of the held-out misses of issue 43 (own fixtures under
+tests/fixtures/graphs/, each line to name labelled `# <- LABEL`)."""
+
+from __future__ import annotations
+
+import pytest
+from test_graphs import check_script, line_of
+
+from neuron_train.graphs import records
+
+
+@pytest.mark.slow
+def test_an_lr_starting_at_exactly_1_with_a_steplr_is_a_recompilation_from_a_constant(tmp_path):
+    """Epoch 2's step graph takes the LR (0.7) as data where epoch 1's baked 1.0 in; the evaluation's
+    `.item()` reads in the same window are not the cause. At --lr 0.5 nothing new compiles."""
+    code, report, output = check_script(tmp_path, "lr_from_one.py")
+    assert code == 1, output
+    [moved] = report["recompiles"]
+    assert (moved["cause"], moved["where"]) == (records.NEW_CONSTANT, line_of("lr_from_one.py", "SCHEDULER"))
+    assert "['lr'] = 0.7, set by the StepLR" in moved["detail"]
+    assert moved["fix"].startswith("start lr away from exactly 0 and 1")
+    code, report, output = check_script(tmp_path, "lr_from_one.py", "--lr", "0.5")
+    assert code == 0 and report["recompiles"] == [], output
