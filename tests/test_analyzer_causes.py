@@ -6,10 +6,12 @@ Synthetic step windows as in test_analyzer_rules.py; each expectation is written
 
 from __future__ import annotations
 
-from test_analyzer_rules import SYNC, analyzer_of, through
+import pytest
+from test_analyzer_rules import SITE_PACKAGES, SYNC, TRAINER, analyzer_of, through
 from test_graphs import ACCESS, window
 
-from neuron_train.graphs import hlo_diff, records
+from neuron_train.graphs import format_report, hlo_diff, records
+from neuron_train.graphs.log import Frame
 
 
 def update(lr_input: bool) -> hlo_diff.HloSummary:
@@ -37,3 +39,37 @@ def test_an_lr_that_leaves_exactly_1_is_a_recompilation_from_a_constant_not_the_
     assert "set by the StepLR made at /u/t.py:16 (it was exactly 0 or 1 until then" in b.detail
     assert b.fix.startswith("start lr away from exactly 0 and 1 (e.g. 0.999 rather than 1.0")
     assert analyzer.graphs["R"].kind == "late"
+
+
+EPOCH_END = Frame("_run_epoch", f"{SITE_PACKAGES}/transformers/trainer.py", 1979)  # the epoch's final mark_step
+
+
+@pytest.mark.parametrize("samples,optimizer_step,cause", [
+    (80, True, records.ACCUMULATION_REMAINDER),  # 10 batches of 8, windows of 3: 3, 3, 3, 1
+    (72, True, records.NEW_CALL_SITE),           # 9 batches: every window has 3
+    (80, False, records.NEW_CALL_SITE),          # no optimizer step in the window: not a training step
+])
+def test_a_trainers_shorter_last_accumulation_window_names_the_setting_and_the_arithmetic(
+        samples, optimizer_step, cause):
+    """gradient_accumulation_steps=3 with 10 batches an epoch: the epoch's last window has 1 batch, a
+    new step graph at the Trainer's end-of-epoch mark_step, compiled once."""
+    analyzer = analyzer_of()
+    loader = records.LoaderOrigin("L1", "/u/t.py:122", batch_size=8, drop_last=False, samples=samples,
+                                  library="transformers/trainer.py:1100", accumulation=3)
+    for step in (1, 2):
+        analyzer.observe(window(step, *through("A", 122, SYNC, TRAINER, compiled=step == 1), loaders=[loader],
+                                optimizer_steps=[step]))
+    extra = {"optimizer_steps": [3]} if optimizer_step else {}
+    assert analyzer.observe(window(3, *through("L", 122, SYNC, EPOCH_END), **extra)) == []
+    late = analyzer.graphs["L"]
+    assert (late.kind, late.cause, late.where, late.library) == (
+        "late", cause, "/u/t.py:122", "transformers/trainer.py:1979")
+    if cause == records.ACCUMULATION_REMAINDER:
+        assert late.detail == (
+            "TrainingArguments(gradient_accumulation_steps=3) with 10 batches an epoch (the DataLoader at "
+            "/u/t.py:122: 80 samples, batch_size 8): windows of 3, 3, 3, 1 batches; the epoch's last window "
+            "of 1 traces another step graph (compiled once, run at every epoch's end)")
+        assert late.fix.startswith("make the batches per epoch a multiple of 3 (9 or 12 batches: 72 or 96 "
+                                   "samples), or a gradient_accumulation_steps that divides 10")
+        assert "precompile it" in late.fix
+        assert "fix: make the batches per epoch a multiple of 3" in format_report(analyzer.summary())

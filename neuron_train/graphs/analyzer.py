@@ -26,6 +26,7 @@ from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.explain import (
     Context,
     Loaders,
+    accumulation_remainder,
     constant_moved,
     explain,
     grown,
@@ -147,7 +148,9 @@ class Analyzer:
             graph = self._unlogged_graph(w, label, index, next(times, None))
             if graph.kind == "recompile":
                 found.append(graph)
-        self.host.observe(w, reads, label, index, steady, self.optimizer_step)
+        line = next((user_frames(e.frames, self.is_internal)[0].where for e, _ in w.events if e.frames), "") \
+            if w.fallbacks else ""
+        self.host.observe(w, reads, label, index, steady, self.optimizer_step, line)
         return found
 
     def _site_key(self, event: XlaEvent, phase: str) -> tuple:
@@ -241,6 +244,8 @@ class Analyzer:
             graph.cause = read_cause(read.kind if read is not None else None) if event.host_access else NEW_CALL_SITE
             graph.library = (read.library if read is not None else "") or graph.library
             graph.fix = fix_for(graph.cause, graph.library, read.padded) if read is not None else ""
+        if graph.kind != "warmup" and not growth and not event.host_access:
+            accumulation_remainder(graph, ctx)  # the Trainer's shorter last window: its setting, not the sync
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:

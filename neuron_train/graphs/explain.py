@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from neuron_train.graphs import hlo_diff, source
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.records import (
+    ACCUMULATION_REMAINDER,
     DATA_DEPENDENT,
     GRAPH_STRUCTURE,
     GROWING_CONCAT,
@@ -65,6 +66,17 @@ class Loaders:
             remainder = _remainder(origin) if origin is not None else 0
             if remainder and any(_first_dim(s) == remainder for s in batch.shapes):
                 return origin
+        return None
+
+    def accumulation_remainder(self) -> tuple[LoaderOrigin, int] | None:
+        """The Trainer's loader whose batches per epoch are no multiple of its gradient_accumulation_steps,
+        and that count of batches."""
+        for origin in self.origins.values():
+            if origin.accumulation > 1 and origin.samples and origin.batch_size:
+                full, ragged = divmod(origin.samples, origin.batch_size)
+                batches = full + (bool(ragged) and not origin.drop_last)
+                if batches % origin.accumulation:
+                    return origin, batches
         return None
 
     def source_of(self, shapes: list[str]) -> LoaderOrigin | None:
@@ -132,6 +144,10 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
         ops = ", ".join(sorted(w.fallbacks))
         return DATA_DEPENDENT, f"{ops} ran on the CPU and its result's shape reached the graph ({why.detail})", \
             fallback_lines[0]
+    called = _fallback_call(w, why, where, ctx) if cause in (NEW_INPUT_SHAPE, GRAPH_STRUCTURE, UNKNOWN) else ""
+    if called:  # no graph ran for the op (its input was ready): the user's call of it, from the source
+        return DATA_DEPENDENT, (f"{', '.join(sorted(w.fallbacks))} ran on the CPU (called at {short(called)}) and "
+                                f"its result's shape, which depends on the data, reached the graph ({why.detail})"), called
     if cause == NEW_INPUT_SHAPE and base and new and slice_made(base, new, ctx.is_internal, ctx.loaders, w):
         return SLICE_SHAPE, (f"{detail}; the slice at {short(why.where)} cut the input to another length; "
                              f"{_per_step(_changed(base, new)[0], new, ctx.step, ctx)}"), why.where
@@ -160,6 +176,15 @@ def constant_moved(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | 
     if not ctx.window.scalars:
         return False
     return base is None or new is None or hlo_diff.explain(base, new, ctx.is_internal).cause == NEW_CONSTANT
+
+
+def _fallback_call(w: Window, why: hlo_diff.Explanation, where: str, ctx: Context) -> str:
+    """The user's call of a CPU fallback op of this window whose result made the difference: the graphs
+    differ at a library line (the op's own Python, e.g. torch/functional.py for torch.unique), not the
+    user's, and the user's file calls the op."""
+    if not w.fallbacks or why.where or not why.library or not ctx.is_internal(why.library.rpartition(":")[0]):
+        return ""
+    return next((line for op in sorted(w.fallbacks) if (line := source.call_of(op, where))), "")
 
 
 def slice_made(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None,
@@ -218,6 +243,30 @@ def _grown_detail(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, cat: hlo_
     detail = (f"{shapes}: the tensor the last run concatenated (torch.cat at {at}) is concatenated again, "
               f"longer every run, so every run is a new graph; {_per_step(changed[0], new, ctx.step, ctx)}")
     return GROWING_CONCAT, detail, cat.where if mine else where, "" if mine else f"{name}:{line}" if name else library
+
+
+def accumulation_remainder(graph: Graph, ctx: Context) -> bool:
+    """A new step graph the Trainer ran in a window with an optimizer step, when its loader's batches per
+    epoch leave a shorter last accumulation window: named as that remainder (setting, arithmetic, fixes)."""
+    found = ctx.loaders.accumulation_remainder()
+    if found is None or not ctx.window.optimizer_steps or not graph.library.startswith("transformers/trainer.py"):
+        return False
+    origin, batches = found
+    accumulation = origin.accumulation
+    windows = [accumulation] * (batches // accumulation) + [batches % accumulation]
+    shown = ", ".join(map(str, windows)) if len(windows) <= 6 else f"{accumulation}, ..., {accumulation}, {windows[-1]}"
+    graph.cause = ACCUMULATION_REMAINDER
+    graph.detail = (f"TrainingArguments(gradient_accumulation_steps={accumulation}) with {batches} batches an epoch "
+                    f"(the DataLoader at {short(origin.where)}: {origin.samples} samples, batch_size "
+                    f"{origin.batch_size}): windows of {shown} batches; the epoch's last window of {windows[-1]} "
+                    "traces another step graph (compiled once, run at every epoch's end)")
+    multiple, size = batches - batches % accumulation, origin.batch_size or 1
+    graph.fix = (f"make the batches per epoch a multiple of {accumulation} ({multiple} or {multiple + accumulation} "
+                 f"batches: {multiple * size} or {(multiple + accumulation) * size} "
+                 f"samples), or a gradient_accumulation_steps that divides {batches}; dataloader_drop_last=True "
+                 "helps only when a ragged last batch alone makes the remainder; or accept the one extra graph "
+                 "(compiled once, run every epoch) and precompile it")
+    return True
 
 
 def _other_program(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None) -> bool:

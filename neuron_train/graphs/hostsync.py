@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from neuron_train.graphs import source
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
@@ -75,10 +76,10 @@ class HostSyncs:
     scalar_reads: int = 0
 
     def observe(self, w: Window, reads: dict[str, LineReads], step: int | None, index: int, steady: bool,
-                optimizer_step: int = 0) -> None:
+                optimizer_step: int = 0, site: str = "") -> None:
         """`index` numbers the window; `optimizer_step` is the optimizer step the window is in (0
         before any): a Trainer syncs more than once per optimizer step, so a read in every optimizer
-        step may be in a minority of the syncs."""
+        step may be in a minority of the syncs. `site` is a user line of the window (a sync's)."""
         if steady:
             for where, read in reads.items():
                 tally = self._tally(where, read.kind, read.phase)
@@ -100,17 +101,21 @@ class HostSyncs:
             entry.executes_graph, entry.refused = True, refused.message
             if step not in entry.steps:
                 entry.steps.append(step)
-        self._fallbacks(w, reads, step)
+        self._fallbacks(w, reads, step, site)
 
     def _tally(self, where: str, kind: str, phase: str) -> _Tally:
         if where not in self.host:
             self.host[where] = _Tally(HostSync(where, kind, HOST_READS[kind], read_cause(kind), phase))
         return self.host[where]
 
-    def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None) -> None:
+    def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None, site: str) -> None:
         lines = [where for where, r in reads.items() if r.kind == "fallback"]
         for op, count in w.fallbacks.items():
-            entry = self.fallback.setdefault(op, FallbackOp(0, step))
+            entry = self.fallback.get(op)
+            if entry is None:  # first seen: an op whose input was ready ran no graph, so no read names it;
+                entry = self.fallback[op] = FallbackOp(0, step)  # the user's call of it does (once per op)
+                called = source.call_of(op, site) if site and not lines else ""
+                entry.where += [called] if called else []
             entry.count += count
             for where in lines:
                 if where not in entry.where and len(entry.where) < 5:

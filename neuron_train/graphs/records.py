@@ -33,6 +33,7 @@ PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a s
 SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
 GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run's result: a new length each run
 GROWING_GRAPH = "graph grows every step"     # no sync ends the step: each graph holds every step before it
+ACCUMULATION_REMAINDER = "gradient-accumulation remainder"  # an epoch's last window has fewer micro-batches
 
 FIXES = {
     NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
@@ -64,6 +65,9 @@ FIXES = {
     GROWING_GRAPH: "end every step with a sync: torch_xla.sync() (or xm.mark_step()) right after the "
                    "optimizer step, or iterate the loader through torch_xla's MpDeviceLoader, which syncs at "
                    "each step's end",
+    ACCUMULATION_REMAINDER: "make the batches per epoch a multiple of gradient_accumulation_steps (the dataset's "
+                            "size, the batch size or gradient_accumulation_steps), or accept the one extra "
+                            "step graph (compiled once, run every epoch) and precompile it",
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 
@@ -180,6 +184,7 @@ class LoaderOrigin:
     collate_where: str = ""        # the collate_fn's `def` line
     library: str = ""              # the library line that made it (`transformers/trainer.py:1098`), if any
     grouped: bool = False          # its sampler groups samples by length (the Trainer's group_by_length=True)
+    accumulation: int = 0          # the Trainer's gradient_accumulation_steps when a Trainer made it (> 1)
 
 
 @dataclass

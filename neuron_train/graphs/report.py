@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from neuron_train.graphs.records import GraphReport, fix_for
+from neuron_train.graphs.records import ACCUMULATION_REMAINDER, GraphReport, fix_for
 
 
 def format_report(r: GraphReport) -> str:
@@ -29,6 +29,8 @@ def format_report(r: GraphReport) -> str:
     lines.append(f"late graphs (new call sites once the run was steady; precompile must cover them): {len(late)}")
     for g in late:
         lines.append(f"  step {g.step} ({g.phase}): {g.cause} at {at(g.where, g.library)}")
+        if g.cause == ACCUMULATION_REMAINDER:  # a late graph with a cause of its own: what made it, the fix
+            lines += [f"    {g.detail}", f"    fix: {g.fix}"]
     lines.append(f"host syncs after warm-up: {len(r.host_syncs)}")
     for h in r.host_syncs:
         effect = (f"{h.cause}: runs a graph before the step's sync" if h.executes_graph
