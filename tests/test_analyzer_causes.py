@@ -11,7 +11,7 @@ from test_analyzer_rules import SITE_PACKAGES, SYNC, TRAINER, analyzer_of, throu
 from test_graphs import ACCESS, window
 
 from neuron_train.graphs import format_report, hlo_diff, records
-from neuron_train.graphs.log import Frame
+from neuron_train.graphs.log import Frame, XlaEvent
 
 
 def update(lr_input: bool) -> hlo_diff.HloSummary:
@@ -73,3 +73,33 @@ def test_a_trainers_shorter_last_accumulation_window_names_the_setting_and_the_a
                                    "samples), or a gradient_accumulation_steps that divides 10")
         assert "precompile it" in late.fix
         assert "fix: make the batches per epoch a multiple of 3" in format_report(analyzer.summary())
+
+
+def test_a_fallback_op_that_ran_no_graph_is_named_at_the_users_call_of_it(tmp_path):
+    """aten::_unique2 ran on the CPU on a ready input (no graph, no read); the new input's only line is
+    torch's own (torch/functional.py): the user's `torch.unique(` call in the script is the line, with
+    the op's fixed-length fix, and the fallback op carries it."""
+    script = tmp_path / "t.py"
+    script.write_text("import torch\n\nfor xb, yb in batches:\n    classes, counts = torch.unique(yb, return_counts=True)\n"
+                      "    loss = step(xb, counts)\n    torch_xla.sync()\n")
+    sync = f"{script}:6"
+    analyzer = analyzer_of()
+    torch_line = f"{SITE_PACKAGES}/torch/functional.py:946"
+
+    def counts(n: int) -> hlo_diff.HloSummary:
+        return hlo_diff.HloSummary([hlo_diff.Instr("parameter", f"s64[{n}]", where=torch_line, index=0)],
+                                   [hlo_diff.Instr("add", "f32[]")], ["f32[]"])
+
+    def run(step: int, graph: str, n: int, compiled: bool) -> list[records.Graph]:
+        events = [XlaEvent(kind=k, cause="user torch_xla.sync", graph_hash=graph,
+                                   frames=[SYNC, Frame("<module>", str(script), 6)])
+                  for k in (("compile", "execute") if compiled else ("execute",))]
+        return analyzer.observe(window(step, *events, hlo={0: counts(n)} if compiled else {},
+                                       fallbacks={"aten::_unique2": 1}))
+
+    run(1, "A", 3, True)
+    run(2, "A", 3, False)
+    [new] = run(3, "B", 2, True)
+    assert (new.cause, new.where, new.library) == (records.DATA_DEPENDENT, f"{script}:4", "")
+    assert new.fix == records.FALLBACK_FIXES["aten::_unique2"] and sync != new.where
+    assert analyzer.summary().fallback_ops["aten::_unique2"].where == [f"{script}:4"]

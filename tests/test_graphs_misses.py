@@ -21,3 +21,21 @@ def test_an_lr_starting_at_exactly_1_with_a_steplr_is_a_recompilation_from_a_con
     assert moved["fix"].startswith("start lr away from exactly 0 and 1")
     code, report, output = check_script(tmp_path, "lr_from_one.py", "--lr", "0.5")
     assert code == 0 and report["recompiles"] == [], output
+
+
+@pytest.mark.slow
+def test_a_fallback_ops_data_dependent_length_is_named_at_the_users_call_and_its_fix_passes(tmp_path):
+    """torch.unique(..., return_counts=True) for class weights: its input is ready, so no graph runs for
+    it and no read names it; the recompilation when a batch has 2 classes instead of 3 is a data-dependent
+    shape at the user's call (never torch/functional.py), with a fixed-length fix (not drop_last: every
+    batch is full); the fallback op carries that line. The fix applied: stable."""
+    code, report, output = check_script(tmp_path, "unique_counts.py")
+    assert code == 1, output
+    unique = line_of("unique_counts.py", "UNIQUE")
+    [shape] = report["recompiles"]
+    assert (shape["cause"], shape["where"], shape["library"]) == (records.DATA_DEPENDENT, unique, ""), output
+    assert "one_hot(labels, num_classes).sum(0)" in shape["fix"] and "drop_last" not in shape["fix"]
+    assert report["fallback_ops"]["aten::_unique2"]["where"] == [unique]
+    assert "torch/functional.py" not in output
+    code, report, output = check_script(tmp_path, "unique_counts.py", "--fixed")
+    assert code == 0 and report["recompiles"] == [], output

@@ -29,9 +29,9 @@ from neuron_train.graphs.explain import (
     accumulation_remainder,
     constant_moved,
     explain,
+    fix_of,
     grown,
     guarded_write,
-    scalar_fix,
     slice_made,
 )
 from neuron_train.graphs.findings import DynamoEntry
@@ -43,7 +43,6 @@ from neuron_train.graphs.records import (
     GRAPH_BREAK,
     GROWING_GRAPH,
     NEW_CALL_SITE,
-    NEW_CONSTANT,
     NEW_INPUT_SHAPE,
     UNKNOWN,
     WARMUP,
@@ -234,8 +233,7 @@ class Analyzer:
         elif graph.kind == "recompile":
             graph.cause, graph.detail, graph.where, graph.library = explain(
                 self.hlo.get(site.last), hlo, graph.where, ctx, graph.library)
-            if graph.cause == NEW_CONSTANT and ctx.window.scalars and graph.where == ctx.window.scalars[0].where:
-                graph.fix = scalar_fix(ctx.window.scalars[0])
+            graph.fix = fix_of(graph, ctx)  # the moved scalar's, the fallback op's; "" for the cause's own
             self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
         elif graph.kind == "late":
             # Only a graph a read ran is the read's: a sync's graph keeps its own library line, though

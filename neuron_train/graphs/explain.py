@@ -18,6 +18,7 @@ from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.records import (
     ACCUMULATION_REMAINDER,
     DATA_DEPENDENT,
+    FALLBACK_FIXES,
     GRAPH_STRUCTURE,
     GROWING_CONCAT,
     NEW_CONSTANT,
@@ -298,7 +299,17 @@ def _scalar_detail(change: ScalarChange) -> str:
     return text
 
 
-def scalar_fix(change: ScalarChange) -> str:
+def fix_of(graph: Graph, ctx: Context) -> str:
+    """A fix more precise than the cause's: for the optimizer scalar that moved, the fallback op that ran."""
+    scalars = ctx.window.scalars
+    if graph.cause == NEW_CONSTANT and scalars and graph.where == scalars[0].where:
+        return _scalar_fix(scalars[0])
+    if graph.cause == DATA_DEPENDENT:
+        return next((FALLBACK_FIXES[op] for op in sorted(ctx.window.fallbacks) if op in FALLBACK_FIXES), "")
+    return ""
+
+
+def _scalar_fix(change: ScalarChange) -> str:
     """The fix for an optimizer scalar that reached or left exactly 0 or 1."""
     if change.value not in (0, 1):
         return (f"start {change.key} away from exactly 0 and 1 (e.g. 0.999 rather than 1.0, a warm-up from "

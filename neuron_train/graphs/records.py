@@ -71,6 +71,14 @@ FIXES = {
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
 }
 
+# CPU fallback ops whose result has a data-dependent length, and the fixed-length way to the same values.
+FALLBACK_FIXES = {
+    "aten::_unique2":
+        "count with a fixed length: torch.nn.functional.one_hot(labels, num_classes).sum(0) counts every class "
+        "(0 for one a batch lacks), where torch.unique(..., return_counts=True) returns only the classes present, "
+        "a length that depends on the data (and runs on the CPU)",
+}
+
 HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing factor) every batch, so every "
               "batch is a new graph: apply Mixup/CutMix on the host, in the data loader (the DataLoader's "
               "collate_fn, e.g. timm's FastCollateMixup), or `neuron-train train --mixup/--cutmix`, which "
