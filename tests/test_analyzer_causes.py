@@ -103,3 +103,23 @@ def test_a_fallback_op_that_ran_no_graph_is_named_at_the_users_call_of_it(tmp_pa
     assert (new.cause, new.where, new.library) == (records.DATA_DEPENDENT, f"{script}:4", "")
     assert new.fix == records.FALLBACK_FIXES["aten::_unique2"] and sync != new.where
     assert analyzer.summary().fallback_ops["aten::_unique2"].where == [f"{script}:4"]
+
+
+def test_a_dropout_p_written_to_exactly_0_by_a_callback_is_named_at_the_write():
+    """A TrainerCallback anneals every nn.Dropout.p to 0: torch leaves the dropout out of the step's
+    graph (its ops traced inside torch, no user line in the diff); the hooks saw the write reach 0, so
+    the recompilation is named at the write, with a fix that ends the anneal above 0."""
+    analyzer = analyzer_of()
+    torch_line = f"{SITE_PACKAGES}/torch/nn/functional.py:1422"
+    with_dropout = hlo_diff.HloSummary([hlo_diff.Instr("parameter", "f32[8]", index=0)], [
+        hlo_diff.Instr("rng-bit-generator", "u32[8]", where=torch_line), hlo_diff.Instr("multiply", "f32[8]")],
+        ["f32[8]"])
+    without = hlo_diff.HloSummary(with_dropout.params, [hlo_diff.Instr("multiply", "f32[8]")], ["f32[8]"])
+    for step in (1, 2):
+        analyzer.observe(window(step, *through("A", 139, SYNC, TRAINER, compiled=step == 1), hlo={0: with_dropout}))
+    write = records.ScalarChange(-1, "p", 0.0, "/u/t.py:84", "", module="Dropout")
+    [new] = analyzer.observe(window(3, *through("B", 139, SYNC, TRAINER), hlo={0: without}, scalars=[write]))
+    assert (new.cause, new.where, new.library) == (records.NEW_CONSTANT, "/u/t.py:84", "")
+    assert "Dropout.p = 0.0 written at /u/t.py:84: it reached exactly 0 or 1" in new.detail
+    assert new.fix.startswith("keep Dropout.p away from exactly 0 and 1 where it is written: end an anneal just "
+                              "above 0 (p = max(1e-6, ...))")

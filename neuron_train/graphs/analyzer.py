@@ -335,7 +335,8 @@ class Analyzer:
 
     def summary(self, max_graphs: int | None = None) -> GraphReport:
         graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
-        host, host_problems = self.host.report(self.steady_steps, self.steady_optimizer_steps)
+        logging_steps = max((o.logging_steps for o in self.loaders.origins.values()), default=0)
+        host, host_problems = self.host.report(self.steady_steps, self.steady_optimizer_steps, logging_steps)
         problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
                     + _dynamo_problems(self.dynamo) + host_problems + self.notes)
         if max_graphs is not None and len(graphs) > max_graphs:

@@ -155,6 +155,9 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
     cut = _sliced(base, new, why)
     if cut:  # the same ops with another length, first at a slice whose bound is computed
         return SLICE_SHAPE, f"{detail}; the slice at {_named(cut, ctx)} cut a tensor to another length", line
+    written = next((s for s in w.scalars if s.module and s.where), None)
+    if written is not None and cause in (NEW_CONSTANT, GRAPH_STRUCTURE, UNKNOWN) and not why.where:
+        return NEW_CONSTANT, f"{detail}; {_module_detail(written)}", written.where
     branch = source.branch_at(line, where) if cause == GRAPH_STRUCTURE and _other_program(base, new) else ""
     if branch:
         return PYTHON_BRANCH, f"{detail}; the Python `if` at {short(branch)} chose which ops this step traced", \
@@ -299,11 +302,23 @@ def _scalar_detail(change: ScalarChange) -> str:
     return text
 
 
+def _module_detail(change: ScalarChange) -> str:
+    now = "reached" if change.value in (0, 1) else "left"
+    return (f"{change.module}.{change.key} = {change.value} written at {short(change.where)}: it {now} exactly 0 or 1, "
+            "which torch_xla bakes into the graph as a constant (at p=0 torch leaves the dropout out), so the "
+            "step traced another graph")
+
+
 def fix_of(graph: Graph, ctx: Context) -> str:
-    """A fix more precise than the cause's: for the optimizer scalar that moved, the fallback op that ran."""
-    scalars = ctx.window.scalars
-    if graph.cause == NEW_CONSTANT and scalars and graph.where == scalars[0].where:
-        return _scalar_fix(scalars[0])
+    """A fix more precise than the cause's: for the optimizer or module scalar that moved, the fallback
+    op that ran."""
+    changed = [s for s in ctx.window.scalars if s.where == graph.where]
+    if graph.cause == NEW_CONSTANT and changed and changed[0].module:
+        return (f"keep {changed[0].module}.{changed[0].key} away from exactly 0 and 1 where it is written: end an "
+                f"anneal just above 0 ({changed[0].key} = max(1e-6, ...)) so every step traces the same op with "
+                "the value as graph data; or set it once, before the first step")
+    if graph.cause == NEW_CONSTANT and changed:
+        return _scalar_fix(changed[0])
     if graph.cause == DATA_DEPENDENT:
         return next((FALLBACK_FIXES[op] for op in sorted(ctx.window.fallbacks) if op in FALLBACK_FIXES), "")
     return ""

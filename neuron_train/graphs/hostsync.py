@@ -121,14 +121,18 @@ class HostSyncs:
                 if where not in entry.where and len(entry.where) < 5:
                     entry.where.append(where)
 
-    def report(self, steady_steps: int, steady_optimizer_steps: int = 0) -> tuple[list[HostSync], list[str]]:
-        """The host syncs as reported, and the problems among them."""
+    def report(self, steady_steps: int, steady_optimizer_steps: int = 0,
+               logging_steps: int = 0) -> tuple[list[HostSync], list[str]]:
+        """The host syncs as reported, and the problems among them; `logging_steps` is the Trainer's
+        (0 without one): its loss log reads every that many optimizer steps."""
         out, problems = [], []
         for tally in self.host.values():
             h = replace(tally.sync, steps=list(tally.sync.steps))
             if not h.executes_graph:
                 h.cause = HOST_READ
             h.fix = fix_for(h.cause, h.library, tally.padded)
+            logged = _trainer_log(tally, logging_steps)
+            h.fix = logged or h.fix
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
             # A step is what the script repeats: a sync, or an optimizer step (a Trainer syncs more
             # than once per optimizer step), whichever the read is in most of.
@@ -143,5 +147,20 @@ class HostSyncs:
                                 f"(full_graph=True): torch_xla refused to run it ({h.refused})")
             elif h.executes_graph and h.every_step:
                 problems.append(f"{h.cause}: {h.what} at {at(h.where, h.library)} runs a graph before the step's "
-                                f"sync in {min(seen, total)} of {total} {unit} after warm-up")
+                                f"sync in {min(seen, total)} of {total} {unit} after warm-up"
+                                + (f": the Trainer's loss log, TrainingArguments(logging_steps={logging_steps})"
+                                   if logged else ""))
         return out, problems
+
+
+def _trainer_log(tally: _Tally, logging_steps: int) -> str:
+    """The fix for a read the Trainer makes to log the loss every `logging_steps` optimizer steps (a read
+    at a transformers trainer line in exactly those steps), or "": the user's lever is that argument."""
+    steps = sorted(tally.optimizer_steps)
+    if logging_steps < 1 or len(steps) < 2 or not tally.sync.library.startswith("transformers/trainer") \
+            or any(b - a != logging_steps for a, b in zip(steps, steps[1:], strict=False)):
+        return ""
+    return (f"TrainingArguments(logging_steps={logging_steps}) makes the Trainer read the loss (.item()) every "
+            f"{logging_steps} optimizer steps: each read runs the pending step as a graph of its own and waits for "
+            f"the device before the step's sync, 1 in {logging_steps} steps; raise logging_steps (a read every "
+            "3 or more optimizer steps is reported, not a failure; the default is 500)")

@@ -170,13 +170,15 @@ class LineReads:
 
 @dataclass
 class ScalarChange:
-    """An optimizer hyperparameter that became, or stopped being, exactly 0 or 1 (graphs/hooks.py)."""
+    """An optimizer hyperparameter, or a module's (a dropout's p), that became, or stopped being,
+    exactly 0 or 1 (graphs/hooks.py)."""
 
-    group: int           # param_groups index
-    key: str             # its key there ("lr")
+    group: int           # param_groups index (-1 for a module's)
+    key: str             # its key there ("lr"), or the module's attribute ("p")
     value: float
-    where: str           # the scheduler's line when one made it, else the optimizer step's
+    where: str           # the scheduler's line when one made it, else the optimizer step's; a module's: the write
     scheduler: str       # the scheduler's class name, "" without one
+    module: str = ""     # the module's class when a module's attribute was written ("Dropout")
 
 
 @dataclass
@@ -193,6 +195,7 @@ class LoaderOrigin:
     library: str = ""              # the library line that made it (`transformers/trainer.py:1098`), if any
     grouped: bool = False          # its sampler groups samples by length (the Trainer's group_by_length=True)
     accumulation: int = 0          # the Trainer's gradient_accumulation_steps when a Trainer made it (> 1)
+    logging_steps: int = 0         # the Trainer's logging_steps when a Trainer made it
 
 
 @dataclass
