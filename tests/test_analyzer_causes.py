@@ -123,3 +123,39 @@ def test_a_dropout_p_written_to_exactly_0_by_a_callback_is_named_at_the_write():
     assert "Dropout.p = 0.0 written at /u/t.py:84: it reached exactly 0 or 1" in new.detail
     assert new.fix.startswith("keep Dropout.p away from exactly 0 and 1 where it is written: end an anneal just "
                               "above 0 (p = max(1e-6, ...))")
+
+
+LOG_READ = Frame("nested_xla_mesh_reduce", f"{SITE_PACKAGES}/transformers/trainer_pt_utils.py", 194)
+
+
+@pytest.mark.parametrize("logging_steps,fails,problem", [
+    # 16 optimizer steps, one sync each; the site warms at step 2, so optimizer steps 3-16 are steady (14);
+    # logs at every N-th from step 4 on, each reading in its step and in 2 syncs of its own (mesh_reduce)
+    (2, True, "in 7 of 14 optimizer steps after warm-up: the Trainer's loss log, "
+              "TrainingArguments(logging_steps=2)"),
+    (4, False, ""),   # 4 of 14 optimizer steps (by syncs: 12 of 22, which once failed it)
+])
+def test_the_trainers_loss_log_names_logging_steps_and_fails_only_at_every_second_step(
+        logging_steps, fails, problem):
+    analyzer = analyzer_of()
+    loader = records.LoaderOrigin("L1", "/u/t.py:140", batch_size=8, drop_last=True, samples=128,
+                                  library="transformers/trainer.py:1100", logging_steps=logging_steps)
+    step = 0
+    for n in range(1, 17):
+        step += 1
+        logs = n > 2 and n % logging_steps == 0
+        reads = through("R", 140, LOG_READ, cause=ACCESS, compiled=step == 4) if logs else []
+        analyzer.observe(window(step, *reads, *through("A", 140, SYNC, TRAINER, compiled=step == 1),
+                                optimizer_steps=[n], loaders=[loader] if n == 1 else []))
+        for _ in range(2 if logs else 0):
+            step += 1
+            analyzer.observe(window(step, *through("R", 140, LOG_READ, cause=ACCESS, compiled=False),
+                                    *through("M", 140, SYNC, LOG_READ, compiled=step == 5)))
+    summary = analyzer.summary()
+    [log] = [h for h in summary.host_syncs if h.library == "transformers/trainer_pt_utils.py:194"]
+    assert log.fix.startswith(f"TrainingArguments(logging_steps={logging_steps}) makes the Trainer read the loss "
+                              f"(.item()) every {logging_steps} optimizer steps")
+    assert log.every_step == fails
+    assert summary.problems == ([
+        "host access before sync: a tensor value read at transformers/trainer_pt_utils.py:194, from /u/t.py:140 "
+        f"runs a graph before the step's sync {problem}"] if fails else [])

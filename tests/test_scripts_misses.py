@@ -32,3 +32,37 @@ def test_a_gradient_accumulation_remainder_names_the_setting_the_arithmetic_and_
     assert remainder["fix"].startswith("make the batches per epoch a multiple of 3 (9 or 12 batches: 72 or 96")
     code, report, output = check_graphs(tmp_path, *command, "--samples", "72", "--output-dir", str(tmp_path / "o2"))
     assert code == 0 and late_causes(report) == [] and report["recompiles"] == [], output
+
+
+def test_a_callbacks_dropout_anneal_to_exactly_0_is_named_at_the_write_and_its_fix_passes(tmp_path):
+    """A TrainerCallback anneals every nn.Dropout.p to exactly 0 by optimizer step 4: the step after is a
+    new graph, named at the callback's write (not the Trainer's batch fetch from trainer.train()), with
+    the fix to end the anneal above 0; --anneal-dropout 1e-6 (that fix) is stable."""
+    command = (sys.executable, str(HF), "--no-mask", "--drop-last")
+    code, report, output = check_graphs(tmp_path, *command, "--anneal-dropout", "--output-dir", str(tmp_path / "o"))
+    assert code == 1, output
+    [written] = report["recompiles"]
+    assert (written["cause"], written["where"], written["library"]) == (
+        records.NEW_CONSTANT, label(HF, "DROPOUT"), ""), output
+    assert "Dropout.p = 0.0 written at" in written["detail"] and "max(1e-6, ...)" in written["fix"]
+    code, report, output = check_graphs(tmp_path, *command, "--anneal-dropout", "1e-6",
+                                        "--output-dir", str(tmp_path / "o2"))
+    assert code == 0 and report["recompiles"] == [], output
+
+
+def test_the_trainers_loss_log_names_logging_steps_and_a_realistic_interval_passes(tmp_path):
+    """logging_steps=2: the Trainer reads the loss (through xm.mesh_reduce in transformers/trainer_pt_utils.py)
+    every second optimizer step: half of them, a failure named by the argument the user sets, counted per
+    optimizer step. logging_steps=4: reported with the same fix, not a failure."""
+    command = (sys.executable, str(HF), "--no-mask", "--drop-last", "--samples", "64")
+    code, report, output = check_graphs(tmp_path, *command, "--arg", "logging_steps=2", "--output-dir", str(tmp_path / "o"))
+    assert code == 1, output
+    [log] = [h for h in report["host_syncs"] if h["executes_graph"]]
+    assert log["library"].startswith("transformers/") and log["every_step"], output
+    assert log["fix"].startswith("TrainingArguments(logging_steps=2) makes the Trainer read the loss")
+    [problem] = report["problems"]
+    assert "optimizer steps after warm-up: the Trainer's loss log, TrainingArguments(logging_steps=2)" in problem
+    code, report, output = check_graphs(tmp_path, *command, "--arg", "logging_steps=4", "--output-dir", str(tmp_path / "o2"))
+    assert code == 0, output
+    [log] = [h for h in report["host_syncs"] if h["executes_graph"]]
+    assert not log["every_step"] and log["fix"].startswith("TrainingArguments(logging_steps=4)")

@@ -139,6 +139,8 @@ class HostSyncs:
             by_sync = (len(tally.windows), steady_steps)
             by_optimizer = (min(len(tally.optimizer_steps), steady_optimizer_steps), steady_optimizer_steps)
             seen, total = max(by_sync, by_optimizer, key=lambda r: r[0] / r[1] if r[1] else 0.0)
+            if logged:  # the Trainer's log syncs (mesh_reduce) and reads several times per log: its unit is
+                seen, total = by_optimizer  # the optimizer step, whose every N-th it logs in
             h.every_step = total > 0 and seen * 2 >= total
             unit = "optimizer steps" if (seen, total) == by_optimizer and by_optimizer != by_sync else "steps"
             out.append(h)
