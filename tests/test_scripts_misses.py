@@ -4,9 +4,12 @@ line the user can change, and the fix it prints, applied, removes it."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import sys
 
 import pytest
+from test_byos import nt
 from test_graphs import check_graphs
 from test_scripts import HF, label
 
@@ -66,3 +69,21 @@ def test_the_trainers_loss_log_names_logging_steps_and_a_realistic_interval_pass
     assert code == 0, output
     [log] = [h for h in report["host_syncs"] if h["executes_graph"]]
     assert not log["every_step"] and log["fix"].startswith("TrainingArguments(logging_steps=4)")
+
+
+def test_a_trainer_script_that_evaluates_after_training_is_precompiled_to_its_end_and_fully_covered(tmp_path):
+    """trainer.evaluate() after trainer.train(), 3 epochs: the default tour fast-forwards once every call
+    site is warm past the first epoch (the Trainer told to stop training), reaches the final evaluation,
+    and the printed "then run" command passes at 100% coverage."""
+    command = [sys.executable, str(HF), "--no-mask", "--drop-last", "--final-eval", "--epochs", "3",
+               "--output-dir", str(tmp_path / "out")]
+    proc = nt(tmp_path, "precompile", "--cache-dir", "cc", "--", *command)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "the Trainer told to stop training" in out and "final evaluation:" in out, out
+    assert re.search(r"tour +fast-forwarded after step \d+ .* the code after its training loop included", out), out
+    then_run = shlex.split(re.search(r"then run +(.*)", out).group(1))
+    proc = nt(tmp_path, *then_run[1:])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"precompile coverage 100% \((\d+)/\1 graphs", proc.stdout), proc.stdout
+    assert "'epoch': 3.0" in proc.stdout  # the real run trained all 3 epochs, then evaluated

@@ -130,6 +130,8 @@ class Epochs:
             # Noted before the call: PerDeviceLoader.next() syncs before it takes the batch, and that
             # sync closes a step the loader feeds (in the training thread: the loader of its steps).
             epochs.fed(self._loader._cpu_loader)
+            if not epochs.take(self._loader._cpu_loader, self):
+                raise StopIteration  # fast-forward: the batches its threads prefetched are left unread
             try:
                 return device_next(self)
             except StopIteration:
