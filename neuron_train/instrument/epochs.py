@@ -6,7 +6,8 @@ after the epoch's last batch: a tour that stops once the training step is warm n
 So the tour watches DataLoaders and torch_xla's device loaders (MpDeviceLoader, ParallelLoader):
 the loader that fed the first step gives the epoch's length; when a loader that ran to its end
 (StopIteration) is iterated again, its next epoch begins, and what ran in between is the
-once-per-epoch code. An epoch longer than MAX_EPOCH_STEPS, or steps no
+once-per-epoch code. Then the tour fast-forwards (Epochs.fast_forward): the remaining epochs are cut
+short so the code after the training loop runs too. An epoch longer than MAX_EPOCH_STEPS, or steps no
 DataLoader of known length feeds, fall back to the warm-sites rule; the process says so at the
 first step a loader fed (set-up syncs may come before it), with the --steps that would reach the
 epoch's end, or when the warm-sites rule stops a tour no loader fed.
