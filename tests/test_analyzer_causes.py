@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from test_analyzer_rules import SITE_PACKAGES, SYNC, TRAINER, analyzer_of, through
-from test_graphs import ACCESS, window
+from test_graphs import ACCESS, LIBS, window
 
 from neuron_train.graphs import format_report, hlo_diff, records
 from neuron_train.graphs.log import Frame, XlaEvent
@@ -159,3 +159,22 @@ def test_the_trainers_loss_log_names_logging_steps_and_fails_only_at_every_secon
     assert summary.problems == ([
         "host access before sync: a tensor value read at transformers/trainer_pt_utils.py:194, from /u/t.py:140 "
         f"runs a graph before the step's sync {problem}"] if fails else [])
+
+
+def slice_at(start: int) -> hlo_diff.HloSummary:
+    """A step graph that slices rows [start:start+5] of a device-resident corpus (parsed HLO text)."""
+    return hlo_diff.summarize_hlo(
+        "ENTRY %main {\n"
+        "  %p0.1 = s64[40,8]{1,0} parameter(0)\n"
+        f"  %slice.2 = s64[5,8]{{1,0}} slice(%p0.1), slice={{[{start}:{start + 5}], [0:8]}}, "
+        'metadata={op_type="xla__select" source_file="/u/t.py" source_line=18}\n'
+        "  ROOT %add.3 = s64[5,8]{1,0} add(%slice.2, %slice.2)\n}\n")
+
+
+def test_graphs_that_differ_only_in_a_slices_bounds_are_a_slice_offset_at_the_slice():
+    why = hlo_diff.explain(slice_at(10), slice_at(15), LIBS)
+    assert (why.cause, why.where) == (records.SLICE_OFFSET, "/u/t.py:18")
+    assert why.detail == ("2 ops in both; slice s64[5,8] of the same tensor at {[10:15], [0:8]} -> "
+                          "{[15:20], [0:8]}: its offset is baked into the graph, a new graph per offset")
+    assert hlo_diff.explain(slice_at(10), slice_at(10), LIBS).cause == records.UNKNOWN
+    assert "check-graphs" not in records.FIXES[records.UNKNOWN]  # never sends the user back to the checker

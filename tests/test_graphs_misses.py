@@ -39,3 +39,19 @@ def test_a_fallback_ops_data_dependent_length_is_named_at_the_users_call_and_its
     assert "torch/functional.py" not in output
     code, report, output = check_script(tmp_path, "unique_counts.py", "--fixed")
     assert code == 0 and report["recompiles"] == [], output
+
+
+@pytest.mark.slow
+def test_a_slice_of_a_device_corpus_at_a_moving_offset_is_named_at_the_slice_and_its_fix_passes(tmp_path):
+    """word_language_model's get_batch on a device-resident corpus: graphs whose HLO differs only in a
+    slice's bounds are named (never "unknown" with a fix that sends the user back to the checker), at the
+    slice, with the host-side fix; --host (that fix) is stable."""
+    code, report, output = check_script(tmp_path, "device_corpus.py")
+    assert code == 1, output
+    found = report["recompiles"]
+    assert found and all((g["cause"], g["where"]) == (records.SLICE_OFFSET, line_of("device_corpus.py", "SLICE"))
+                         for g in found), output
+    assert "{[10:15], [0:8]} -> {[15:20], [0:8]}" in found[0]["detail"] and "on the host" in found[0]["fix"]
+    assert records.UNKNOWN not in output and "check-graphs -- COMMAND" not in output
+    code, report, output = check_script(tmp_path, "device_corpus.py", "--host")
+    assert code == 0 and report["recompiles"] == [], output

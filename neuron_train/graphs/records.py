@@ -25,6 +25,7 @@ COMPILED_READ = "host access inside torch.compile"  # a read in a compiled call:
 NEW_INPUT_SHAPE = hlo_diff.NEW_INPUT_SHAPE
 NEW_CONSTANT = hlo_diff.NEW_CONSTANT
 GRAPH_STRUCTURE = hlo_diff.GRAPH_STRUCTURE
+SLICE_OFFSET = hlo_diff.SLICE_OFFSET
 UNKNOWN = hlo_diff.UNKNOWN
 DYNAMO_RECOMPILE = "dynamo recompilation"    # a guard of a torch.compile'd function failed
 DYNAMO_EAGER = "dynamo fell back to eager"   # recompile limit reached: the function runs op by op
@@ -49,7 +50,13 @@ FIXES = {
     COMPILED_READ: "return the tensor from the compiled function and read it after the call's sync "
                    "(torch_xla.sync(), or in xm.add_step_closure(...)): inside the compiled step the read "
                    "breaks its graph in two and waits for the device mid-step",
-    UNKNOWN: "run `neuron-train check-graphs -- COMMAND` for the cause",
+    UNKNOWN: "no difference the checker reads (input shapes, constants, ops, slice bounds) tells the two graphs "
+             "apart: torch_xla's hash also covers what the HLO text leaves out (input layouts and shardings, "
+             "donated buffers); diff the two graphs' HLO (XLA_FLAGS=--xla_dump_to=DIR, "
+             "*.before_optimizations.txt of the two hashes) and keep whatever differs the same every step",
+    SLICE_OFFSET: "slice on the host: keep the data on the CPU and move each batch to the device "
+                  "(`source[i:i + n].to(device)`): one graph for every offset; a slice of a device tensor "
+                  "at a Python offset bakes the offset into the step's graph",
     DYNAMO_RECOMPILE: "keep what the failed guard checks constant: pass a changing Python number as a "
                       "tensor (e.g. the optimizer's lr=torch.tensor(0.01)), give every batch one shape",
     DYNAMO_EAGER: "remove the recompilations above; raising torch._dynamo.config.recompile_limit only "
