@@ -178,3 +178,24 @@ def test_graphs_that_differ_only_in_a_slices_bounds_are_a_slice_offset_at_the_sl
                           "{[15:20], [0:8]}: its offset is baked into the graph, a new graph per offset")
     assert hlo_diff.explain(slice_at(10), slice_at(10), LIBS).cause == records.UNKNOWN
     assert "check-graphs" not in records.FIXES[records.UNKNOWN]  # never sends the user back to the checker
+
+
+@pytest.mark.parametrize("log_compiles,kind", [
+    (True, "late"),        # the log's own graph in between: the fetch's smaller graph is still the read's
+    (False, "recompile"),  # a window that compiled nothing in between: the read is over
+])
+def test_the_rest_of_a_step_a_log_read_split_is_the_reads_while_graphs_keep_compiling(log_compiles, kind):
+    """The Trainer logs at optimizer step 4: the read runs part of the step (step 3), its mesh_reduce
+    compiles a graph of its own (step 4), then the batch fetch's sync runs the rest of the step, a
+    smaller graph at a warm site (step 5): one cause, the read's, not a recompilation."""
+    analyzer = analyzer_of()
+    for step in (1, 2):
+        analyzer.observe(window(step, *through("A", 142, SYNC, TRAINER, compiled=step == 1)))
+    analyzer.observe(window(3, *through("R", 142, LOG_READ, cause=ACCESS)))
+    analyzer.observe(window(4, *through("M", 142, SYNC, LOG_READ, compiled=log_compiles)))
+    found = analyzer.observe(window(5, *through("S", 142, SYNC, TRAINER)))
+    s = analyzer.graphs["S"]
+    assert (s.kind, [g.hash for g in found]) == (kind, [] if kind == "late" else ["S"])
+    if kind == "late":
+        assert (s.cause, s.where, s.library) == (
+            records.HOST_ACCESS, "/u/t.py:142", "transformers/trainer_pt_utils.py:194")

@@ -100,6 +100,8 @@ class Analyzer:
     notes: list[str] = field(default_factory=list)     # known errors named with their fix (hooks)
     scheduled: bool = False     # an LR scheduler was made (hooks): it, not a line of the script, writes the LR
     optimizer_where: str = ""   # the user's line of the first optimizer step (hooks): where a sync goes
+    split_read: tuple[str, str, str] | None = None  # (line, cause, library line) of a read whose graphs
+                                                    # are still compiling
 
     @property
     def steady(self) -> bool:
@@ -126,7 +128,10 @@ class Analyzer:
         dynamo = self._dynamo_notes(w, index, label)
         found: list[Graph] = []
         times = iter(w.compile_times)
-        fresh_read: tuple[str, str] | None = None  # a read that ran a new graph in this window
+        # A read that ran a new graph, in this window or in the run of windows just before that each
+        # compiled one (a Trainer's log reads, syncs in mesh_reduce, then fetches the next batch: the
+        # pending rest of the step compiles as a graph of its own two windows after the read).
+        fresh_read, compiled = self.split_read, False
         for i, (event, phase) in enumerate(w.events):
             site = self.sites.get(key := self._site_key(event, phase))
             if site is None:
@@ -136,9 +141,11 @@ class Analyzer:
                               self._recent_recompile(index), self.library_of)
                 graph = self._new_graph(event, phase, site, label, index, next(times, None), ctx,
                                         w.hlo.get(i), fresh_read, dynamo)
+                compiled |= graph is not None
                 if graph is not None and graph.trigger == "host access" and not in_closure(event):
                     fresh = reads.get(graph.where)
-                    fresh_read = (graph.where, read_cause(fresh.kind if fresh is not None else None))
+                    fresh_read = (graph.where, read_cause(fresh.kind if fresh is not None else None),
+                                  fresh.library if fresh is not None else graph.library)
                 if graph is not None and graph.kind == "recompile":
                     found.append(graph)
             else:
@@ -147,6 +154,7 @@ class Analyzer:
             graph = self._unlogged_graph(w, label, index, next(times, None))
             if graph.kind == "recompile":
                 found.append(graph)
+        self.split_read = fresh_read if compiled and self.executions_logged else None
         line = next((user_frames(e.frames, self.is_internal)[0].where for e, _ in w.events if e.frames), "") \
             if w.fallbacks else ""
         self.host.observe(w, reads, label, index, steady, self.optimizer_step, line)
@@ -192,7 +200,7 @@ class Analyzer:
         return "recompile"
 
     def _new_graph(self, event: XlaEvent, phase: str, site: Site, step: int | None, index: int, seconds: float | None,
-                   ctx: Context, hlo: hlo_diff.HloSummary | None, fresh_read: tuple[str, str] | None,
+                   ctx: Context, hlo: hlo_diff.HloSummary | None, fresh_read: tuple[str, str, str] | None,
                    dynamo: Sequence[DynamoEntry] = ()) -> Graph | None:
         self.uses_log = True
         self.last_new_graph = index
@@ -218,9 +226,9 @@ class Analyzer:
             graph.where, graph.library = self.optimizer_where or graph.where, ""
         elif graph.kind == "recompile" and fresh_read is not None and not constant_moved(self.hlo.get(site.last), hlo, ctx):
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
-            graph.kind, (graph.where, graph.cause) = "late", fresh_read
+            graph.kind, (graph.where, graph.cause, library) = "late", fresh_read
             read = ctx.reads.get(graph.where)
-            graph.library = read.library if read is not None else graph.library
+            graph.library = read.library if read is not None else library or graph.library
             graph.fix = fix_for(graph.cause, graph.library, read is not None and read.padded)
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
         elif graph.kind == "recompile" and dynamo:
