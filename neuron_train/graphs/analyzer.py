@@ -51,7 +51,7 @@ from neuron_train.graphs.records import (
     Window,
     fix_for,
 )
-from neuron_train.graphs.report import at, short
+from neuron_train.graphs.report import dynamo_problems, recompile_problems, short
 
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
 WARMUP_GRAPHS = 3           # distinct graphs a site may run before it repeats one (first optimizer
@@ -345,8 +345,8 @@ class Analyzer:
         graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
         logging_steps = max((o.logging_steps for o in self.loaders.origins.values()), default=0)
         host, host_problems = self.host.report(self.steady_steps, self.steady_optimizer_steps, logging_steps)
-        problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
-                    + _dynamo_problems(self.dynamo) + host_problems + self.notes)
+        problems = (recompile_problems([g for g in graphs if g.kind == "recompile"])
+                    + dynamo_problems(self.dynamo) + host_problems + self.notes)
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         return GraphReport(warmup_steps=self.warmup_steps, steps=self.steps, graphs=graphs, host_syncs=host,
@@ -358,19 +358,6 @@ class Analyzer:
         """Python lines on traced ops (IR debug) cost tracing time: wanted while graphs change."""
         recent = self.last_new_graph and self.steps - self.last_new_graph < lines_after_new_graph
         return not self.steady or bool(recent)
-
-
-def _recompile_problems(recompiles: list[Graph]) -> list[str]:
-    """One line per cause and line: a mask that recompiles every step is one problem."""
-    grouped: dict[tuple, list[Graph]] = {}
-    for g in recompiles:
-        grouped.setdefault((g.cause, g.where), []).append(g)
-    out = []
-    for (cause, where), graphs in grouped.items():
-        steps = ", ".join(str(g.step) for g in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
-        count = f"{len(graphs)} recompilations" if len(graphs) > 1 else "recompilation"
-        out.append(f"{count} at step {steps} ({graphs[0].phase}): {cause} at {at(where, graphs[0].library)}")
-    return out
 
 
 def _compiled_library(function: str) -> str:
@@ -394,22 +381,6 @@ def _dynamo_cause(graph: Graph, note: DynamoEntry, ctx: Context) -> None:
                              f"{origin.batch_size}, drop_last=False, {origin.samples} samples: each pass "
                              f"ends with a batch of {origin.samples % origin.batch_size})")
     graph.fix = note.fix if note.detail else fix_for(graph.cause, graph.library or _compiled_library(note.function))
-
-
-def _dynamo_problems(notes: list[DynamoEntry]) -> list[str]:
-    """Dynamo recompilations that made no new graph of their own (reported with the graph otherwise)
-    and the fall-back to eager, one line per cause and line."""
-    grouped: dict[tuple[str, str, str], list[DynamoEntry]] = {}
-    for d in notes:
-        if d.defect and not d.graph:
-            grouped.setdefault((d.cause, d.where, d.function), []).append(d)
-    out = []
-    for (cause, where, function), found in grouped.items():
-        steps = ", ".join(str(d.step) for d in found[:5]) + (", ..." if len(found) > 5 else "")
-        count = f"{len(found)} times" if len(found) > 1 else "once"
-        out.append(f"{cause} of {function} {count}, at step {steps} ({found[0].phase}): "
-                   f"{found[-1].reason} at {at(where, found[0].library)}")
-    return out
 
 
 def _trigger(event: XlaEvent) -> str:
