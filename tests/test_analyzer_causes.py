@@ -199,3 +199,25 @@ def test_the_rest_of_a_step_a_log_read_split_is_the_reads_while_graphs_keep_comp
     if kind == "late":
         assert (s.cause, s.where, s.library) == (
             records.HOST_ACCESS, "/u/t.py:142", "transformers/trainer_pt_utils.py:194")
+
+
+def fsdp_step(barriers: int, inputs: int) -> hlo_diff.HloSummary:
+    """A training step of torch_xla FSDP: `inputs` graph inputs, gathers behind `barriers` barriers."""
+    return hlo_diff.HloSummary([hlo_diff.Instr("parameter", f"f32[{n + 1}]", index=n) for n in range(inputs)],
+                               [hlo_diff.Instr("opt-barrier", "(f32[8])", op_type="xla::optimization_barrier")]
+                               * barriers + [hlo_diff.Instr("convolution", "f32[8,8,6,6]")], ["f32[]"])
+
+
+def test_fsdps_first_training_step_after_an_evaluation_is_named_as_such_not_as_the_evaluations_read():
+    """The evaluation's forward left the full parameters gathered: the next training step has more inputs
+    and fewer optimization barriers, compiled once. Named at the training sync with what changed and
+    that precompile covers it, not as a split by the evaluation's `.item()` in the same window."""
+    analyzer = analyzer_of()
+    for step in (1, 2):
+        analyzer.observe(window(step, *through("A", 22, SYNC, compiled=step == 1), hlo={0: fsdp_step(27, 8)}))
+    found = analyzer.observe(window(3, *through("R", 27, cause=ACCESS), *through("B", 22, SYNC),
+                                    hlo={2: fsdp_step(18, 12)}))
+    assert [(g.hash, g.kind, g.cause, g.where, g.library) for g in found] == [
+        ("B", "recompile", records.FSDP_AFTER_EVAL, "/u/t.py:22", "")]
+    assert found[0].detail.startswith("8 -> 12 inputs, ")
+    assert found[0].fix == records.FIXES[records.FSDP_AFTER_EVAL] and "precompile covers it" in found[0].fix

@@ -55,3 +55,12 @@ def test_a_slice_of_a_device_corpus_at_a_moving_offset_is_named_at_the_slice_and
     assert records.UNKNOWN not in output and "check-graphs -- COMMAND" not in output
     code, report, output = check_script(tmp_path, "device_corpus.py", "--host")
     assert code == 0 and report["recompiles"] == [], output
+
+
+@pytest.mark.slow
+def test_fsdps_one_time_graph_after_the_first_evaluation_is_named_at_the_training_sync(tmp_path):
+    code, report, output = check_script(tmp_path, "fsdp_eval.py")
+    assert code == 1, output
+    [after] = report["recompiles"]
+    assert (after["cause"], after["where"]) == (records.FSDP_AFTER_EVAL, line_of("fsdp_eval.py", "TRAIN_SYNC"))
+    assert "optimization barrier" in after["detail"] and "pad to the maximum length" not in output

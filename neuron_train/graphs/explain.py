@@ -19,6 +19,7 @@ from neuron_train.graphs.records import (
     ACCUMULATION_REMAINDER,
     DATA_DEPENDENT,
     FALLBACK_FIXES,
+    FSDP_AFTER_EVAL,
     GRAPH_STRUCTURE,
     GROWING_CONCAT,
     NEW_CONSTANT,
@@ -38,6 +39,7 @@ SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N
 SHAPES_KEPT = 256          # distinct batch shapes remembered per loader
 _DIMS = re.compile(r"\[.*\]$")
 COLLATED = "the shape is made by collate_fn"  # the detail's words when the loader's collate_fn made it
+_MECHANISM = "/torch"  # torch and torch_xla files: the mechanism every graph passes through, never named
 
 
 @dataclass
@@ -130,10 +132,11 @@ def explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, w
 
 
 def _named(where: str, ctx: Context) -> str:
-    """`timm/data/mixup.py:211` for a library file's line (the path as is when no package names it)."""
+    """`timm/data/mixup.py:211` for a library file's line (the path as is when no package names it; ""
+    for torch's and torch_xla's own files)."""
     file, _, line = where.rpartition(":")
     name = ctx.library_of(file)
-    return f"{name}:{line}" if name else short(where)
+    return f"{name}:{line}" if name else "" if ctx.is_internal(file) and _MECHANISM in file else short(where)
 
 
 def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, why: hlo_diff.Explanation,
@@ -155,6 +158,11 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
     cut = _sliced(base, new, why)
     if cut:  # the same ops with another length, first at a slice whose bound is computed
         return SLICE_SHAPE, f"{detail}; the slice at {_named(cut, ctx)} cut a tensor to another length", line
+    if cause == GRAPH_STRUCTURE and _barriers_changed(base, new):
+        assert base is not None and new is not None  # _barriers_changed had both
+        return FSDP_AFTER_EVAL, (f"{len(base.params)} -> {len(new.params)} inputs, {detail}: the first training "
+                                 "step after an evaluation takes the full parameters the evaluation's forward left "
+                                 "gathered (torch_xla FSDP), with fewer optimization barriers"), line
     written = next((s for s in w.scalars if s.module and s.where), None)
     if written is not None and cause in (NEW_CONSTANT, GRAPH_STRUCTURE, UNKNOWN) and not why.where:
         return NEW_CONSTANT, f"{detail}; {_module_detail(written)}", written.where
@@ -173,13 +181,24 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
     return cause, detail, line
 
 
-def constant_moved(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, ctx: Context) -> bool:
-    """Did an optimizer scalar leave (or reach) exactly 0 or 1 in this window, and the graphs differ by
-    that constant? Then a read in the same window (an evaluation's `.item()` before the LR moved) did
-    not split the step: the constant made the new graph."""
+def not_the_read(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, ctx: Context) -> bool:
+    """Did something else than a read in the same window make the new graph: an optimizer scalar that
+    left (or reached) exactly 0 or 1 when the graphs differ by that constant, or FSDP's parameters an
+    evaluation left gathered? Then the read (an evaluation's `.item()`) did not split the step."""
+    if _barriers_changed(base, new):
+        return True
     if not ctx.window.scalars:
         return False
     return base is None or new is None or hlo_diff.explain(base, new, ctx.is_internal).cause == NEW_CONSTANT
+
+
+def _barriers_changed(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None) -> bool:
+    """torch_xla's FSDP after an evaluation: the forward left the full parameters gathered, so the next
+    training step takes them as inputs and gathers less behind fewer optimization barriers."""
+    if base is None or new is None or len(base.params) == len(new.params):
+        return False
+    barriers = [sum(i.opcode == "opt-barrier" for i in s.instrs) for s in (base, new)]
+    return barriers[0] != barriers[1] and min(barriers) > 0
 
 
 def _fallback_call(w: Window, why: hlo_diff.Explanation, where: str, ctx: Context) -> str:

@@ -34,6 +34,7 @@ PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a s
 SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
 GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run's result: a new length each run
 GROWING_GRAPH = "graph grows every step"     # no sync ends the step: each graph holds every step before it
+FSDP_AFTER_EVAL = "one-time graph after evaluation"  # torch_xla FSDP: parameters an evaluation left gathered
 ACCUMULATION_REMAINDER = "gradient-accumulation remainder"  # an epoch's last window has fewer micro-batches
 
 FIXES = {
@@ -54,6 +55,10 @@ FIXES = {
              "apart: torch_xla's hash also covers what the HLO text leaves out (input layouts and shardings, "
              "donated buffers); diff the two graphs' HLO (XLA_FLAGS=--xla_dump_to=DIR, "
              "*.before_optimizations.txt of the two hashes) and keep whatever differs the same every step",
+    FSDP_AFTER_EVAL: "nothing to change in the script: one more training graph, compiled once and run again after "
+                     "every evaluation; precompile covers it when its tour runs a training step after the first "
+                     "evaluation: a DataLoader-fed loop's default tour does (past the first epoch's end), else "
+                     "raise --steps past the first evaluation (precompile names the --steps that reach it)",
     SLICE_OFFSET: "slice on the host: keep the data on the CPU and move each batch to the device "
                   "(`source[i:i + n].to(device)`): one graph for every offset; a slice of a device tensor "
                   "at a Python offset bakes the offset into the step's graph",
