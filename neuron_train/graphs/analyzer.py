@@ -26,15 +26,14 @@ from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.explain import (
     Context,
     Loaders,
-    accumulation_remainder,
     explain,
-    fix_of,
     grown,
     guarded_write,
     not_the_read,
     slice_made,
 )
 from neuron_train.graphs.findings import DynamoEntry
+from neuron_train.graphs.fixes import accumulation_remainder, fix_of
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
