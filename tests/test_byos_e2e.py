@@ -38,11 +38,13 @@ def test_a_loader_loop_precompiled_is_covered_and_another_batch_size_is_named_an
     proc = nt(work, "precompile", "--cache-dir", "cc", "--", *cmd, "--batch-size", "32")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
-    # The tour runs past the first epoch's end (30 steps) until the next epoch's steps are warm,
-    # then stops the script: the second epoch is not run to its end.
-    stop = re.search(r"graph tour complete \(every call site warm\) after step (\d+): stopping mp_loader_loop.py", out)
-    assert stop and 30 < int(stop.group(1)) < 60, out
-    assert FINISHED not in out  # the tour stopped the script (60 steps were not run)
+    # The tour runs past the first epoch's end (30 steps) until the next epoch's steps are warm, then
+    # fast-forwards: the second epoch ends at its next batch and the code after the loop runs.
+    assert "fast-forwarding to the script's end" in out, out
+    forwarded = re.search(r"tour +fast-forwarded after step (\d+) .* ran to its end after (\d+) steps", out)
+    assert forwarded and 30 < int(forwarded.group(1)) < 60, out
+    ran = re.search(r"finished (\d+) steps", out)  # the script's own last line: the end was reached
+    assert ran and 30 < int(ran.group(1)) < 40, out  # not 60: the rest of epoch 2 was cut
 
     proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd, "--batch-size", "32")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -108,8 +110,27 @@ def test_a_set_up_graph_before_the_first_batch_does_not_cut_the_tour_short(tmp_p
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "the tour runs to the end of the first epoch (30 steps)" in out and "no DataLoader" not in out
-    stop = re.search(r"graph tour complete \(every call site warm\) after step (\d+): stopping mp_loader_loop.py", out)
-    assert stop and 31 < int(stop.group(1)) < 61, out
+    forwarded = re.search(r"tour +fast-forwarded after step (\d+)", out)
+    assert forwarded and 31 < int(forwarded.group(1)) < 61, out
+
+
+def test_a_fast_forwarded_tour_reaches_the_code_after_the_loop_and_the_real_run_is_fully_covered(tmp_path):
+    """Five epochs with an evaluation at each epoch's end: the tour is warm in the second epoch, then
+    every later epoch is cut to one batch (a few steps into the second epoch + 3, not 150), the script ends by itself, and the
+    printed "then run" command passes at 100% coverage."""
+    work = scripts(tmp_path / "w")
+    cmd = [sys.executable, "mp_loader_loop.py", "--eval", "--epochs", "5"]
+    proc = nt(work, "precompile", "--cache-dir", "cc", "--", *cmd)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert re.search(r"tour +fast-forwarded after step \d+", out), out
+    ran = re.search(r"finished (\d+) steps", out)  # the script's own count: a few into epoch 2, then 1 + 1 + 1
+    assert ran and 33 < int(ran.group(1)) < 43, out
+    then_run = shlex.split(re.search(r"then run +(.*)", out).group(1))
+    proc = nt(work, *then_run[1:])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "finished 150 steps" in proc.stdout and re.match(r"precompile coverage 100% \((\d+)/\1 graphs",
+                                                              coverage_line(proc.stdout))
 
 
 def test_bench_of_a_launch_loop_agrees_with_its_own_clock_and_a_short_bench_stops_it(tmp_path):

@@ -77,6 +77,52 @@ def test_a_tour_stopped_past_the_first_epoch_names_the_steps_that_reach_a_final_
         "the command ended by itself after 40 steps"
 
 
+class Iterator:
+    """Stands for a DataLoader iterator (weakly referenced, as the tour keeps them)."""
+
+
+def test_fast_forward_ends_the_running_epoch_and_leaves_one_batch_to_each_later_one():
+    """The loader that fed the steps: its running epoch's iterator gets no more batches, each later
+    epoch's one (a per-epoch average never divides by zero); any other loader (an evaluation's) is
+    left whole, and batches it feeds meanwhile do not make it the one cut."""
+    epochs = Epochs(lambda: None)
+    train, evaluation = [0] * 12, [0] * 4
+    epochs.fed(train)
+    epochs.fast_forward()
+    running, later, other = Iterator(), Iterator(), Iterator()
+    epochs.fed(evaluation)
+    assert [epochs.take(train, running), epochs.take(train, running)] == [False, False]
+    assert [epochs.take(train, later), epochs.take(train, later)] == [True, False]
+    assert all(epochs.take(evaluation, other) for _ in range(5))
+    assert all(Epochs(lambda: None).take(train, Iterator()) for _ in range(3))  # no fast-forward: nothing cut
+
+
+def test_fast_forward_tells_a_trainer_to_stop_training_at_its_next_callback_event():
+    from transformers import TrainerControl, TrainingArguments
+    from transformers.trainer_callback import CallbackHandler, TrainerState
+
+    handler = CallbackHandler([], None, None, None, None)
+    args = TrainingArguments(output_dir="unused", report_to=[])
+    call_event = CallbackHandler.call_event
+    try:
+        words = Epochs(lambda: None).fast_forward()
+        control = handler.on_step_end(args, TrainerState(), TrainerControl())
+    finally:
+        CallbackHandler.call_event = call_event  # type: ignore[method-assign]
+    assert "the Trainer told to stop training" in words
+    assert control.should_training_stop and control.should_epoch_stop
+
+
+def test_a_fast_forwarded_tour_says_where_it_fast_forwarded_and_whether_it_reached_the_end():
+    forwarded = ProbeRecord(1, "tour", 5, to_epoch_end=True, epoch_steps=12, fast_forward=14)
+    assert tour_ended(None, [forwarded], 16) == (
+        "fast-forwarded after step 14 (every call site warm past the first epoch's end: the remaining epochs "
+        "cut short), then the command ran to its end after 16 steps, the code after its training loop included")
+    words = tour_ended(Stop("tour", 540), [forwarded], 540)
+    assert words.startswith("fast-forwarded after step 14, but the command had not ended 526 steps later")
+    assert "--steps 0 runs the command whole" in words
+
+
 def run(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "neuron_train", *args], env=cpu_env(), cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
@@ -88,7 +134,7 @@ def test_precompile_by_default_then_require_precompiled_covers_the_evaluation(tm
     tour = run(tmp_path, "precompile", "--compile-cache", "cc", *script)
     assert tour.returncode == 0, tour.stdout + tour.stderr
     assert "the tour runs to the end of the first epoch (12 steps)" in tour.stdout  # the command's output
-    assert "past the first epoch's end (12 steps an epoch)" in tour.stdout
+    assert "fast-forwarded after step" in tour.stdout and "epoch 1: accuracy" in tour.stdout  # reached the end
     real = run(tmp_path, "check-graphs", "--compile-cache", "cc", "--require-precompiled", *script)
     assert real.returncode == 0, real.stdout + real.stderr
     assert "precompile coverage 100% (3/3 graphs" in real.stdout

@@ -23,8 +23,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
-from neuron_train.graphs.explain import Context, Loaders, explain, grown, guarded_write, slice_made
+from neuron_train.graphs.explain import (
+    Context,
+    Loaders,
+    explain,
+    grown,
+    guarded_write,
+    not_the_read,
+    slice_made,
+)
 from neuron_train.graphs.findings import DynamoEntry
+from neuron_train.graphs.fixes import accumulation_remainder, fix_of
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import (
@@ -41,7 +50,7 @@ from neuron_train.graphs.records import (
     Window,
     fix_for,
 )
-from neuron_train.graphs.report import at, short
+from neuron_train.graphs.report import dynamo_problems, recompile_problems, short
 
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
 WARMUP_GRAPHS = 3           # distinct graphs a site may run before it repeats one (first optimizer
@@ -90,6 +99,8 @@ class Analyzer:
     notes: list[str] = field(default_factory=list)     # known errors named with their fix (hooks)
     scheduled: bool = False     # an LR scheduler was made (hooks): it, not a line of the script, writes the LR
     optimizer_where: str = ""   # the user's line of the first optimizer step (hooks): where a sync goes
+    split_read: tuple[str, str, str] | None = None  # (line, cause, library line) of a read whose graphs
+                                                    # are still compiling
 
     @property
     def steady(self) -> bool:
@@ -116,7 +127,10 @@ class Analyzer:
         dynamo = self._dynamo_notes(w, index, label)
         found: list[Graph] = []
         times = iter(w.compile_times)
-        fresh_read: tuple[str, str] | None = None  # a read that ran a new graph in this window
+        # A read that ran a new graph, in this window or in the run of windows just before that each
+        # compiled one (a Trainer's log reads, syncs in mesh_reduce, then fetches the next batch: the
+        # pending rest of the step compiles as a graph of its own two windows after the read).
+        fresh_read, compiled = self.split_read, False
         for i, (event, phase) in enumerate(w.events):
             site = self.sites.get(key := self._site_key(event, phase))
             if site is None:
@@ -126,9 +140,11 @@ class Analyzer:
                               self._recent_recompile(index), self.library_of)
                 graph = self._new_graph(event, phase, site, label, index, next(times, None), ctx,
                                         w.hlo.get(i), fresh_read, dynamo)
+                compiled |= graph is not None
                 if graph is not None and graph.trigger == "host access" and not in_closure(event):
                     fresh = reads.get(graph.where)
-                    fresh_read = (graph.where, read_cause(fresh.kind if fresh is not None else None))
+                    fresh_read = (graph.where, read_cause(fresh.kind if fresh is not None else None),
+                                  fresh.library if fresh is not None else graph.library)
                 if graph is not None and graph.kind == "recompile":
                     found.append(graph)
             else:
@@ -137,7 +153,10 @@ class Analyzer:
             graph = self._unlogged_graph(w, label, index, next(times, None))
             if graph.kind == "recompile":
                 found.append(graph)
-        self.host.observe(w, reads, label, index, steady, self.optimizer_step)
+        self.split_read = fresh_read if compiled and self.executions_logged else None
+        line = next((user_frames(e.frames, self.is_internal)[0].where for e, _ in w.events if e.frames), "") \
+            if w.fallbacks else ""
+        self.host.observe(w, reads, label, index, steady, self.optimizer_step, line)
         return found
 
     def _site_key(self, event: XlaEvent, phase: str) -> tuple:
@@ -180,7 +199,7 @@ class Analyzer:
         return "recompile"
 
     def _new_graph(self, event: XlaEvent, phase: str, site: Site, step: int | None, index: int, seconds: float | None,
-                   ctx: Context, hlo: hlo_diff.HloSummary | None, fresh_read: tuple[str, str] | None,
+                   ctx: Context, hlo: hlo_diff.HloSummary | None, fresh_read: tuple[str, str, str] | None,
                    dynamo: Sequence[DynamoEntry] = ()) -> Graph | None:
         self.uses_log = True
         self.last_new_graph = index
@@ -204,11 +223,11 @@ class Analyzer:
         if growth:
             graph.cause, graph.detail = GROWING_GRAPH, growth
             graph.where, graph.library = self.optimizer_where or graph.where, ""
-        elif graph.kind == "recompile" and fresh_read is not None:
+        elif graph.kind == "recompile" and fresh_read is not None and not not_the_read(self.hlo.get(site.last), hlo, ctx):
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
-            graph.kind, (graph.where, graph.cause) = "late", fresh_read
+            graph.kind, (graph.where, graph.cause, library) = "late", fresh_read
             read = ctx.reads.get(graph.where)
-            graph.library = read.library if read is not None else graph.library
+            graph.library = read.library if read is not None else library or graph.library
             graph.fix = fix_for(graph.cause, graph.library, read is not None and read.padded)
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
         elif graph.kind == "recompile" and dynamo:
@@ -221,6 +240,7 @@ class Analyzer:
         elif graph.kind == "recompile":
             graph.cause, graph.detail, graph.where, graph.library = explain(
                 self.hlo.get(site.last), hlo, graph.where, ctx, graph.library)
+            graph.fix = fix_of(graph, ctx)  # the moved scalar's, the fallback op's; "" for the cause's own
             self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
         elif graph.kind == "late":
             # Only a graph a read ran is the read's: a sync's graph keeps its own library line, though
@@ -229,6 +249,8 @@ class Analyzer:
             graph.cause = read_cause(read.kind if read is not None else None) if event.host_access else NEW_CALL_SITE
             graph.library = (read.library if read is not None else "") or graph.library
             graph.fix = fix_for(graph.cause, graph.library, read.padded) if read is not None else ""
+        if graph.kind != "warmup" and not growth and not event.host_access:
+            accumulation_remainder(graph, ctx)  # the Trainer's shorter last window: its setting, not the sync
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:
@@ -320,9 +342,10 @@ class Analyzer:
 
     def summary(self, max_graphs: int | None = None) -> GraphReport:
         graphs = [replace(g, executions=self.executions.get(g.hash, 0)) for g in self.graphs.values()]
-        host, host_problems = self.host.report(self.steady_steps, self.steady_optimizer_steps)
-        problems = (_recompile_problems([g for g in graphs if g.kind == "recompile"])
-                    + _dynamo_problems(self.dynamo) + host_problems + self.notes)
+        logging_steps = max((o.logging_steps for o in self.loaders.origins.values()), default=0)
+        host, host_problems = self.host.report(self.steady_steps, self.steady_optimizer_steps, logging_steps)
+        problems = (recompile_problems([g for g in graphs if g.kind == "recompile"])
+                    + dynamo_problems(self.dynamo) + host_problems + self.notes)
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         return GraphReport(warmup_steps=self.warmup_steps, steps=self.steps, graphs=graphs, host_syncs=host,
@@ -334,19 +357,6 @@ class Analyzer:
         """Python lines on traced ops (IR debug) cost tracing time: wanted while graphs change."""
         recent = self.last_new_graph and self.steps - self.last_new_graph < lines_after_new_graph
         return not self.steady or bool(recent)
-
-
-def _recompile_problems(recompiles: list[Graph]) -> list[str]:
-    """One line per cause and line: a mask that recompiles every step is one problem."""
-    grouped: dict[tuple, list[Graph]] = {}
-    for g in recompiles:
-        grouped.setdefault((g.cause, g.where), []).append(g)
-    out = []
-    for (cause, where), graphs in grouped.items():
-        steps = ", ".join(str(g.step) for g in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
-        count = f"{len(graphs)} recompilations" if len(graphs) > 1 else "recompilation"
-        out.append(f"{count} at step {steps} ({graphs[0].phase}): {cause} at {at(where, graphs[0].library)}")
-    return out
 
 
 def _compiled_library(function: str) -> str:
@@ -370,22 +380,6 @@ def _dynamo_cause(graph: Graph, note: DynamoEntry, ctx: Context) -> None:
                              f"{origin.batch_size}, drop_last=False, {origin.samples} samples: each pass "
                              f"ends with a batch of {origin.samples % origin.batch_size})")
     graph.fix = note.fix if note.detail else fix_for(graph.cause, graph.library or _compiled_library(note.function))
-
-
-def _dynamo_problems(notes: list[DynamoEntry]) -> list[str]:
-    """Dynamo recompilations that made no new graph of their own (reported with the graph otherwise)
-    and the fall-back to eager, one line per cause and line."""
-    grouped: dict[tuple[str, str, str], list[DynamoEntry]] = {}
-    for d in notes:
-        if d.defect and not d.graph:
-            grouped.setdefault((d.cause, d.where, d.function), []).append(d)
-    out = []
-    for (cause, where, function), found in grouped.items():
-        steps = ", ".join(str(d.step) for d in found[:5]) + (", ..." if len(found) > 5 else "")
-        count = f"{len(found)} times" if len(found) > 1 else "once"
-        out.append(f"{cause} of {function} {count}, at step {steps} ({found[0].phase}): "
-                   f"{found[-1].reason} at {at(where, found[0].library)}")
-    return out
 
 
 def _trigger(event: XlaEvent) -> str:

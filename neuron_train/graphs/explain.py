@@ -17,6 +17,7 @@ from neuron_train.graphs import hlo_diff, source
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.records import (
     DATA_DEPENDENT,
+    FSDP_AFTER_EVAL,
     GRAPH_STRUCTURE,
     GROWING_CONCAT,
     NEW_CONSTANT,
@@ -36,6 +37,7 @@ SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N
 SHAPES_KEPT = 256          # distinct batch shapes remembered per loader
 _DIMS = re.compile(r"\[.*\]$")
 COLLATED = "the shape is made by collate_fn"  # the detail's words when the loader's collate_fn made it
+_MECHANISM = "/torch"  # torch and torch_xla files: the mechanism every graph passes through, never named
 
 
 @dataclass
@@ -65,6 +67,17 @@ class Loaders:
             remainder = _remainder(origin) if origin is not None else 0
             if remainder and any(_first_dim(s) == remainder for s in batch.shapes):
                 return origin
+        return None
+
+    def accumulation_remainder(self) -> tuple[LoaderOrigin, int] | None:
+        """The Trainer's loader whose batches per epoch are no multiple of its gradient_accumulation_steps,
+        and that count of batches."""
+        for origin in self.origins.values():
+            if origin.accumulation > 1 and origin.samples and origin.batch_size:
+                full, ragged = divmod(origin.samples, origin.batch_size)
+                batches = full + (bool(ragged) and not origin.drop_last)
+                if batches % origin.accumulation:
+                    return origin, batches
         return None
 
     def source_of(self, shapes: list[str]) -> LoaderOrigin | None:
@@ -117,10 +130,11 @@ def explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, w
 
 
 def _named(where: str, ctx: Context) -> str:
-    """`timm/data/mixup.py:211` for a library file's line (the path as is when no package names it)."""
+    """`timm/data/mixup.py:211` for a library file's line (the path as is when no package names it; ""
+    for torch's and torch_xla's own files)."""
     file, _, line = where.rpartition(":")
     name = ctx.library_of(file)
-    return f"{name}:{line}" if name else short(where)
+    return f"{name}:{line}" if name else "" if ctx.is_internal(file) and _MECHANISM in file else short(where)
 
 
 def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, why: hlo_diff.Explanation,
@@ -132,12 +146,24 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
         ops = ", ".join(sorted(w.fallbacks))
         return DATA_DEPENDENT, f"{ops} ran on the CPU and its result's shape reached the graph ({why.detail})", \
             fallback_lines[0]
+    called = _fallback_call(w, why, where, ctx) if cause in (NEW_INPUT_SHAPE, GRAPH_STRUCTURE, UNKNOWN) else ""
+    if called:  # no graph ran for the op (its input was ready): the user's call of it, from the source
+        return DATA_DEPENDENT, (f"{', '.join(sorted(w.fallbacks))} ran on the CPU (called at {short(called)}) and "
+                                f"its result's shape, which depends on the data, reached the graph ({why.detail})"), called
     if cause == NEW_INPUT_SHAPE and base and new and slice_made(base, new, ctx.is_internal, ctx.loaders, w):
         return SLICE_SHAPE, (f"{detail}; the slice at {short(why.where)} cut the input to another length; "
                              f"{_per_step(_changed(base, new)[0], new, ctx.step, ctx)}"), why.where
     cut = _sliced(base, new, why)
     if cut:  # the same ops with another length, first at a slice whose bound is computed
         return SLICE_SHAPE, f"{detail}; the slice at {_named(cut, ctx)} cut a tensor to another length", line
+    if cause == GRAPH_STRUCTURE and _barriers_changed(base, new):
+        assert base is not None and new is not None  # _barriers_changed had both
+        return FSDP_AFTER_EVAL, (f"{len(base.params)} -> {len(new.params)} inputs, {detail}: the first training "
+                                 "step after an evaluation takes the full parameters the evaluation's forward left "
+                                 "gathered (torch_xla FSDP), with fewer optimization barriers"), line
+    written = next((s for s in w.scalars if s.module and s.where), None)
+    if written is not None and cause in (NEW_CONSTANT, GRAPH_STRUCTURE, UNKNOWN) and not why.where:
+        return NEW_CONSTANT, f"{detail}; {_module_detail(written)}", written.where
     branch = source.branch_at(line, where) if cause == GRAPH_STRUCTURE and _other_program(base, new) else ""
     if branch:
         return PYTHON_BRANCH, f"{detail}; the Python `if` at {short(branch)} chose which ops this step traced", \
@@ -151,6 +177,35 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
                                  f"{first.step} ({first.cause})"), first.where
         return (cause, *_input_source(base, new, line, detail, ctx))
     return cause, detail, line
+
+
+def not_the_read(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, ctx: Context) -> bool:
+    """Did something else than a read in the same window make the new graph: an optimizer scalar that
+    left (or reached) exactly 0 or 1 when the graphs differ by that constant, or FSDP's parameters an
+    evaluation left gathered? Then the read (an evaluation's `.item()`) did not split the step."""
+    if _barriers_changed(base, new):
+        return True
+    if not ctx.window.scalars:
+        return False
+    return base is None or new is None or hlo_diff.explain(base, new, ctx.is_internal).cause == NEW_CONSTANT
+
+
+def _barriers_changed(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None) -> bool:
+    """torch_xla's FSDP after an evaluation: the forward left the full parameters gathered, so the next
+    training step takes them as inputs and gathers less behind fewer optimization barriers."""
+    if base is None or new is None or len(base.params) == len(new.params):
+        return False
+    barriers = [sum(i.opcode == "opt-barrier" for i in s.instrs) for s in (base, new)]
+    return barriers[0] != barriers[1] and min(barriers) > 0
+
+
+def _fallback_call(w: Window, why: hlo_diff.Explanation, where: str, ctx: Context) -> str:
+    """The user's call of a CPU fallback op of this window whose result made the difference: the graphs
+    differ at a library line (the op's own Python, e.g. torch/functional.py for torch.unique), not the
+    user's, and the user's file calls the op."""
+    if not w.fallbacks or why.where or not why.library or not ctx.is_internal(why.library.rpartition(":")[0]):
+        return ""
+    return next((line for op in sorted(w.fallbacks) if (line := source.call_of(op, where))), "")
 
 
 def slice_made(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None,
@@ -234,7 +289,17 @@ def _scalar_detail(change: ScalarChange) -> str:
     text = f"; optimizer param_groups[{change.group}]['{change.key}'] = {change.value}"
     if change.scheduler:
         text += f", set by the {change.scheduler} made at {short(change.where)}"
+    if change.value not in (0, 1):  # it was 0 or 1 until now: baked into the earlier graphs
+        text += (f" (it was exactly 0 or 1 until then, a constant in the graphs before; {change.value} is "
+                 "graph data, so the step compiled anew)")
     return text
+
+
+def _module_detail(change: ScalarChange) -> str:
+    now = "reached" if change.value in (0, 1) else "left"
+    return (f"{change.module}.{change.key} = {change.value} written at {short(change.where)}: it {now} exactly 0 or 1, "
+            "which torch_xla bakes into the graph as a constant (at p=0 torch leaves the dropout out), so the "
+            "step traced another graph")
 
 
 def _input_source(base: hlo_diff.HloSummary, new: hlo_diff.HloSummary, line: str, detail: str,

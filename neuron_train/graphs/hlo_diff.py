@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 NEW_INPUT_SHAPE = "new input shape"
 NEW_CONSTANT = "new constant"
 GRAPH_STRUCTURE = "graph structure changed"
+SLICE_OFFSET = "slice offset"   # the same slice of a device tensor at another offset, baked into the graph
 UNKNOWN = "unknown"
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<rest>.*)$")
@@ -30,6 +31,7 @@ _SOURCE = re.compile(r'source_file="(?P<file>[^"]*)" source_line=(?P<line>\d+)')
 _OP_TYPE = re.compile(r'op_type="(?P<op>[^"]*)"')
 _LAYOUT = re.compile(r"\{[^{}]*\}")
 _SHAPE = re.compile(r"\b[a-z]+[0-9]*\[[0-9,]*\]")
+_BOUNDS = re.compile(r"slice=(\{[^{}]*\})")
 _SPECIAL = {"0", "-0", "1", "-1"}  # torch lazy IsSpecialScalar: 0 and |x| == 1
 # torch_xla op names that say little to a user
 _OP_NAMES = {"xla::select": "slice (xla::select)", "xla::device_data": "input"}
@@ -43,11 +45,12 @@ class Instr:
     value: str = ""   # a constant's literal
     where: str = ""   # file:line of the Python frame that created it ("" without IR debug)
     index: int = -1   # a parameter's number
+    bounds: str = ""  # a slice's `{[10:15], [0:8]}`: offsets torch_xla bakes into the graph
 
     @property
     def key(self) -> tuple:
         """What makes two instructions the same op (metadata is left out: one graph may lack it)."""
-        return (self.opcode, self.shape, self.value)
+        return (self.opcode, self.shape, self.value, self.bounds)
 
     @property
     def label(self) -> str:
@@ -120,7 +123,8 @@ def _parse_instr(line: str) -> Instr | None:
                  op_type=op_type["op"] if op_type else "",
                  value=args if opcode == "constant" and "[]" in shape else "",
                  where=f"{source['file']}:{source['line']}" if source else "",
-                 index=int(args) if opcode == "parameter" and args.isdigit() else -1)
+                 index=int(args) if opcode == "parameter" and args.isdigit() else -1,
+                 bounds=bounds[1] if opcode == "slice" and (bounds := _BOUNDS.search(rest)) else "")
 
 
 def _split_shape(rest: str) -> tuple[str, str]:
@@ -232,6 +236,13 @@ def _structure(old: HloSummary, new: HloSummary, is_internal: Callable[[str], bo
     pairs = [(old.instrs[i] if i < len(old.instrs) else None, new.instrs[i] if i < len(new.instrs) else None)
              for i in differ]
     a, b = pairs[0]
+    moved = [(x, y) for x, y in pairs if x is not None and y is not None and x.bounds != y.bounds
+             and (x.opcode, x.shape, x.value) == (y.opcode, y.shape, y.value)]
+    if moved and len(moved) == len(pairs):  # only slice bounds differ: the same slice at another offset
+        x, y = moved[0]
+        return _explained(SLICE_OFFSET, f"{len(old.instrs)} ops in both; slice {x.shape} of the same tensor at "
+                          f"{x.bounds} -> {y.bounds}: its offset is baked into the graph, a new graph per offset",
+                          [y for _, y in moved], [x for x, _ in moved], is_internal=is_internal)
     if a is not None and b is not None:
         named = a if a.op_type else b  # the graph traced with metadata names the op
         what = (f"first difference {named.label.replace(named.shape, a.shape)} -> {b.shape}"

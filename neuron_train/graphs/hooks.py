@@ -59,6 +59,7 @@ def install(recorder: HookSink, count_syncs: bool = False) -> Callable[[], None]
     undo += loaders.install(recorder)
     undo += dynamo.install(recorder)
     undo.append(_watch_eager_mode(recorder))
+    undo.append(_watch_dropout(recorder))
     if count_syncs:
         undo.append(syncs.subscribe(_StepAtSync(recorder)))
         undo.append(_step_at_unsynced_optimizer_steps(recorder))
@@ -169,6 +170,24 @@ def _watch_optimizers(recorder: HookSink, schedulers: weakref.WeakKeyDictionary[
                     recorder.note_scalar(ScalarChange(g, key, value, made_at or where, name))
 
     return register_optimizer_step_pre_hook(before_step).remove
+
+
+def _watch_dropout(recorder: HookSink) -> Callable[[], None]:
+    """Note a write of a dropout's `p` that reaches or leaves exactly 0 or 1 (a callback annealing it):
+    torch drops the op at 0 and bakes the value in as a constant, so the step traces another graph. Only
+    the dropout classes' attribute writes pass here (rare: set-up and such a callback)."""
+    import torch
+    from torch.nn.modules.dropout import _DropoutNd
+
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        old = self.__dict__.get(name) if name == "p" else None
+        if isinstance(old, (int, float)) and isinstance(value, (int, float)) and (old in (0, 1)) != (value in (0, 1)):
+            where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+            recorder.note_scalar(ScalarChange(-1, name, value, where, "", type(self).__name__))
+        torch.nn.Module.__setattr__(self, name, value)
+
+    setattr(_DropoutNd, "__setattr__", __setattr__)  # noqa: B010  (a deliberate method patch)
+    return lambda: delattr(_DropoutNd, "__setattr__")
 
 
 def _watch_eager_mode(recorder: HookSink) -> Callable[[], None]:

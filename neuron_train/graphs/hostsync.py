@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from neuron_train.graphs import source
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
@@ -75,10 +76,10 @@ class HostSyncs:
     scalar_reads: int = 0
 
     def observe(self, w: Window, reads: dict[str, LineReads], step: int | None, index: int, steady: bool,
-                optimizer_step: int = 0) -> None:
+                optimizer_step: int = 0, site: str = "") -> None:
         """`index` numbers the window; `optimizer_step` is the optimizer step the window is in (0
         before any): a Trainer syncs more than once per optimizer step, so a read in every optimizer
-        step may be in a minority of the syncs."""
+        step may be in a minority of the syncs. `site` is a user line of the window (a sync's)."""
         if steady:
             for where, read in reads.items():
                 tally = self._tally(where, read.kind, read.phase)
@@ -100,36 +101,46 @@ class HostSyncs:
             entry.executes_graph, entry.refused = True, refused.message
             if step not in entry.steps:
                 entry.steps.append(step)
-        self._fallbacks(w, reads, step)
+        self._fallbacks(w, reads, step, site)
 
     def _tally(self, where: str, kind: str, phase: str) -> _Tally:
         if where not in self.host:
             self.host[where] = _Tally(HostSync(where, kind, HOST_READS[kind], read_cause(kind), phase))
         return self.host[where]
 
-    def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None) -> None:
+    def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None, site: str) -> None:
         lines = [where for where, r in reads.items() if r.kind == "fallback"]
         for op, count in w.fallbacks.items():
-            entry = self.fallback.setdefault(op, FallbackOp(0, step))
+            entry = self.fallback.get(op)
+            if entry is None:  # first seen: an op whose input was ready ran no graph, so no read names it;
+                entry = self.fallback[op] = FallbackOp(0, step)  # the user's call of it does (once per op)
+                called = source.call_of(op, site) if site and not lines else ""
+                entry.where += [called] if called else []
             entry.count += count
             for where in lines:
                 if where not in entry.where and len(entry.where) < 5:
                     entry.where.append(where)
 
-    def report(self, steady_steps: int, steady_optimizer_steps: int = 0) -> tuple[list[HostSync], list[str]]:
-        """The host syncs as reported, and the problems among them."""
+    def report(self, steady_steps: int, steady_optimizer_steps: int = 0,
+               logging_steps: int = 0) -> tuple[list[HostSync], list[str]]:
+        """The host syncs as reported, and the problems among them; `logging_steps` is the Trainer's
+        (0 without one): its loss log reads every that many optimizer steps."""
         out, problems = [], []
         for tally in self.host.values():
             h = replace(tally.sync, steps=list(tally.sync.steps))
             if not h.executes_graph:
                 h.cause = HOST_READ
             h.fix = fix_for(h.cause, h.library, tally.padded)
+            logged = _trainer_log(tally, logging_steps)
+            h.fix = logged or h.fix
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
             # A step is what the script repeats: a sync, or an optimizer step (a Trainer syncs more
             # than once per optimizer step), whichever the read is in most of.
             by_sync = (len(tally.windows), steady_steps)
             by_optimizer = (min(len(tally.optimizer_steps), steady_optimizer_steps), steady_optimizer_steps)
             seen, total = max(by_sync, by_optimizer, key=lambda r: r[0] / r[1] if r[1] else 0.0)
+            if logged:  # the Trainer's log syncs (mesh_reduce) and reads several times per log: its unit is
+                seen, total = by_optimizer  # the optimizer step, whose every N-th it logs in
             h.every_step = total > 0 and seen * 2 >= total
             unit = "optimizer steps" if (seen, total) == by_optimizer and by_optimizer != by_sync else "steps"
             out.append(h)
@@ -138,5 +149,20 @@ class HostSyncs:
                                 f"(full_graph=True): torch_xla refused to run it ({h.refused})")
             elif h.executes_graph and h.every_step:
                 problems.append(f"{h.cause}: {h.what} at {at(h.where, h.library)} runs a graph before the step's "
-                                f"sync in {min(seen, total)} of {total} {unit} after warm-up")
+                                f"sync in {min(seen, total)} of {total} {unit} after warm-up"
+                                + (f": the Trainer's loss log, TrainingArguments(logging_steps={logging_steps})"
+                                   if logged else ""))
         return out, problems
+
+
+def _trainer_log(tally: _Tally, logging_steps: int) -> str:
+    """The fix for a read the Trainer makes to log the loss every `logging_steps` optimizer steps (a read
+    at a transformers trainer line in exactly those steps), or "": the user's lever is that argument."""
+    steps = sorted(tally.optimizer_steps)
+    if logging_steps < 1 or len(steps) < 2 or not tally.sync.library.startswith("transformers/trainer") \
+            or any(b - a != logging_steps for a, b in zip(steps, steps[1:], strict=False)):
+        return ""
+    return (f"TrainingArguments(logging_steps={logging_steps}) makes the Trainer read the loss (.item()) every "
+            f"{logging_steps} optimizer steps: each read runs the pending step as a graph of its own and waits for "
+            f"the device before the step's sync, 1 in {logging_steps} steps; raise logging_steps (a read every "
+            "3 or more optimizer steps is reported, not a failure; the default is 500)")

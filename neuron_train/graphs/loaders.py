@@ -12,6 +12,7 @@ import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from neuron_train.graphs.frames import caller_line, code_line, library_line
@@ -38,12 +39,15 @@ def install(recorder: HookSink) -> list[Callable[[], None]]:
         analyzer = recorder.analyzer
         where = caller_line(analyzer.is_internal, sys._getframe(1)) or ""
         made_here = origin(self, where, library_line(analyzer.is_internal, analyzer.library_of, sys._getframe(1)))
+        made_here.accumulation, made_here.logging_steps = _trainer_steps(sys._getframe(1))
         first = by_user.setdefault(id(self.dataset), made_here)
         if first is not made_here and made_here.library:
             # A library re-made an earlier loader over the same data (accelerator.prepare): that one is
             # where its batch size and drop_last are set.
             made_here = replace(made_here, where=first.where, library=first.library or made_here.library,
-                                batch_size=first.batch_size, drop_last=first.drop_last or made_here.drop_last)
+                                batch_size=first.batch_size, drop_last=first.drop_last or made_here.drop_last,
+                                accumulation=first.accumulation or made_here.accumulation,
+                                logging_steps=first.logging_steps or made_here.logging_steps)
         made[self] = made_here.key
         recorder.note_loader(made_here)
 
@@ -87,6 +91,20 @@ def origin(loader: DataLoader[Any], where: str, library: str = "") -> LoaderOrig
                         drop_last=bool(loader.drop_last or getattr(sampler, "drop_last", False)), samples=samples,
                         collate=name if custom else "", collate_where=code_line(collate) if custom else "", library=library,
                         grouped=_grouped(loader))
+
+
+def _trainer_steps(frame: FrameType | None, depth: int = 4) -> tuple[int, int]:
+    """(gradient_accumulation_steps when > 1, logging_steps when an int) of the transformers Trainer whose
+    method made a loader (its `self.args`), looked for in the few frames above DataLoader(...); zeros when
+    no Trainer made it. Once per loader."""
+    while frame is not None and depth > 0:
+        args = getattr(frame.f_locals.get("self"), "args", None)
+        steps = getattr(args, "gradient_accumulation_steps", None)
+        if type(steps) is int and "transformers" in frame.f_code.co_filename:
+            logging = getattr(args, "logging_steps", 0)
+            return (steps if steps > 1 else 0), (logging if type(logging) is int else 0)
+        frame, depth = frame.f_back, depth - 1
+    return 0, 0
 
 
 def _grouped(loader: DataLoader[Any]) -> bool:

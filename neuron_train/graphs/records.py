@@ -25,6 +25,7 @@ COMPILED_READ = "host access inside torch.compile"  # a read in a compiled call:
 NEW_INPUT_SHAPE = hlo_diff.NEW_INPUT_SHAPE
 NEW_CONSTANT = hlo_diff.NEW_CONSTANT
 GRAPH_STRUCTURE = hlo_diff.GRAPH_STRUCTURE
+SLICE_OFFSET = hlo_diff.SLICE_OFFSET
 UNKNOWN = hlo_diff.UNKNOWN
 DYNAMO_RECOMPILE = "dynamo recompilation"    # a guard of a torch.compile'd function failed
 DYNAMO_EAGER = "dynamo fell back to eager"   # recompile limit reached: the function runs op by op
@@ -33,6 +34,8 @@ PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a s
 SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
 GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run's result: a new length each run
 GROWING_GRAPH = "graph grows every step"     # no sync ends the step: each graph holds every step before it
+FSDP_AFTER_EVAL = "one-time graph after evaluation"  # torch_xla FSDP: parameters an evaluation left gathered
+ACCUMULATION_REMAINDER = "gradient-accumulation remainder"  # an epoch's last window has fewer micro-batches
 
 FIXES = {
     NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
@@ -48,7 +51,17 @@ FIXES = {
     COMPILED_READ: "return the tensor from the compiled function and read it after the call's sync "
                    "(torch_xla.sync(), or in xm.add_step_closure(...)): inside the compiled step the read "
                    "breaks its graph in two and waits for the device mid-step",
-    UNKNOWN: "run `neuron-train check-graphs -- COMMAND` for the cause",
+    UNKNOWN: "no difference the checker reads (input shapes, constants, ops, slice bounds) tells the two graphs "
+             "apart: torch_xla's hash also covers what the HLO text leaves out (input layouts and shardings, "
+             "donated buffers); diff the two graphs' HLO (XLA_FLAGS=--xla_dump_to=DIR, "
+             "*.before_optimizations.txt of the two hashes) and keep whatever differs the same every step",
+    FSDP_AFTER_EVAL: "nothing to change in the script: one more training graph, compiled once and run again after "
+                     "every evaluation; precompile covers it when its tour runs a training step after the first "
+                     "evaluation: a DataLoader-fed loop's default tour does (past the first epoch's end), else "
+                     "raise --steps past the first evaluation (precompile names the --steps that reach it)",
+    SLICE_OFFSET: "slice on the host: keep the data on the CPU and move each batch to the device "
+                  "(`source[i:i + n].to(device)`): one graph for every offset; a slice of a device tensor "
+                  "at a Python offset bakes the offset into the step's graph",
     DYNAMO_RECOMPILE: "keep what the failed guard checks constant: pass a changing Python number as a "
                       "tensor (e.g. the optimizer's lr=torch.tensor(0.01)), give every batch one shape",
     DYNAMO_EAGER: "remove the recompilations above; raising torch._dynamo.config.recompile_limit only "
@@ -64,7 +77,18 @@ FIXES = {
     GROWING_GRAPH: "end every step with a sync: torch_xla.sync() (or xm.mark_step()) right after the "
                    "optimizer step, or iterate the loader through torch_xla's MpDeviceLoader, which syncs at "
                    "each step's end",
+    ACCUMULATION_REMAINDER: "make the batches per epoch a multiple of gradient_accumulation_steps (the dataset's "
+                            "size, the batch size or gradient_accumulation_steps), or accept the one extra "
+                            "step graph (compiled once, run every epoch) and precompile it",
     GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
+}
+
+# CPU fallback ops whose result has a data-dependent length, and the fixed-length way to the same values.
+FALLBACK_FIXES = {
+    "aten::_unique2":
+        "count with a fixed length: torch.nn.functional.one_hot(labels, num_classes).sum(0) counts every class "
+        "(0 for one a batch lacks), where torch.unique(..., return_counts=True) returns only the classes present, "
+        "a length that depends on the data (and runs on the CPU)",
 }
 
 HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing factor) every batch, so every "
@@ -158,13 +182,15 @@ class LineReads:
 
 @dataclass
 class ScalarChange:
-    """An optimizer hyperparameter that became, or stopped being, exactly 0 or 1 (graphs/hooks.py)."""
+    """An optimizer hyperparameter, or a module's (a dropout's p), that became, or stopped being,
+    exactly 0 or 1 (graphs/hooks.py)."""
 
-    group: int           # param_groups index
-    key: str             # its key there ("lr")
+    group: int           # param_groups index (-1 for a module's)
+    key: str             # its key there ("lr"), or the module's attribute ("p")
     value: float
-    where: str           # the scheduler's line when one made it, else the optimizer step's
+    where: str           # the scheduler's line when one made it, else the optimizer step's; a module's: the write
     scheduler: str       # the scheduler's class name, "" without one
+    module: str = ""     # the module's class when a module's attribute was written ("Dropout")
 
 
 @dataclass
@@ -180,6 +206,8 @@ class LoaderOrigin:
     collate_where: str = ""        # the collate_fn's `def` line
     library: str = ""              # the library line that made it (`transformers/trainer.py:1098`), if any
     grouped: bool = False          # its sampler groups samples by length (the Trainer's group_by_length=True)
+    accumulation: int = 0          # the Trainer's gradient_accumulation_steps when a Trainer made it (> 1)
+    logging_steps: int = 0         # the Trainer's logging_steps when a Trainer made it
 
 
 @dataclass

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from neuron_train.graphs.records import GraphReport, fix_for
+from neuron_train.graphs.findings import DynamoEntry
+from neuron_train.graphs.records import ACCUMULATION_REMAINDER, Graph, GraphReport, fix_for
 
 
 def format_report(r: GraphReport) -> str:
@@ -29,6 +30,8 @@ def format_report(r: GraphReport) -> str:
     lines.append(f"late graphs (new call sites once the run was steady; precompile must cover them): {len(late)}")
     for g in late:
         lines.append(f"  step {g.step} ({g.phase}): {g.cause} at {at(g.where, g.library)}")
+        if g.cause == ACCUMULATION_REMAINDER:  # a late graph with a cause of its own: what made it, the fix
+            lines += [f"    {g.detail}", f"    fix: {g.fix}"]
     lines.append(f"host syncs after warm-up: {len(r.host_syncs)}")
     for h in r.host_syncs:
         effect = (f"{h.cause}: runs a graph before the step's sync" if h.executes_graph
@@ -72,6 +75,35 @@ def recompile_headline(r: GraphReport) -> str:
         return f"recompilations (new graphs at warm call sites): {graphs}"
     return (f"recompilations: {graphs + dynamo} ({graphs} new graphs at warm call sites, {dynamo} torch.compile "
             "(dynamo) recompilations after warm-up, listed under torch.compile below)")
+
+
+def recompile_problems(recompiles: list[Graph]) -> list[str]:
+    """One line per cause and line: a mask that recompiles every step is one problem."""
+    grouped: dict[tuple, list[Graph]] = {}
+    for g in recompiles:
+        grouped.setdefault((g.cause, g.where), []).append(g)
+    out = []
+    for (cause, where), graphs in grouped.items():
+        steps = ", ".join(str(g.step) for g in graphs[:5]) + (", ..." if len(graphs) > 5 else "")
+        count = f"{len(graphs)} recompilations" if len(graphs) > 1 else "recompilation"
+        out.append(f"{count} at step {steps} ({graphs[0].phase}): {cause} at {at(where, graphs[0].library)}")
+    return out
+
+
+def dynamo_problems(notes: list[DynamoEntry]) -> list[str]:
+    """Dynamo recompilations that made no new graph of their own (reported with the graph otherwise)
+    and the fall-back to eager, one line per cause and line."""
+    grouped: dict[tuple[str, str, str], list[DynamoEntry]] = {}
+    for d in notes:
+        if d.defect and not d.graph:
+            grouped.setdefault((d.cause, d.where, d.function), []).append(d)
+    out = []
+    for (cause, where, function), found in grouped.items():
+        steps = ", ".join(str(d.step) for d in found[:5]) + (", ..." if len(found) > 5 else "")
+        count = f"{len(found)} times" if len(found) > 1 else "once"
+        out.append(f"{cause} of {function} {count}, at step {steps} ({found[0].phase}): "
+                   f"{found[-1].reason} at {at(where, found[0].library)}")
+    return out
 
 
 def at(where: str, library: str = "") -> str:

@@ -120,3 +120,19 @@ def key_written(path: str, key: str) -> str:
                     and target.slice.value == key:
                 lines.append(node.lineno)
     return f"{path}:{min(lines)}" if lines else ""
+
+
+def call_of(op: str, where: str) -> str:
+    """`file:line` of the call to the Python function behind a CPU fallback op (`aten::_unique2`:
+    `torch.unique(...)`, `x.unique(...)`) in the file of `where`, the last one at or before its line (the
+    loop's), else the first; "" when that file has none."""
+    path, line = _split(where)
+    tree = _tree(path) if line else None
+    if tree is None:
+        return ""
+    base = op.rpartition("::")[2].strip("_")
+    names = {base, base.rstrip("0123456789")}
+    calls = sorted(node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call) and (
+        getattr(node.func, "attr", None) in names or getattr(node.func, "id", None) in names))
+    before = [n for n in calls if n <= line]
+    return f"{path}:{(before or calls)[-1 if before else 0]}" if calls else ""

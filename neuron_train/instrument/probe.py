@@ -56,6 +56,7 @@ MODES = ("tour", "check", "bench")
 STOP_EXIT = 3          # --require-precompiled stopped the process before an uncovered compile
 MAX_WINDOWS = 20000    # steps kept per process (a bench or a tour stops long before)
 WATCH_INTERVAL_S = 0.02
+FAST_FORWARD_STEPS = 500  # at most, plus two epochs' steps, from the fast-forward to the script's end
 HLO_DUMP_WAIT_S = 2.0    # at most, for the uncovered graph's HLO dump (usually there at once)
 
 
@@ -85,6 +86,7 @@ class ProbeRecord:
     tour: str = ""                 # how far the tour goes (epochs.py), said at its first step
     to_epoch_end: bool = False     # ... to the first epoch's end
     epoch_steps: int = 0           # ... whose length (the loader that fed the steps), when it does
+    fast_forward: int = 0          # ... the step after which it fast-forwarded to the script's end (0: never)
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -158,6 +160,8 @@ class Probe:
         if reason and self.epochs is not None and not self.record.tour:
             self._plan_tour()
             reason = self.sites.stop_reason(self.mode, self.record.steps_wanted, self.record.to_epoch_end)
+        if reason == "tour" and self.epochs is not None and self.record.to_epoch_end and self._fast(window.step):
+            return  # fast-forwarding to the script's end: its last code compiles its graphs too
         if reason and self.record.stop is None:
             self.record.stop = Stop(reason, window.step)
             say(f"{STOP_WORDS[reason]} after step {window.step}: stopping {Path(sys.argv[0]).name} here")
@@ -165,6 +169,15 @@ class Probe:
             # the checker's. From a worker thread (torch_xla.launch runs the function in one per
             # device) the exception reaches the process through the executor's future.
             raise SystemExit(0)
+
+    def _fast(self, step: int) -> bool:
+        """Fast-forward instead of stopping (epochs.py), within a budget of steps: a loop that counts
+        steps rather than epochs (`while step < max_steps`) still stops here once it is spent."""
+        assert self.epochs is not None
+        if not self.record.fast_forward:
+            self.record.fast_forward = step
+            say(self.epochs.fast_forward())
+        return step - self.record.fast_forward <= FAST_FORWARD_STEPS + 2 * self.record.epoch_steps
 
     def _plan_tour(self) -> None:
         assert self.epochs is not None

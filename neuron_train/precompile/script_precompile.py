@@ -3,9 +3,9 @@
 The command (`python my_train.py ...`, `torchrun ... my_train.py ...`) runs once as a *graph tour*:
 on Neuron under `neuron_parallel_compile` (graph extraction, then a parallel compile into DIR), on
 other devices directly, with torch_xla's persistent cache staged privately. The probe
-(instrument/probe.py) ends each process past the first epoch's end (instrument/epochs.py), or, with
---steps N, once every call site it has seen is warm and N steps have passed, so a 100-epoch script
-is not run in full. Every graph the tour compiled goes into the
+(instrument/probe.py) fast-forwards each process past the first epoch's end to the script's end (its
+remaining epochs cut short, instrument/epochs.py), or, with --steps N, ends it once every call site it
+has seen is warm and N steps have passed, so a 100-epoch script is not run in full. Every graph the tour compiled goes into the
 manifest with its hash, call site, phase and input shapes (cache_env.record_graphs, the function
 our own loop's tour uses); a failed tour records nothing and leaves no staged file behind.
 """
@@ -60,7 +60,8 @@ class ScriptPlan(TourPlan):
                            "--require-precompiled", "--", *self.script])
 
     def before_command(self) -> list[str]:
-        stop = ("the first epoch's end and what runs then (evaluation, checkpoint), when a DataLoader of at most "
+        stop = ("the script's end, fast-forwarded once every call site is warm past the first epoch's end (the "
+                "remaining epochs cut to one batch, a Trainer told to stop), when a DataLoader of at most "
                 f"{MAX_EPOCH_STEPS} batches feeds the steps; else every call site warm and at least {self.steps} "
                 "steps" if self.to_epoch_end else f"every call site warm and at least {self.steps} steps"
                 if self.steps else "the command's own end (--steps 0)")
@@ -141,9 +142,17 @@ def tour_ended(stop: probe.Stop | None, probes: list[probe.ProbeRecord], steps: 
     """How the tour ended, and what a stopped tour did not precompile with the --steps that reaches it:
     a tour past the first epoch's end has not seen code that runs once, after the last epoch (the
     final evaluation of transformers' examples: trainer.evaluate() after trainer.train())."""
+    forwarded = next((p.fast_forward for p in probes if p.fast_forward), 0)
     if stop is None:
-        return f"the command ended by itself after {steps} steps"
+        return (f"fast-forwarded after step {forwarded} (every call site warm past the first epoch's end: the "
+                f"remaining epochs cut short), then the command ran to its end after {steps} steps, the code "
+                "after its training loop included" if forwarded else
+                f"the command ended by itself after {steps} steps")
     epoch = next((p.epoch_steps for p in probes if p.to_epoch_end), None)
+    if forwarded:
+        return (f"fast-forwarded after step {forwarded}, but the command had not ended {stop.step - forwarded} "
+                "steps later (a loop that counts steps, not epochs, or a loader the tour does not cut): stopped; "
+                "code after its training loop is not precompiled: --steps 0 runs the command whole")
     if epoch is None:
         return (f"stopped after step {stop.step}: every call site it reached was warm; code that runs later "
                 "(an evaluation at an epoch's end) is not precompiled: raise --steps past it, or --steps 0 to "
