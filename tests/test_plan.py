@@ -182,13 +182,14 @@ def test_validation_reports_finite_errors_and_the_ranking_right_in_every_pair():
     assert proc.returncode == 0, proc.stderr
     f = json.loads(proc.stdout)
     assert f["cross"]["pairs"] == 14 and f["cross"]["ranking_right"] == 14
-    assert f["loo"]["train"]["rows"] == 5 and f["loo"]["infer"]["rows"] >= 28   # data-parallel rows only
+    # every published single-node data-parallel trn1 training row (2.9-2.28), each release a row
+    assert f["loo"]["train"]["rows"] == 101 and f["loo"]["infer"]["rows"] >= 28
     figures = [f["cross"]["median_abs_error"], *(f["loo"][m]["median_abs_error"] for m in ("train", "infer"))]
     assert all(math.isfinite(x) and x > 0 for x in figures)
     assert all(0 < f["fraction_of_peak"][m] < 1 for m in ("train", "infer"))
     # rows plan cannot express (TP x PP shards, multi-node) are labelled, never estimated as test rows
     refused = {r["row"] for r in f["end_to_end"]["not_expressible"]}
-    assert len(f["end_to_end"]["not_expressible"]) == 8 and any("Llama2-70B" in r for r in refused)
+    assert len(f["end_to_end"]["not_expressible"]) == 64 and any("Llama2-70B" in r for r in refused)
     assert all("cores per replica" in r["why"] or "multi-node" in r["why"] for r in f["end_to_end"]["not_expressible"])
     estimated = f["end_to_end"]["each"]
     assert estimated and not refused & {r["row"] for r in estimated}

