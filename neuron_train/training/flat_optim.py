@@ -2,15 +2,15 @@
 
 Why: on the lazy step path (Neuron's default) Python traces every op of the update into torch_xla's
 IR each step, while the device runs the previous one. torch's per-tensor AdamW traces about a dozen
-ops per weight tensor (ViT-B/16 has 152) plus two for clipping; its multi-tensor form traces the same
-ops through C++ loops. Here the weights and gradients of a bucket (one parameter group and dtype, at
-most BUCKET_ELEMENTS and BUCKET_TENSORS) are concatenated once, clipped and updated with a dozen ops in all, and split
-back: about five cheap ops per tensor (two flattening views, two cat inputs, a split and a copy).
+ops per weight tensor (ViT-B/16 has 152) plus two for clipping; its multi-tensor form traces the
+same ops through C++ loops. Here the weights and gradients of a bucket (one parameter group and
+dtype, at most BUCKET_ELEMENTS and BUCKET_TENSORS) are concatenated once, clipped and updated with a
+dozen ops in all, and split back: a few cheap ops per tensor (its views, a split, a copy).
 scripts/bench_trace.py measures the difference (docs/measurements.md).
 
-The arithmetic is torch's single-tensor AdamW / SGD element by element (tests/training/
-test_flat_optim.py holds the weights to torch's), with the step counter on the host as torch keeps it
-(its bias corrections are Python floats, uploaded as data: no recompilation as they change).
+The arithmetic is torch's single-tensor AdamW / SGD element by element (tests/test_flat_optim.py
+holds the weights to torch's), with the step counter on the host as torch keeps it (its bias
+corrections are Python floats, uploaded as data: no recompilation as they change).
 `state_dict()` is torch's per-parameter layout, so a checkpoint resumes under any implementation.
 Gradient clipping is part of the update (`clip_and_step`): the global norm of the flat gradients.
 """
