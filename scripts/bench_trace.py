@@ -68,7 +68,7 @@ def one(model: str, impl: str, precision: str, steps: int, warmup: int) -> dict:
     import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
 
-    from neuron_train.cost.plan_hlo import hlo_figures
+    from neuron_train.cost.plan.hlo import hlo_figures
     from neuron_train.training import models
     from neuron_train.training.config_io import build_config
     from neuron_train.training.device import init_backend, resolve_precision

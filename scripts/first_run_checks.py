@@ -129,8 +129,8 @@ def bench(out: Path, mode: str, device: str) -> tuple[str, str]:
 
 def catalog_cores(flag: str | None) -> tuple[str, int | None]:
     """(instance type, its NeuronCores in the catalog bench uses, None when not in it)."""
-    from neuron_train.cost.instance import resolve_instance_type
-    from neuron_train.cost.measure import neuron_cores
+    from neuron_train.cost.bench.instance import resolve_instance_type
+    from neuron_train.cost.bench.measure import neuron_cores
 
     instance = resolve_instance_type(flag or None)[0]
     return instance, neuron_cores(instance)

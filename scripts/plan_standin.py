@@ -76,7 +76,7 @@ def forward(model: torch.nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
 
 def count(model: torch.nn.Module, name: str, x: torch.Tensor) -> dict:
     """One steady training step traced (AdamW's state created first), read as HLO, never run."""
-    from neuron_train.cost.plan_hlo import hlo_figures
+    from neuron_train.cost.plan.hlo import hlo_figures
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     for p in model.parameters():

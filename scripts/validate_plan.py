@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from neuron_train.cost.plan_calibrate import (
+from neuron_train.cost.plan.calibrate import (
     MODES,
     Fitted,
     cross_predict,
@@ -43,8 +43,8 @@ from neuron_train.cost.plan_calibrate import (
     published_calibration,
     recalibrated,
 )
-from neuron_train.cost.plan_data import PublishedRow, load_published, newest, targets
-from neuron_train.cost.plan_model import Calibration, WorkloadFigures, estimate
+from neuron_train.cost.plan.data import PublishedRow, load_published, newest, targets
+from neuron_train.cost.plan.model import Calibration, WorkloadFigures, estimate
 
 HERE = Path(__file__).resolve().parent
 FACTS = HERE / "plan_standins.json"

@@ -14,11 +14,11 @@ from conftest import ROOT, cpu_env
 
 from neuron_train import cli
 from neuron_train.common.errors import UsageError
-from neuron_train.cost.failures import MeasureFailed, classify_failure
-from neuron_train.cost.instance import detect_instance_type, resolve_instance_type
-from neuron_train.cost.measure import Measurement
+from neuron_train.cost.bench.failures import MeasureFailed, classify_failure
+from neuron_train.cost.bench.instance import detect_instance_type, resolve_instance_type
+from neuron_train.cost.bench.measure import Measurement
+from neuron_train.cost.bench.sweep import SweepPlan, sweep
 from neuron_train.cost.schema import validate_result
-from neuron_train.cost.sweep import SweepPlan, sweep
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ import pytest
 from conftest import cpu_env, graph
 
 from neuron_train.common.errors import RunError
-from neuron_train.cost import script_bench
+from neuron_train.cost.bench import script_bench
 from neuron_train.instrument.probe import ProbeRecord
 from neuron_train.instrument.script import ScriptRun
 from neuron_train.instrument.steps import StepWindow, fold

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, cpu_env
 
-from neuron_train.cost.failures import MeasureFailed
-from neuron_train.cost.percore import instance_figure, run_per_core
+from neuron_train.cost.bench.failures import MeasureFailed
+from neuron_train.cost.bench.percore import instance_figure, run_per_core
 from neuron_train.cost.schema import validate_result
 
 SCRIPT = ROOT / "scripts" / "inf1_bench.py"
@@ -171,7 +171,7 @@ def test_bench_infer_on_inf1_refuses_in_one_line_naming_the_inf1_path(tmp_path):
 # --- every NeuronCore at once: the launch and release protocol, with a STAND-IN worker ---------------
 
 STANDIN_WORKER = textwrap.dedent("""
-    # STAND-IN for neuron_train.cost.core_worker (no model, no Neuron runtime): follows its protocol.
+    # STAND-IN for neuron_train.cost.bench.core_worker (no model, no Neuron runtime): follows its protocol.
     import json, os, sys, time
     core = int(os.environ["NEURON_RT_VISIBLE_CORES"])
     log = os.path.join(sys.argv[1], f"core{core}")

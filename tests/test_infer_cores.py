@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-from neuron_train.cost.failures import MeasureFailed
-from neuron_train.cost.measure import InferBench
+from neuron_train.cost.bench.failures import MeasureFailed
+from neuron_train.cost.bench.measure import InferBench
 from neuron_train.training.config import RunConfig
 
 STANDIN = ROOT / "tests" / "fixtures" / "neuron_standin"
@@ -80,7 +80,7 @@ def test_the_core_reservation_stand_in_fails_workers_while_a_tracer_lives(tmp_pa
 def test_a_neuron_row_names_its_threads_per_core_and_casting():
     """Published rows run NeuronPerf's two threads per core with matmuls auto-cast to bf16: a row
     measured otherwise must say how it was measured, so no one compares unlike figures."""
-    from neuron_train.cost.rows import device_text, precision_text
+    from neuron_train.cost.report.rows import device_text, precision_text
 
     device = {"kind": "NEURON", "count": 2, "cores_total": 2, "tracer": "torch-neuronx", "threads_per_core": 2}
     assert device_text(device) == "NEURON, torch-neuronx, 2 of 2 NeuronCores, 2 thread(s) per core"

@@ -15,9 +15,10 @@ import pytest
 import yaml
 from conftest import ROOT, cpu_env
 
-from neuron_train.cost import plan_calibrate, plan_data
-from neuron_train.cost.plan_hlo import hlo_figures
-from neuron_train.cost.plan_model import (
+from neuron_train.cost.plan import calibrate as plan_calibrate
+from neuron_train.cost.plan import data as plan_data
+from neuron_train.cost.plan.hlo import hlo_figures
+from neuron_train.cost.plan.model import (
     GIB,
     HOST,
     Calibration,
@@ -161,7 +162,7 @@ def test_hlo_flops_of_a_real_graph_agree_with_torchs_flop_counter():
     code = (
         "import torch, torch_xla\n"
         "from torch.utils.flop_counter import FlopCounterMode\n"
-        "from neuron_train.cost.plan_hlo import hlo_figures\n"
+        "from neuron_train.cost.plan.hlo import hlo_figures\n"
         "m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, groups=1), torch.nn.Flatten(), torch.nn.Linear(8*30*30, 10))\n"
         "x = torch.randn(4, 3, 32, 32)\n"
         "with FlopCounterMode(display=False) as fc: m(x)\n"
@@ -367,7 +368,7 @@ def test_a_shapes_only_plan_counts_the_datasets_classes_as_the_run_would():
 
     import torch_xla
 
-    from neuron_train.cost import plan_measure
+    from neuron_train.cost.plan import measure as plan_measure
     from neuron_train.training.config import RunConfig
 
     # autograd sizes its per-device queues at a process's first backward: this one runs on the meta
@@ -387,7 +388,7 @@ def test_the_memory_check_sizes_the_model_with_the_classes_the_plan_counts():
     while from_shapes counted the dataset's 10: both take plan_measure.model_classes now."""
     import dataclasses
 
-    from neuron_train.cost import plan_measure
+    from neuron_train.cost.plan import measure as plan_measure
     from neuron_train.training.config import RunConfig
 
     cfg = RunConfig()
@@ -399,8 +400,8 @@ def test_the_memory_check_sizes_the_model_with_the_classes_the_plan_counts():
 
 
 def test_plan_prints_its_estimates_labelled_and_warns_when_the_host_decides_the_rate():
-    from neuron_train.cost.plan_model import estimate_all
-    from neuron_train.cost.plan_result import format_estimates
+    from neuron_train.cost.plan.model import estimate_all
+    from neuron_train.cost.plan.result import format_estimates
 
     chosen = [plan_data.targets()[n] for n in ("trn1.2xlarge", "inf2.xlarge")]
     traced = workload()
@@ -417,7 +418,7 @@ def test_plan_prints_its_estimates_labelled_and_warns_when_the_host_decides_the_
 
 def test_processes_per_instance_are_capped_at_its_neuroncores_and_a_fit_nowhere_is_one_error():
     from neuron_train.common.errors import RunError
-    from neuron_train.cost.plan_model import estimate_all
+    from neuron_train.cost.plan.model import estimate_all
 
     targets = plan_data.targets()
     chosen = [targets["trn1.2xlarge"], targets["trn1.32xlarge"]]

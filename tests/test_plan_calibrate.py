@@ -14,9 +14,10 @@ import pytest
 from test_plan import REPORT_FIXTURES, workload
 
 from neuron_train.common.errors import UsageError
-from neuron_train.cost import plan_calibrate, plan_data
-from neuron_train.cost.plan_measure import compiler_precision, graphs_per_step
-from neuron_train.cost.plan_model import Calibration, HostCosts, estimate
+from neuron_train.cost.plan import calibrate as plan_calibrate
+from neuron_train.cost.plan import data as plan_data
+from neuron_train.cost.plan.measure import compiler_precision, graphs_per_step
+from neuron_train.cost.plan.model import Calibration, HostCosts, estimate
 
 # trn1.2xlarge: one Trainium chip, 2 NeuronCores, 190 BF16 TFLOPS per chip (the hardware table)
 CORE_PEAK_BF16 = 95e12
@@ -183,7 +184,7 @@ def test_a_plan_never_writes_over_its_own_calibrate_input(tmp_path, monkeypatch)
     mine.write_text(json.dumps(data))
     (tmp_path / "link.json").symlink_to(mine)
     monkeypatch.chdir(tmp_path)
-    from neuron_train.cost import plan_measure
+    from neuron_train.cost.plan import measure as plan_measure
 
     monkeypatch.setattr(plan_measure, "measure_or_count", lambda *a: pytest.fail("the step was measured"))
     parser = argparse.ArgumentParser()

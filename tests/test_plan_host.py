@@ -19,9 +19,9 @@ import pytest
 from conftest import ROOT
 from test_plan import CALIB, DUMPED, HLO, REPORT_FIXTURES, nt, workload
 
-from neuron_train.cost import plan_data
-from neuron_train.cost.plan_hlo import hlo_figures
-from neuron_train.cost.plan_model import (
+from neuron_train.cost.plan import data as plan_data
+from neuron_train.cost.plan.hlo import hlo_figures
+from neuron_train.cost.plan.model import (
     GIB,
     HOST,
     estimate,
@@ -109,7 +109,7 @@ def _clocks_10x_fast(monkeypatch) -> None:
 
 
 def _loop_estimate(cfg):
-    from neuron_train.cost import plan_measure
+    from neuron_train.cost.plan import measure as plan_measure
 
     w, _ = plan_measure.measure_loop(cfg)
     return w, estimate(w, plan_data.targets()["trn1.2xlarge"], CALIB)
@@ -149,7 +149,7 @@ def test_the_same_plan_with_a_cpu_hog_beside_it_agrees_within_10_percent(monkeyp
 
 
 def test_the_printed_table_keeps_its_columns_whatever_the_figures_width():
-    from neuron_train.cost.plan_result import table
+    from neuron_train.cost.plan.result import table
 
     targets = plan_data.targets()
     w = workload(mode="infer", flops_per_step=1e6, bytes_per_step=1e3, host_input_s=0.0, execution="compiled")
@@ -164,7 +164,7 @@ def test_the_printed_table_keeps_its_columns_whatever_the_figures_width():
 def test_of_two_types_rated_equal_the_one_with_more_vcpus_per_core_is_named_fastest():
     """trn1.2xlarge and inf2.xlarge: the same chip and processes, so the device rates them equal; the
     published encoder rows run faster on trn1.2xlarge (8 vCPUs to inf2.xlarge's 4) in every pair."""
-    from neuron_train.cost.plan_model import fastest
+    from neuron_train.cost.plan.model import fastest
 
     targets = plan_data.targets()
     w = workload(mode="infer", execution="compiled", host_input_s=0.0)
@@ -177,7 +177,7 @@ def test_of_two_types_rated_equal_the_one_with_more_vcpus_per_core_is_named_fast
 
 
 def test_the_report_names_an_estimate_over_2x_from_a_measurement_and_never_counts_it_as_a_bench():
-    from neuron_train.cost.render import Context, Para, estimates_off, report_blocks
+    from neuron_train.cost.report.render import Context, Para, estimates_off, report_blocks
 
     measured = json.loads((REPORT_FIXTURES / "cpu_train_vit_digits.json").read_text())
     measured.update(instance_type="trn1.2xlarge")
@@ -241,7 +241,7 @@ def test_our_loops_plan_does_not_depend_on_the_memory_other_processes_hold(monke
     process holding most of it switched the README ViT-B/16 plan (336/s instead of about 200/s)."""
     import os
 
-    from neuron_train.cost import plan_measure
+    from neuron_train.cost.plan import measure as plan_measure
     from neuron_train.training.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 
     cfg = RunConfig(model=ModelConfig(name="vit_base_patch16_224", img_size=224, num_classes=1000),
@@ -254,7 +254,7 @@ def test_our_loops_plan_does_not_depend_on_the_memory_other_processes_hold(monke
 
 
 def test_the_input_pipeline_is_the_images_a_step_decodes():
-    from neuron_train.cost.plan_measure import decoded_images
+    from neuron_train.cost.plan.measure import decoded_images
     from neuron_train.training.config import DataConfig, RunConfig, TrainConfig
 
     folder = RunConfig(train=TrainConfig(batch_size=24), data=DataConfig(dataset="folder", data_dir="/d"))

@@ -24,8 +24,9 @@ import pytest
 from neuron_train import cli
 from neuron_train.common.errors import RunError
 from neuron_train.common.fileio import work_path
-from neuron_train.cost import bench_result, instance
-from neuron_train.cost import sweep as bench_sweep
+from neuron_train.cost.bench import instance
+from neuron_train.cost.bench import result as bench_result
+from neuron_train.cost.bench import sweep as bench_sweep
 from neuron_train.precompile import maintenance, store
 from neuron_train.precompile.manifest import Manifest, ManifestError, is_cache_file_path
 from neuron_train.training import data as training_data

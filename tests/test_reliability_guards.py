@@ -123,7 +123,7 @@ def test_a_quiet_torchrun_rank_waits_until_it_is_stopped():
 
 def test_instances_named_twice_in_any_case_are_one_and_a_list_of_none_is_refused(capsys):
     """Weak rows: `--instances trn1.2xlarge,TRN1.2xlarge` estimated twice; `--instances ,` ran with none."""
-    from neuron_train.cost import plan_data
+    from neuron_train.cost.plan import data as plan_data
 
     assert plan_data.wanted_instances(" trn1.2xlarge,TRN1.2xlarge,inf2.xlarge ") == ["trn1.2xlarge", "inf2.xlarge"]
     assert plan_data.wanted_instances(None) is None
@@ -158,7 +158,7 @@ def test_ctrl_c_to_plan_is_interrupted_exit_130(tmp_path, capsys, monkeypatch):
 
 def test_more_processes_than_an_instances_cores_are_said_to_be_capped():
     """Weak row: `--nproc-per-instance 64` was capped at each type's NeuronCores silently."""
-    from neuron_train.cost import plan_data
+    from neuron_train.cost.plan import data as plan_data
 
     known = plan_data.targets()
     chosen = [known["trn1.2xlarge"], known["trn1.32xlarge"]]

@@ -23,8 +23,9 @@ from fullfs import fill, mounted_tmpfs
 
 from neuron_train import cli
 from neuron_train.common.fileio import LISTED, work_path
-from neuron_train.cost import charts, report_folder
-from neuron_train.cost.report_folder import OUTPUT_FILES
+from neuron_train.cost.report import charts
+from neuron_train.cost.report import folder as report_folder
+from neuron_train.cost.report.folder import OUTPUT_FILES
 
 REPORT = sorted((*OUTPUT_FILES, LISTED))  # the report and its list of what the folder holds
 

@@ -145,7 +145,7 @@ def test_the_reader_refuses_a_file_larger_than_its_bound(tmp_path):
 
 
 def plan_file(tmp_path: Path, *rows: dict) -> Path:
-    from neuron_train.cost.plan_result import PLAN_SCHEMA, PLAN_VERSION
+    from neuron_train.cost.plan.result import PLAN_SCHEMA, PLAN_VERSION
 
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "results": list(rows)}))
@@ -206,8 +206,8 @@ def test_each_rows_origin_must_be_its_files_kind(tmp_path, capsys):
 def test_an_output_the_kernel_will_not_create_is_refused_before_measuring(tmp_path, capsys, monkeypatch, command):
     """Bad row 5 (plan's part): `--output /proc/plan.json` passed every permission check (root) and
     failed with a traceback after the measurement. Now a file is created and removed up front."""
-    from neuron_train.cost import plan_measure
-    from neuron_train.cost import sweep as bench_sweep
+    from neuron_train.cost.bench import sweep as bench_sweep
+    from neuron_train.cost.plan import measure as plan_measure
 
     def measured(*args, **kwargs):
         raise AssertionError("measured before the output was probed")

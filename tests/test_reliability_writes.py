@@ -215,7 +215,7 @@ def test_report_force_never_deletes_what_is_inside_an_entry_by_a_reports_name(tm
 
 def test_an_old_report_folder_is_deleted_entry_by_entry_keeping_what_appeared_in_it(tmp_path, capsys, monkeypatch):
     """Between the check and the swap a file appears in the old folder: it is kept, not deleted."""
-    from neuron_train.cost import report_folder
+    from neuron_train.cost.report import folder as report_folder
 
     out = tmp_path / "rep"
     assert cli_run(capsys, "report", result(tmp_path), "--out", out)[0] == 0

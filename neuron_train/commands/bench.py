@@ -21,11 +21,16 @@ from dataclasses import replace
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import new_output
 from neuron_train.common.writer import Target
-from neuron_train.cost import script_bench
-from neuron_train.cost.bench_result import build_result, loop_workload, workload_facts, write_result
-from neuron_train.cost.instance import check_mode_fits, resolve_instance_type
+from neuron_train.cost.bench import script_bench
+from neuron_train.cost.bench.instance import check_mode_fits, resolve_instance_type
+from neuron_train.cost.bench.result import build_result, loop_workload, workload_facts, write_result
+from neuron_train.cost.bench.sweep import (
+    DEFAULT_MEASURED_STEPS,
+    DEFAULT_SWEEP_BATCH_SIZES,
+    SweepPlan,
+    measure_loop,
+)
 from neuron_train.cost.schema import MODES, validate_result
-from neuron_train.cost.sweep import DEFAULT_MEASURED_STEPS, DEFAULT_SWEEP_BATCH_SIZES, SweepPlan, measure_loop
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv

@@ -16,9 +16,10 @@ import shlex
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import new_output, write_json_or_print
-from neuron_train.cost import plan_calibrate, plan_data
-from neuron_train.cost.plan_model import EXECUTIONS, WorkloadFigures, estimate_all
-from neuron_train.cost.plan_result import UNKNOWN, format_estimates, plan_document
+from neuron_train.cost.plan import calibrate as plan_calibrate
+from neuron_train.cost.plan import data as plan_data
+from neuron_train.cost.plan.model import EXECUTIONS, WorkloadFigures, estimate_all
+from neuron_train.cost.plan.result import UNKNOWN, format_estimates, plan_document
 from neuron_train.cost.schema import MODES
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
@@ -135,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
         name = cfg.model.name
     bench = plan_calibrate.load_calibration(args.calibrate, args.mode, name, known) if args.calibrate else None
     if command:
-        from neuron_train.cost.plan_measure import image_size, measure_script
+        from neuron_train.cost.plan.measure import image_size, measure_script
 
         print(f"plan: running {shlex.join(command)} under the probe with XLA's HLO dump", flush=True)
         w, details = measure_script(command, steps=args.steps, samples_flag=args.samples_per_step, mode=args.mode,
@@ -172,12 +173,12 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _measure_loop(args: argparse.Namespace, cfg: RunConfig) -> tuple[WorkloadFigures, dict]:
-    from neuron_train.cost import plan_measure
+    from neuron_train.cost.plan import measure as plan_measure
 
     return plan_measure.measure_or_count(cfg, args.mode, args.execution, args.from_shapes, functools.partial(print, flush=True))
 
 
 def _script_name(command: list[str]) -> str:
-    from neuron_train.cost.script_bench import script_name
+    from neuron_train.cost.bench.script_bench import script_name
 
     return script_name(command)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.catalog import load_catalog, resolve_prices
-from neuron_train.cost.compare import DEFAULT_BASELINE, build_groups, collect_rows, price_rows
-from neuron_train.cost.render import Context, group_summary
-from neuron_train.cost.report_folder import check_out_dir, write_report
+from neuron_train.cost.report.compare import DEFAULT_BASELINE, build_groups, collect_rows, price_rows
+from neuron_train.cost.report.folder import check_out_dir, write_report
+from neuron_train.cost.report.render import Context, group_summary
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

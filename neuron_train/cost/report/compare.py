@@ -15,9 +15,9 @@ from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.catalog import Catalog
-from neuron_train.cost.plan_result import load_results
-from neuron_train.cost.references import read_reference_csv
-from neuron_train.cost.rows import (
+from neuron_train.cost.plan.result import load_results
+from neuron_train.cost.report.references import read_reference_csv
+from neuron_train.cost.report.rows import (
     Group,
     Row,
     imported_row,

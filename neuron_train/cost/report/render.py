@@ -14,7 +14,7 @@ from typing import cast
 
 from neuron_train import __version__
 from neuron_train.cost.catalog import Price
-from neuron_train.cost.rows import Group, Row, device_text, money, priced_rows
+from neuron_train.cost.report.rows import Group, Row, device_text, money, priced_rows
 
 
 def _fmt(value: float | None, spec: str = ",.1f", prefix: str = "") -> str:

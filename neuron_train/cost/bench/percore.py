@@ -4,7 +4,7 @@ copy of the traced model. This is how the Neuron SDK's published inference figur
 parallel over every core of the instance), so the sum of the per-core figures is comparable to them;
 one traced module in one process measures one core only.
 
-The protocol with a worker (`neuron_train.cost.core_worker` on Neuron hardware; a stand-in in the
+The protocol with a worker (`neuron_train.cost.bench.core_worker` on Neuron hardware; a stand-in in the
 tests): the worker loads its copy onto its core, runs its warm-up steps, prints a line `READY` and
 waits for one line on stdin; it then runs its timed steps and prints one JSON line
 `{"samples_per_sec": ..., "step_time_ms": ...}` and exits 0. The parent sends that line to every
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from neuron_train.cost.failures import MeasureFailed, classify_failure
+from neuron_train.cost.bench.failures import MeasureFailed, classify_failure
 
 READY = "READY"
 CORES_ENV = "NEURON_RT_VISIBLE_CORES"

@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from neuron_train.common.errors import RunError
-from neuron_train.cost.failures import MeasureFailed
-from neuron_train.cost.measure import InferBench, Measurement, measure_train
+from neuron_train.cost.bench.failures import MeasureFailed
+from neuron_train.cost.bench.measure import InferBench, Measurement, measure_train
 from neuron_train.training.config import RunConfig
 
 DEFAULT_MEASURED_STEPS = 20          # when --max-steps is not given

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from neuron_train.cost.catalog import Catalog, Price
-from neuron_train.cost.references import ReferenceRow
+from neuron_train.cost.report.references import ReferenceRow
 from neuron_train.cost.schema import ESTIMATED
 
 MODE_TITLES = {"train": "Training", "infer": "Inference"}

@@ -11,8 +11,8 @@ from pathlib import Path
 from neuron_train.common.fileio import write_json_or_print
 from neuron_train.common.neuron_env import library_versions
 from neuron_train.common.writer import Target
-from neuron_train.cost.instance import host_metadata
-from neuron_train.cost.measure import Measurement, Workload
+from neuron_train.cost.bench.instance import host_metadata
+from neuron_train.cost.bench.measure import Measurement, Workload
 from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION
 from neuron_train.training.config import RunConfig
 from neuron_train.training.metrics import median_and_spread

@@ -11,8 +11,8 @@ its core: loads the saved model, warms up, says READY, waits for the parent's li
 threads call the model for STEPS steps each (NeuronPerf's max-throughput setting is two worker
 threads per model per core) and it prints one JSON line (the protocol in percore.py).
 
-    python -m neuron_train.cost.core_worker trace EAGER.pt OUT.pt BATCH IMG_SIZE DTYPE [COMPILER_ARG...]
-    python -m neuron_train.cost.core_worker run MODEL.pt BATCH IMG_SIZE DTYPE STEPS WARMUP THREADS
+    python -m neuron_train.cost.bench.core_worker trace EAGER.pt OUT.pt BATCH IMG_SIZE DTYPE [COMPILER_ARG...]
+    python -m neuron_train.cost.bench.core_worker run MODEL.pt BATCH IMG_SIZE DTYPE STEPS WARMUP THREADS
 """
 
 from __future__ import annotations

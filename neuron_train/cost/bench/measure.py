@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import write_text_atomic
-from neuron_train.cost.failures import MeasureFailed, classify_failure
+from neuron_train.cost.bench.failures import MeasureFailed, classify_failure
 from neuron_train.instrument import proc
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import config_to_argv
@@ -27,7 +27,7 @@ from neuron_train.training.summary import RunSummary
 if TYPE_CHECKING:  # torch itself is imported when a bench starts
     from torch import Tensor
 
-RUN_SCRIPT = Path(__file__).resolve().parent.parent / "run.py"
+RUN_SCRIPT = Path(__file__).resolve().parents[2] / "run.py"
 OUTPUT_LINES = 1_000_000  # a run's whole output is kept (output.log)
 
 
@@ -101,7 +101,7 @@ _NEURONX_CAST = {"fp32": ["--auto-cast", "none"],
 
 
 INF1_BENCH = "scripts/inf1_bench.py"
-CORE_WORKER = "neuron_train.cost.core_worker"
+CORE_WORKER = "neuron_train.cost.bench.core_worker"
 # NeuronPerf's max-throughput setting, the one behind the published inference rows: two worker
 # threads per model per NeuronCore ("for N models, use 2 * N worker threads", NeuronPerf FAQ).
 THREADS_PER_CORE = 2
@@ -207,7 +207,7 @@ class InferBench:
         """Neuron hardware (a stand-in torch_neuronx in the tests): compile once in a child process
         that exits before the workers start (core_worker.py says why), then time a copy on every
         core of the instance at once (percore.py), as the Neuron SDK's published figures are made."""
-        from neuron_train.cost.percore import instance_figure, run_per_core
+        from neuron_train.cost.bench.percore import instance_figure, run_per_core
 
         args = _NEURONX_CAST[self.cfg.train.precision]
         dtype = str(self.dtype).removeprefix("torch.")

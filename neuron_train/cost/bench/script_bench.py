@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError
-from neuron_train.cost.measure import Measurement, Workload
+from neuron_train.cost.bench.measure import Measurement, Workload
 from neuron_train.graphs.report import short
 from neuron_train.instrument.probe import ProbeRecord
 from neuron_train.instrument.script import ScriptRun, require_ran, run_script

@@ -11,8 +11,8 @@ import urllib.request
 from pathlib import Path
 
 from neuron_train.common.errors import UsageError
+from neuron_train.cost.bench.measure import refuse_inf1_inference
 from neuron_train.cost.catalog import load_catalog
-from neuron_train.cost.measure import refuse_inf1_inference
 
 IMDS_ENDPOINT = "http://169.254.169.254"
 

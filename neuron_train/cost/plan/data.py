@@ -12,9 +12,9 @@ import yaml
 from neuron_train.common.errors import UsageError
 from neuron_train.common.values import shown
 from neuron_train.cost.catalog import CATALOG_PATH, Catalog, load_catalog
-from neuron_train.cost.plan_model import Chip, Target, WorkloadFigures
+from neuron_train.cost.plan.model import Chip, Target, WorkloadFigures
 
-PUBLISHED_PATH = Path(__file__).resolve().parent.parent / "data" / "plan_published.yaml"
+PUBLISHED_PATH = Path(__file__).resolve().parents[2] / "data" / "plan_published.yaml"
 NEURON_KINDS = ("Trainium", "Inferentia2", "Inferentia")
 BYTES_BF16, BYTES_FP32 = 2, 4
 IMAGE_BYTES = 3 * 224 * 224 * 4     # one f32 224 x 224 image: every image row of the tables

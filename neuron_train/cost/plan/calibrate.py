@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
-from neuron_train.cost.plan_data import (
+from neuron_train.cost.plan.data import (
     PublishedRow,
     load_published,
     newest,
@@ -21,7 +21,7 @@ from neuron_train.cost.plan_data import (
     published_workload,
     targets,
 )
-from neuron_train.cost.plan_model import (
+from neuron_train.cost.plan.model import (
     HOST,
     Calibration,
     HostCosts,

@@ -13,8 +13,8 @@ from typing import cast
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
 from neuron_train.common.values import header_problem, shown
-from neuron_train.cost.plan_model import Calibration, Estimate, WorkloadFigures, fastest
-from neuron_train.cost.rows import money
+from neuron_train.cost.plan.model import Calibration, Estimate, WorkloadFigures, fastest
+from neuron_train.cost.report.rows import money
 from neuron_train.cost.schema import ESTIMATED, RESULT_LIMIT, SCHEMA_NAME, SCHEMA_VERSION, validate_result
 
 PLAN_SCHEMA = "neuron-train-plan"

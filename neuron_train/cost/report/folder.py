@@ -11,8 +11,8 @@ from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import LISTED, publish_folder, recover_folder, refuse_unusable
-from neuron_train.cost.render import Context, render_html, render_markdown, report_blocks, write_csv
-from neuron_train.cost.rows import Group
+from neuron_train.cost.report.render import Context, render_html, render_markdown, report_blocks, write_csv
+from neuron_train.cost.report.rows import Group
 
 OUTPUT_FILES = ("report.md", "report.csv", "report.html", "throughput.png", "price_performance.png",
                 "cost.png")
@@ -53,7 +53,7 @@ def check_out_dir(out: Path, force: bool) -> None:
 
 def write_report(out: Path, groups: list[Group], ctx: Context) -> list[str]:
     """Draw the charts, render the tables, then publish the folder whole; returns the charts' names."""
-    from neuron_train.cost.charts import render_charts
+    from neuron_train.cost.report.charts import render_charts
 
     images, titles = render_charts(groups, ctx.footer())
     blocks = report_blocks(groups, ctx, titles)

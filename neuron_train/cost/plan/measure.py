@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from neuron_train.common.errors import RunError
-from neuron_train.cost.plan_hlo import HloFigures, hlo_figures
-from neuron_train.cost.plan_model import GIB, WorkloadFigures
+from neuron_train.cost.plan.hlo import HloFigures, hlo_figures
+from neuron_train.cost.plan.model import GIB, WorkloadFigures
 from neuron_train.training.config import RunConfig
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ def steady_graph(dump_dir: Path) -> tuple[HloFigures, int]:
 def measure_script(command: list[str], *, steps: int, samples_flag: int | None, mode: str,
                    name: str | None, execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Run the command under bench's probe with the HLO dump on; one process's step figures."""
-    from neuron_train.cost import script_bench
+    from neuron_train.cost.bench import script_bench
     from neuron_train.instrument.script import require_ran, run_script
 
     with tempfile.TemporaryDirectory(prefix="neuron-train-plan-") as folder:

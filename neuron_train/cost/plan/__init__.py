@@ -1,0 +1,1 @@
+"""plan, estimating before renting (see neuron_train/cost/__init__.py)."""

@@ -1,0 +1,1 @@
+"""report, comparing (see neuron_train/cost/__init__.py)."""
