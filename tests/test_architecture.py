@@ -10,7 +10,9 @@
 - `neuron_train.common` imports no other neuron_train subpackage;
 - the training loop uses the checker through `neuron_train.graphs` only, and the compile cache
   library from its cache hook (training/cache_hook.py) only;
-- the checker (`graphs`) imports nothing but `common`: it checks any script.
+- the checker (`graphs`) imports nothing but `common`: it checks any script;
+- `cost` is three wings (bench, plan, report) over its ground (the modules directly in cost/): a wing
+  imports no other wing, the ground imports no wing.
 Each rule is checked on a planted violation too, so the test can fail.
 """
 
@@ -27,6 +29,8 @@ COMMANDS = "neuron_train.commands"
 TRAINING_MAY_USE = {"neuron_train.graphs"}
 CACHE_HOOK = "neuron_train.training.cache_hook"  # the loop's one link to the compile cache
 COMMAND_API = {"configure_parser", "main"}  # all that neuron_train.cli calls in a command module
+COST = "neuron_train.cost"
+COST_WINGS = ("bench", "plan", "report")  # cost's products; what two of them share lives in cost/ itself
 
 
 def module_name(path: Path) -> str:
@@ -104,6 +108,23 @@ def is_command(module: str) -> bool:
     return module.startswith(COMMANDS + ".")
 
 
+def cost_wing(module: str) -> str | None:
+    """The wing of cost a module belongs to (neuron_train.cost.plan.model -> plan), None for its ground."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == COST.split(".") and len(parts) > 3 and parts[2] in COST_WINGS else None
+
+
+def cost_violation(mod: str, dep: str) -> str | None:
+    if not (mod.startswith(COST + ".") and dep.startswith(COST + ".")):
+        return None
+    wing, dep_wing = cost_wing(mod), cost_wing(dep)
+    if dep_wing is None or dep_wing == wing:
+        return None
+    if wing is None:
+        return f"{mod} (cost's ground) imports the wing module {dep}: the ground serves the wings, not one of them"
+    return f"{mod} (cost/{wing}) imports {dep} of another wing: move what both need to cost/ (the ground)"
+
+
 def violations(graph: dict[str, set[str]]) -> list[str]:
     found = [f"import circle: {' <-> '.join(c)}" for c in cycles(graph)]
     found += [f"package circle: {' <-> '.join(c)}" for c in cycles(package_graph(graph))]
@@ -121,6 +142,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                      "neuron_train.instrument")) \
                     and dep not in TRAINING_MAY_USE and not (mod == CACHE_HOOK and dep.startswith("neuron_train.precompile")):
                 found.append(f"{mod} (training) imports {dep}: use the hook objects only")
+            if (problem := cost_violation(mod, dep)) is not None:
+                found.append(problem)
     return found
 
 
@@ -276,12 +299,25 @@ def test_the_cli_calling_more_of_a_command_module_is_caught():
     ({"neuron_train.graphs.report": {"neuron_train.cost.report.rows"}}, "(the checker) imports"),
     ({"neuron_train.training.loop": {"neuron_train.precompile.store"}}, "use the hook objects only"),
     ({"neuron_train.training.cache_hook": {"neuron_train.graphs.recorder"}}, "use the hook objects only"),
+    ({"neuron_train.cost.report.compare": {"neuron_train.cost.plan.result"}}, "of another wing"),
+    ({"neuron_train.cost.plan.result": {"neuron_train.cost.report.rows"}}, "of another wing"),
+    ({"neuron_train.cost.plan.measure": {"neuron_train.cost.bench.script_bench"}}, "of another wing"),
+    ({"neuron_train.cost.results": {"neuron_train.cost.plan.result"}}, "(cost's ground) imports the wing"),
 ])
 def test_each_rule_catches_a_planted_violation(planted, expected):
     graph = load_graph()
     for mod, extra in planted.items():
         graph[mod] = graph[mod] | extra
     assert any(expected in v for v in violations(graph)), violations(graph)
+
+
+def test_cost_has_three_wings_and_a_ground():
+    graph = load_graph()
+    wings = {cost_wing(m) for m in graph if m.startswith(COST + ".")}
+    assert wings == {*COST_WINGS, None}  # each wing holds modules, and so does the ground
+    # a wing's own modules and the ground are allowed
+    assert cost_violation("neuron_train.cost.plan.result", "neuron_train.cost.plan.model") is None
+    assert cost_violation("neuron_train.cost.plan.result", "neuron_train.cost.schema") is None
 
 
 def test_a_package_circle_is_caught_even_without_a_module_circle():

@@ -16,6 +16,7 @@ from conftest import cpu_env, graph
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost.bench import script_bench
+from neuron_train.cost.script_figures import figures
 from neuron_train.instrument.probe import ProbeRecord
 from neuron_train.instrument.script import ScriptRun
 from neuron_train.instrument.steps import StepWindow, fold
@@ -76,7 +77,7 @@ def probe_record(intervals: list[float], batch: list[int] | None) -> ProbeRecord
 
 def test_bench_figures_come_from_the_steady_intervals_and_the_batch_copied_each_step():
     run = ScriptRun(["python", "train.py"], 0, [], [probe_record([0.02, 0.04, 0.03, 0.03], [16, 3, 32, 32])], "")
-    f = script_bench.figures(run, None)
+    f = figures(run, None)
     # steady: every interval between two windows that compiled nothing (not the first, after the compile)
     assert f.samples_per_step == 16 and f.batch_source == "input batch"
     assert f.measured_steps == 5 and f.step_time_ms == pytest.approx(30.0)
@@ -84,16 +85,16 @@ def test_bench_figures_come_from_the_steady_intervals_and_the_batch_copied_each_
     assert f.compile_time_s == 2.5 and f.graph_count == 1 and f.warmup_steps == 1
     workload = script_bench.script_workload(run.command, f, name=None, train_samples=None)
     assert (workload.model, workload.img_size, workload.num_classes) == ("train.py", 32, None)
-    assert script_bench.figures(run, 64).samples_per_step == 64  # --samples-per-step wins
+    assert figures(run, 64).samples_per_step == 64  # --samples-per-step wins
 
 
 def test_bench_refuses_a_run_it_cannot_measure():
     few = ScriptRun(["python", "t.py"], 0, [], [probe_record([0.1], [8, 4])], "")
     with pytest.raises(RunError, match="only 2 steady step"):
-        script_bench.figures(few, None)
+        figures(few, None)
     on_device = ScriptRun(["python", "t.py"], 0, [], [probe_record([0.1] * 5, None)], "")
     with pytest.raises(RunError, match="--samples-per-step"):
-        script_bench.figures(on_device, None)
+        figures(on_device, None)
 
 
 # ----- per-graph coverage (pure) --------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """inf1 measured in its own environment (scripts/inf1_bench.py) and inference on every NeuronCore
-(cost/percore.py): the contracts that can be checked without Neuron hardware.
+(cost/bench/percore.py): the contracts that can be checked without Neuron hardware.
 
 What runs here is labelled: STAND-INs replace torch.neuron.trace / torch.neuron.DataParallel (the
 inf1 script's schema-writing part runs for real on the CPU) and the per-core worker (our launch and

@@ -1,6 +1,6 @@
 """`bench --mode infer` on trn1/inf2 gets its NeuronCores (issue 32, finding 2).
 
-Runs the real bench code (cost/measure.py's Neuron path, percore.py, core_worker.py in real
+Runs the real bench code (cost/bench/measure.py's Neuron path, percore.py, core_worker.py in real
 processes) against a STAND-IN for torch-neuronx and the Neuron runtime's core reservation
 (tests/fixtures/neuron_standin/torch_neuronx): it tests only our contract with them (who traces,
 which process holds which core, when), never the compiler, the runtime or any figure.

@@ -148,7 +148,7 @@ result_changes = st.dictionaries(st.sampled_from(sorted(RESULT) + ["source", "es
 
 def result_doc(changes: dict, as_plan: bool) -> object:
     """The recorded real result with `changes`, alone or as a plan file's one row."""
-    from neuron_train.cost.plan.result import PLAN_SCHEMA, PLAN_VERSION
+    from neuron_train.cost.results import PLAN_SCHEMA, PLAN_VERSION
 
     doc = {**RESULT, **changes}
     return {"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "results": [doc]} if as_plan else doc
@@ -157,7 +157,7 @@ def result_doc(changes: dict, as_plan: bool) -> object:
 @SETTINGS
 @given(changes=result_changes, as_plan=st.booleans())
 def test_any_result_or_plan_file_is_results_or_one_line(changes, as_plan):
-    from neuron_train.cost.plan.result import load_results
+    from neuron_train.cost.results import load_results
 
     doc = result_doc(changes, as_plan)
     with scratch() as d:
@@ -225,7 +225,7 @@ READERS = {
     "--prices": lambda p: __import__("neuron_train.cost.catalog", fromlist=["x"]).apply_price_file(
         __import__("neuron_train.cost.catalog", fromlist=["x"]).load_catalog(), p),
     "--reference": lambda p: __import__("neuron_train.cost.report.references", fromlist=["x"]).read_reference_csv(p),
-    "result": lambda p: __import__("neuron_train.cost.plan.result", fromlist=["x"]).load_results(p),
+    "result": lambda p: __import__("neuron_train.cost.results", fromlist=["x"]).load_results(p),
     "--calibrate": lambda p: __import__("neuron_train.cost.plan.calibrate", fromlist=["x"]).load_calibration(
         str(p), "train", "vit", {}),
     "checkpoint": lambda p: __import__("neuron_train.training.checkpoint", fromlist=["x"]).load(p),

@@ -145,7 +145,7 @@ def test_the_reader_refuses_a_file_larger_than_its_bound(tmp_path):
 
 
 def plan_file(tmp_path: Path, *rows: dict) -> Path:
-    from neuron_train.cost.plan.result import PLAN_SCHEMA, PLAN_VERSION
+    from neuron_train.cost.results import PLAN_SCHEMA, PLAN_VERSION
 
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({"schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "results": list(rows)}))

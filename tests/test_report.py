@@ -350,7 +350,7 @@ def test_live_spot_prices_take_the_cheapest_zone():
 
 
 def test_money_is_readable_at_every_scale():
-    from neuron_train.cost.report.rows import money
+    from neuron_train.cost.catalog import money
 
     assert [money(v) for v in (344.0, 1.34375, 0.9066, 0.0287, 8.538e-06, None)] == [
         "$344.00", "$1.34", "$0.9066", "$0.02870", "$0.000008538", "n/a"]

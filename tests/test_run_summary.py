@@ -1,5 +1,5 @@
 """summary.json read back as a typed record (training/summary.py): by `train` to print it, by bench
-(cost/measure.py) to measure it. A summary of a real run: tests/test_train.py; here the reader's
+(cost/bench/measure.py) to measure it. A summary of a real run: tests/test_train.py; here the reader's
 contract on the file."""
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ and reads its summary.json; `infer` mode times a compiled forward pass (the CPU 
 are kept out of the throughput figures and reported apart. The result file format is versioned and
 documented in docs/bench.md; `validate_result` is the one check of it that `report` also uses.
 
-The command parses and checks its options and runs the steps; the steps are library code in cost/:
+The command parses and checks its options and runs the steps; the steps are library code in cost/bench/:
 `instance` (where: EC2 instance type, host), `sweep` (what is measured, and repeated), `measure`
-(one measurement), `script_bench` (a COMMAND's), `bench_result` (the result file).
+(one measurement), `script_bench` (a COMMAND's), `result` (the result file).
 """
 
 from __future__ import annotations

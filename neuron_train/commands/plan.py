@@ -2,9 +2,9 @@
 instance type from one CPU run, before renting any; `--calibrate bench.json` re-fits the device
 side from one real bench. Everything it prints is an estimate (docs/plan.md).
 
-The command parses and checks its options and runs the steps, which are library code in cost/:
-`plan_measure` (the step traced or counted), `plan_model` (the estimates), `plan_calibrate`,
-`plan_result` (the one printer of the estimates, and plan.json).
+The command parses and checks its options and runs the steps, which are library code in cost/plan/:
+`measure` (the step traced or counted), `model` (the estimates), `calibrate`, `result` (the one
+printer of the estimates, and plan.json).
 """
 
 from __future__ import annotations
@@ -179,6 +179,6 @@ def _measure_loop(args: argparse.Namespace, cfg: RunConfig) -> tuple[WorkloadFig
 
 
 def _script_name(command: list[str]) -> str:
-    from neuron_train.cost.bench.script_bench import script_name
+    from neuron_train.cost.script_figures import script_name
 
     return script_name(command)

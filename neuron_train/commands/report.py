@@ -1,10 +1,10 @@
 """`neuron-train report`: merge bench results and published reference rows into one report folder.
 
 Writes report.md, report.csv, a self-contained report.html and PNG charts into one folder, whole
-(cost/report_folder.py): every input number is checked first, every file is built in memory, and the
+(cost/report/folder.py): every input number is checked first, every file is built in memory, and the
 folder is published at once, so a failure never leaves a half-written or mixed report. Rows are
-grouped by workload and compared only within it (cost/compare.py, which also gives the formulas);
-every figure says where it came from (cost/rows.py, cost/render.py).
+grouped by workload and compared only within it (cost/report/compare.py, which also gives the formulas);
+every figure says where it came from (cost/report/rows.py, render.py).
 """
 
 from __future__ import annotations

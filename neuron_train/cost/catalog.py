@@ -315,3 +315,12 @@ def resolve_prices(catalog: Catalog, prices: str | None, instance_types: list[st
     if spot:
         raise UsageError("--spot needs --prices live")
     return apply_price_file(catalog, prices)
+
+
+def money(value: float | None, digits: int = 4) -> str:
+    """Dollars for people: cents above $1, else `digits` significant digits, never 1e-05."""
+    if value is None:
+        return "n/a"
+    if value >= 1 or value <= 0:
+        return f"${value:,.2f}"
+    return f"${value:.{digits - 1 - math.floor(math.log10(value))}f}"

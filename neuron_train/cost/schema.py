@@ -16,7 +16,7 @@ SCHEMA_NAME = "neuron-train-bench-result"
 SCHEMA_VERSION = 1
 MODES = ("train", "infer")
 # Where a result's numbers come from (its optional `source`; absent: measured). An estimate is
-# written only inside a plan file (plan_result.py) and always carries an `estimate` block.
+# written only inside a plan file (cost/plan/result.py) and always carries an `estimate` block.
 MEASURED, ESTIMATED = "measured", "estimated"
 ORIGINS = (MEASURED, ESTIMATED)
 RESULT_LIMIT = 16 * 2**20  # a bench result or plan file is a few KiB; a long sweep a few hundred
@@ -91,7 +91,7 @@ def validate_result(data: object, where: str) -> dict:
 
 
 class EstimateBlock(BaseModel):
-    """What `report` reads of an estimate's `estimate` block (plan_result.py writes it)."""
+    """What `report` reads of an estimate's `estimate` block (cost/plan/result.py writes it)."""
 
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
     bottleneck_text: str

@@ -3,8 +3,8 @@ when the graph tour may stop, which intervals are the steady state.
 
 A *step* is a sync that ran a graph; its *window* is what happened since the previous one (timed
 when the sync returned, its call site, graphs compiled, the largest host-to-device copy). The probe
-(probe.py) folds windows through `Sites` as they come, to stop the process; bench
-(cost/script_bench.py) folds the recorded windows the same way, to measure.
+(probe.py) folds windows through `Sites` as they come, to stop the process; bench and plan
+(cost/script_figures.py) folds the recorded windows the same way, to measure.
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def steady_graph(dump_dir: Path) -> tuple[HloFigures, int]:
 def measure_script(command: list[str], *, steps: int, samples_flag: int | None, mode: str,
                    name: str | None, execution: str | None = None) -> tuple[WorkloadFigures, dict]:
     """Run the command under bench's probe with the HLO dump on; one process's step figures."""
-    from neuron_train.cost.bench import script_bench
+    from neuron_train.cost import script_figures
     from neuron_train.instrument.script import require_ran, run_script
 
     with tempfile.TemporaryDirectory(prefix="neuron-train-plan-") as folder:
@@ -283,13 +283,13 @@ def measure_script(command: list[str], *, steps: int, samples_flag: int | None, 
     if hlo.flops <= 0:
         raise RunError(f"{run.line}: no graph with a matrix multiply or convolution was compiled: nothing to "
                        "estimate (does the command train a model on the XLA device?)")
-    f = script_bench.figures(run, samples_flag)
+    f = script_figures.figures(run, samples_flag)
     n = f.parameters
     legacy_bf16 = os.environ.get("XLA_USE_BF16") == "1" or os.environ.get("XLA_DOWNCAST_BF16") == "1"
     weights = n * (2 if legacy_bf16 else 4)
     precision = compiler_precision(os.environ.get("NEURON_CC_FLAGS", ""), hlo.precision)
     figures = WorkloadFigures(
-        name=name or script_bench.script_name(command), mode=mode, flops_per_step=hlo.flops, precision=precision,
+        name=name or script_figures.script_name(command), mode=mode, flops_per_step=hlo.flops, precision=precision,
         conv_flops=hlo.conv_flops, input_bytes=4.0 * math.prod(f.batch_shape or [0]),  # 4 bytes an element: assumed
         bytes_per_step=hlo.bytes_in + hlo.bytes_out, samples_per_step=f.samples_per_step,
         param_bytes=weights, grad_bytes=weights if mode == "train" else 0.0,

@@ -7,18 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from pathlib import Path
-from typing import cast
 
-from neuron_train.common import reader
-from neuron_train.common.errors import UsageError
-from neuron_train.common.values import header_problem, shown
+from neuron_train.cost.catalog import money
 from neuron_train.cost.plan.model import Calibration, Estimate, WorkloadFigures, fastest
-from neuron_train.cost.report.rows import money
-from neuron_train.cost.schema import ESTIMATED, RESULT_LIMIT, SCHEMA_NAME, SCHEMA_VERSION, validate_result
+from neuron_train.cost.results import PLAN_SCHEMA, PLAN_VERSION
+from neuron_train.cost.schema import ESTIMATED, SCHEMA_NAME, SCHEMA_VERSION, validate_result
 
-PLAN_SCHEMA = "neuron-train-plan"
-PLAN_VERSION = 1
 UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
 
 ASSUMPTIONS = [
@@ -92,17 +86,6 @@ def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibrat
     }
 
 
-def plan_results(data: object, where: str) -> list[dict]:
-    """The bench results inside a plan file (each checked against the result schema)."""
-    problem = header_problem(data, "schema", PLAN_SCHEMA, "schema_version", PLAN_VERSION)
-    if problem:
-        raise UsageError(f"{where}: not a plan file ({problem})")
-    results = cast(dict, data).get("results")  # a JSON object: header_problem checked it
-    if not isinstance(results, list) or not results:
-        raise UsageError(f"{where}: a plan file without results: run neuron-train plan again")
-    return [validate_result(r, f"{where} results[{i}]") for i, r in enumerate(results)]
-
-
 def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]:
     """The printed table: one line per instance type, best price-performance first; every column as
     wide as its widest cell, so no figure pushes the next column out of line."""
@@ -144,22 +127,3 @@ def format_estimates(w: WorkloadFigures, estimates: list[Estimate], calib: Calib
     lines.append(f"plan: estimate: fastest {fastest(estimates).instance_type}; best price-performance "
                  f"{best.instance_type if best else 'n/a (no prices)'}")
     return lines
-
-
-def load_results(path: str | Path) -> list[dict]:
-    """The results of one file: a bench result, or the estimates of a plan file (plan_result.py)."""
-    path = Path(path)
-    data = reader.load(path, fmt="json", limit=RESULT_LIMIT)
-    if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
-        results = plan_results(data, str(path))
-        for i, r in enumerate(results):  # each row's origin must be the file's kind
-            if r.get("source") != ESTIMATED:
-                raise UsageError(f"{path} results[{i}]: a plan file holds estimates only, this row says "
-                                 f"source {shown(r.get('source', 'measured'))}: give measurements as bench "
-                                 "result files")
-        return results
-    result = validate_result(data, str(path))
-    if result.get("source") == ESTIMATED:
-        raise UsageError(f"{path}: an estimate outside a plan file (source 'estimated'): give the plan "
-                         "file that `neuron-train plan --output` wrote")
-    return [result]

@@ -11,7 +11,8 @@ import textwrap
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from neuron_train.cost.report.rows import Group, Row, money
+from neuron_train.cost.catalog import money
+from neuron_train.cost.report.rows import Group, Row
 
 if TYPE_CHECKING:  # matplotlib itself is imported when a chart is drawn
     import numpy as np

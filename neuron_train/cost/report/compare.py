@@ -15,7 +15,6 @@ from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.catalog import Catalog
-from neuron_train.cost.plan.result import load_results
 from neuron_train.cost.report.references import read_reference_csv
 from neuron_train.cost.report.rows import (
     Group,
@@ -26,6 +25,7 @@ from neuron_train.cost.report.rows import (
     priced_rows,
     unsupported_rows,
 )
+from neuron_train.cost.results import load_results
 
 DEFAULT_BASELINE = "trn1.2xlarge"  # the reference study's baseline
 

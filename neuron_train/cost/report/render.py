@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import cast
 
 from neuron_train import __version__
-from neuron_train.cost.catalog import Price
-from neuron_train.cost.report.rows import Group, Row, device_text, money, priced_rows
+from neuron_train.cost.catalog import Price, money
+from neuron_train.cost.report.rows import Group, Row, device_text, priced_rows
 
 
 def _fmt(value: float | None, spec: str = ",.1f", prefix: str = "") -> str:

@@ -5,7 +5,6 @@ catalog, and a group of rows for one workload. Shared by the report's tables and
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -137,16 +136,6 @@ def precision_text(precision: str, compiler_args: str | None) -> str:
         return precision
     meaning = _CAST_MEANING.get(compiler_args)
     return f"{precision} (compiler {compiler_args}" + (f": {meaning})" if meaning else ")")
-
-
-def money(value: float | None, digits: int = 4) -> str:
-    """Dollars for people: cents above $1, else `digits` significant digits, never 1e-05."""
-    if value is None:
-        return "n/a"
-    if value >= 1 or value <= 0:
-        return f"${value:,.2f}"
-    return f"${value:.{digits - 1 - math.floor(math.log10(value))}f}"
-
 
 
 # --- rows from the inputs ------------------------------------------------------------------------
