@@ -1,8 +1,9 @@
 """The bench result file: one versioned JSON schema, written by `bench` and read by `report`.
 
-Every field is required (null only where its kind allows it) and every number is checked (type,
-finite, range) before the report draws anything; `validate_result` is the one check both sides
-use, so a file `report` would refuse is never written.
+Every field is required (null only where it says so) and every number is checked (type, finite,
+range) before the report draws anything; `validate_result` is the one check both sides use (through
+the record, cost/records.py's `BenchResult.from_json`), so a file `report` would refuse is never
+written.
 """
 
 from __future__ import annotations
@@ -20,74 +21,105 @@ MODES = ("train", "infer")
 MEASURED, ESTIMATED = "measured", "estimated"
 ORIGINS = (MEASURED, ESTIMATED)
 RESULT_LIMIT = 16 * 2**20  # a bench result or plan file is a few KiB; a long sweep a few hundred
-# dotted path -> kind (neuron_train.common.values). Every field is required; numbers are finite.
-RESULT_FIELDS: dict[str, str] = {
-    "schema": "str", "schema_version": "int>=1", "created_at": "str", "mode": "str",
-    "instance_type": "str", "instance_type_source": "str",
-    "device.kind": "str", "device.count": "int>=1",
-    "world_size": "int>=1",
-    # null: not known (a script measured by `bench -- COMMAND` says only what it can see)
-    "model.name": "str", "model.parameters": "int>=1?", "model.img_size": "int>=1?", "model.num_classes": "int>=1?",
-    "dataset.name": "str", "dataset.train_samples": "int>=1?",
-    "batch_size_per_device": "int>=1", "global_batch_size": "int>=1", "precision": "str",
-    "warmup_steps": "int>=0", "measured_steps": "int>=1", "repeats": "int>=1",
-    "samples_per_sec.median": "number>0", "samples_per_sec.spread": "number>=0",
-    "samples_per_sec.values": "number-list>0",
-    "step_time_ms.median": "number>0", "step_time_ms.spread": "number>=0", "step_time_ms.values": "number-list>0",
-    "compile.time_s": "number>=0", "compile.graph_count": "int>=0",
-    "sweep": "list?", "host": "object", "versions": "object", "command": "str", "config": "object",
-}
-# Optional fields the report reads: checked when present.
-OPTIONAL_FIELDS: dict[str, str] = {
-    "host.cpu": "str?", "host.cpu_count": "int>=1?", "host.load_average_1m": "number>=0?",
-    # infer on Neuron: what compiled the forward pass and how, and the NeuronCores of the instance
-    # (device.count of device.cores_total ran it; fewer than all is said on the report's row)
-    "device.tracer": "str?", "device.compiler_args": "str?", "device.cores_total": "int>=1?",
-    # infer on Neuron: threads calling each core's copy (NeuronPerf's published rows: 2)
-    "device.threads_per_core": "int>=1?",
-    # infer through one data-parallel module (inf1): host threads calling it at once (published inf1 rows: 4)
-    "device.host_threads": "int>=1?",
-    # a result written outside this package (scripts/inf1_bench.py in the inf1 environment)
-    "device.harness": "str?",
-}
 SWEEP_STATUSES = ("ok", "oom", "failed")
-# A sweep row: every row has the first four; a row with status "ok" has all of them.
-SWEEP_FIELDS: dict[str, str] = {
-    "batch_size_per_device": "int>=1", "world_size": "int>=1", "status": "str", "reason": "str",
-    "samples_per_sec": "number>0", "step_time_ms": "number>0", "compile_time_s": "number>=0", "graph_count": "int>=0",
-}
 # No machine measures a billion samples/s or a step of 11 days: larger numbers are not measurements.
 MAX_PLAUSIBLE = 1e9
-_SWEEP_ALWAYS = ("batch_size_per_device", "world_size", "status", "reason")
 _MISSING = object()
 
 
-def _lookup(data: dict, dotted: str) -> object:
-    node = data
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return _MISSING
-        node = node[key]
-    return node
+class _Fields:
+    """Reads a parsed file's fields by dotted path, each checked (common/values.py's kinds and their
+    messages); the first problem is a UsageError naming the file and the field."""
+
+    def __init__(self, data: dict, where: str, prefix: str = "") -> None:
+        self.data, self.where, self.prefix = data, where, prefix
+
+    def check(self, dotted: str, kind: str, *, required: bool = True, null: bool = False,
+              most: float | None = None) -> None:
+        """`kind` (common/values.py); `most`: a number's largest plausible value."""
+        node: object = self.data
+        for key in dotted.split("."):
+            node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is _MISSING:
+            if required:
+                raise UsageError(f"{self.where}: missing field '{self.prefix}{dotted}'")
+            return
+        problem = kind_problem(node, kind + ("?" if null else ""))
+        if not problem and most is not None and node > most:  # type: ignore[operator]
+            problem = f"must be at most {most:.0e} (not a measurement), got {node:.3g}"
+        if problem:
+            raise UsageError(f"{self.where}: field '{self.prefix}{dotted}' {problem}")
+
+    def text(self, *dotted: str, required: bool = True, null: bool = False) -> None:
+        for d in dotted:
+            self.check(d, "str", required=required, null=null)
+
+    def count(self, *dotted: str, least: int = 1, required: bool = True, null: bool = False) -> None:
+        for d in dotted:
+            self.check(d, f"int>={least}", required=required, null=null)
+
+    def stat(self, name: str) -> None:
+        """A figure over the repeats: median > 0, spread >= 0, every value > 0."""
+        self.check(f"{name}.median", "number>0")
+        self.check(f"{name}.spread", "number>=0")
+        self.check(f"{name}.values", "number-list>0")
 
 
 def validate_result(data: object, where: str) -> dict:
     """Check a parsed result file against the schema; raise UsageError naming the file and the
-    first bad field (every number of it: type, finite, range)."""
+    first bad field (every number of it: type, finite, range). The fields in the order they are
+    checked: every one is required (null where it says so), numbers are finite."""
     problem = header_problem(data, "schema", SCHEMA_NAME, "schema_version", SCHEMA_VERSION)
     if problem or not isinstance(data, dict):  # (header_problem names a non-object too)
         raise UsageError(f"{where}: not a bench result ({problem})")
-    for dotted, kind in {**RESULT_FIELDS, **OPTIONAL_FIELDS}.items():
-        value = _lookup(data, dotted)
-        if value is _MISSING and dotted in RESULT_FIELDS:
-            raise UsageError(f"{where}: missing field '{dotted}'")
-        problem = None if value is _MISSING else kind_problem(value, kind)
-        if problem:
-            raise UsageError(f"{where}: field '{dotted}' {problem}")
-    problems = _semantic_problems(data) + _sweep_problems(data["sweep"] or []) + _origin_problems(data)
+    f = _Fields(data, where)
+    f.text("schema")
+    f.count("schema_version")
+    f.text("created_at", "mode", "instance_type", "instance_type_source", "device.kind")
+    f.count("device.count", "world_size")
+    f.text("model.name")
+    # null: not known (a script measured by `bench -- COMMAND` says only what it can see)
+    f.count("model.parameters", "model.img_size", "model.num_classes", null=True)
+    f.text("dataset.name")
+    f.count("dataset.train_samples", null=True)
+    f.count("batch_size_per_device", "global_batch_size")
+    f.text("precision")
+    f.count("warmup_steps", least=0)
+    f.count("measured_steps", "repeats")
+    f.stat("samples_per_sec")
+    f.stat("step_time_ms")
+    f.check("compile.time_s", "number>=0")
+    f.count("compile.graph_count", least=0)
+    f.check("sweep", "list", null=True)
+    f.check("host", "object")
+    f.check("versions", "object")
+    f.text("command")
+    f.check("config", "object")
+    _check_optional(f)
+    problems = _semantic_problems(data)
+    if problems:
+        raise UsageError(f"{where}: {problems[0]}")
+    _check_sweep(data["sweep"] or [], where)
+    problems = _origin_problems(data)
     if problems:
         raise UsageError(f"{where}: {problems[0]}")
     return data
+
+
+def _check_optional(f: _Fields) -> None:
+    """Fields the report reads when present."""
+    f.text("host.cpu", required=False, null=True)
+    f.count("host.cpu_count", required=False, null=True)
+    f.check("host.load_average_1m", "number>=0", required=False, null=True)
+    # infer on Neuron: what compiled the forward pass and how, and the NeuronCores of the instance
+    # (device.count of device.cores_total ran it; fewer than all is said on the report's row)
+    f.text("device.tracer", "device.compiler_args", required=False, null=True)
+    f.count("device.cores_total", required=False, null=True)
+    # infer on Neuron: threads calling each core's copy (NeuronPerf's published rows: 2); through one
+    # data-parallel module (inf1): host threads calling it at once (published inf1 rows: 4)
+    f.count("device.threads_per_core", "device.host_threads", required=False, null=True)
+    # a result written outside this package (scripts/inf1_bench.py in the inf1 environment)
+    f.text("device.harness", required=False, null=True)
 
 
 class EstimateBlock(BaseModel):
@@ -141,20 +173,19 @@ def _semantic_problems(d: dict) -> list[str]:
     return p
 
 
-def _sweep_problems(rows: list) -> list[str]:
+def _check_sweep(rows: list, where: str) -> None:
+    """Every row has its configuration, status and reason; a row with status "ok" has its figures."""
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            return [f"field 'sweep[{i}]' must be a JSON object"]
+            raise UsageError(f"{where}: field 'sweep[{i}]' must be a JSON object")
         if row.get("status") not in SWEEP_STATUSES:
-            return [f"field 'sweep[{i}].status' must be one of {', '.join(SWEEP_STATUSES)}, got {row.get('status')!r}"]
-        for key, kind in SWEEP_FIELDS.items():
-            if key not in row:
-                if key in _SWEEP_ALWAYS or row["status"] == "ok":
-                    return [f"missing field 'sweep[{i}].{key}'"]
-                continue
-            problem = kind_problem(row[key], kind)
-            if not problem and kind.startswith("number") and row[key] > MAX_PLAUSIBLE:
-                problem = f"must be at most {MAX_PLAUSIBLE:.0e} (not a measurement), got {row[key]:.3g}"
-            if problem:
-                return [f"field 'sweep[{i}].{key}' {problem}"]
-    return []
+            raise UsageError(f"{where}: field 'sweep[{i}].status' must be one of {', '.join(SWEEP_STATUSES)}, "
+                             f"got {row.get('status')!r}")
+        f = _Fields(row, where, f"sweep[{i}].")
+        f.count("batch_size_per_device", "world_size")
+        f.text("status", "reason")
+        ok = row["status"] == "ok"
+        for name in ("samples_per_sec", "step_time_ms"):
+            f.check(name, "number>0", required=ok, most=MAX_PLAUSIBLE)
+        f.check("compile_time_s", "number>=0", required=ok, most=MAX_PLAUSIBLE)
+        f.count("graph_count", least=0, required=ok)
