@@ -108,9 +108,9 @@ def test_sweep_stops_growing_the_batch_after_out_of_memory():
 
     rows, ok = sweep(SweepPlan("train", [16, 32, 64, 128], [1, 2], 1), measure, lambda _: None)
     assert tried == [(1, 16), (1, 32), (1, 64), (2, 16), (2, 32)]
-    assert [(r["world_size"], r["batch_size_per_device"], r["status"]) for r in rows] == [
+    assert [(r.world_size, r.batch_size_per_device, r.status) for r in rows] == [
         (1, 16, "ok"), (1, 32, "ok"), (1, 64, "oom"), (2, 16, "ok"), (2, 32, "oom")]
-    assert rows[2]["reason"].endswith("(larger batch sizes not tried)")
+    assert rows[2].reason.endswith("(larger batch sizes not tried)")
     assert set(ok) == {(1, 16), (1, 32), (2, 16)}
 
 

@@ -1,7 +1,7 @@
 """The bench result's typed record (cost/records.py): every result file the code wrote, the fixtures and
 the shipped examples read into a `BenchResult` and written back byte for byte; bench and plan write
 what the dict-based code wrote (`fixtures/cost/known_results.json`, written by the code of commit
-34f9825 from the fixed inputs below).
+34f9825, where sweep rows and results were dicts, from the fixed inputs below).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from neuron_train.cost.bench.measure import Measurement, Workload
 from neuron_train.cost.plan import data as plan_data
 from neuron_train.cost.plan.model import estimate_all
 from neuron_train.cost.plan.result import plan_document
-from neuron_train.cost.records import BenchResult
+from neuron_train.cost.records import BenchResult, SweepRow
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN = ROOT / "tests" / "fixtures" / "cost" / "known_results.json"
@@ -28,10 +28,8 @@ WRITTEN = [*sorted((ROOT / "tests" / "fixtures" / "report").glob("cpu_*.json")),
 HOST = {"hostname": "h", "os": "Linux", "cpu": "x86_64", "cpu_count": 2, "memory_gib": None,
         "load_average_1m": 1.5, "python": "3.10.12"}
 NEURON = {"tracer": "torch-neuronx", "compiler_args": "--auto-cast none", "threads_per_core": 2, "cores_total": 2}
-SWEEP = [{"batch_size_per_device": 16, "world_size": 2, "status": "ok", "reason": "", "samples_per_sec": 800.5,
-          "step_time_ms": 40.0, "compile_time_s": 95.0, "graph_count": 1},
-         {"batch_size_per_device": 64, "world_size": 2, "status": "oom", "reason": "out of memory (larger batch "
-          "sizes not tried)"}]
+SWEEP = [SweepRow(16, 2, "ok", "", 800.5, 40.0, 95.0, 1),
+         SweepRow(64, 2, "oom", "out of memory (larger batch sizes not tried)")]
 
 
 def _dumped(data: object) -> str:
@@ -54,7 +52,7 @@ def known_results(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         result = bench_result.build_result(workload=work, mode="infer" if runs is neuron else "train",
                                            instance=("inf2.xlarge", "flag"), runs=runs, sweep_rows=sweep,
                                            warmup=3, command="neuron-train bench ...")
-        out[name] = _dumped(result if isinstance(result, dict) else result.to_json())
+        out[name] = _dumped(result.to_json())
     targets = plan_data.targets()
     chosen = [targets[n] for n in ("trn1.2xlarge", "inf2.xlarge")]
     w = workload()

@@ -30,6 +30,7 @@ from neuron_train.cost.bench.sweep import (
     SweepPlan,
     measure_loop,
 )
+from neuron_train.cost.records import BenchResult
 from neuron_train.cost.schema import MODES, validate_result
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
@@ -187,13 +188,13 @@ def main(args: argparse.Namespace) -> int:
     return _finish(result, output)
 
 
-def _finish(result: dict, output: Target) -> int:
-    validate_result(result, "bench")  # a file report would refuse is never written
-    written = write_result(output, result)
-    sps = result["samples_per_sec"]
-    print(f"bench: {sps['median']:.1f} samples/s (± {sps['spread']:.1f}) on {result['device']['kind']} "
-          f"x {result['world_size']}, compile {result['compile']['time_s']:.1f} s in "
-          f"{result['compile']['graph_count']} graph(s) (not counted) -> {written}", flush=True)
-    if result["device"]["kind"] == "CPU":
+def _finish(result: BenchResult, output: Target) -> int:
+    data = validate_result(result.to_json(), "bench")  # a file report would refuse is never written
+    written = write_result(output, data)
+    sps = result.samples_per_sec
+    print(f"bench: {sps.median:.1f} samples/s (± {sps.spread:.1f}) on {result.device.kind} "
+          f"x {result.world_size}, compile {result.compile.time_s:.1f} s in "
+          f"{result.compile.graph_count} graph(s) (not counted) -> {written}", flush=True)
+    if result.device.kind == "CPU":
         print("bench: measured on the CPU XLA device of this machine; the report labels it as such", flush=True)
     return 0

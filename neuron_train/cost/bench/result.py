@@ -1,6 +1,7 @@
-"""A bench result file: what was measured (the workload), the figures of its runs with their median
-and spread, where (`instance.py`) and with which library versions. `bench` checks it against
-schema.py (`validate_result`) before writing it, so a file `report` would refuse is never written.
+"""A bench result file (cost/records.py's `BenchResult`): what was measured (the workload), the figures
+of its runs with their median and spread, where (`instance.py`) and with which library versions.
+`bench` checks it against schema.py (`validate_result`) before writing it, so a file `report` would
+refuse is never written.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from neuron_train.common.neuron_env import library_versions
 from neuron_train.common.writer import Target
 from neuron_train.cost.bench.instance import host_metadata
 from neuron_train.cost.bench.measure import Measurement, Workload
-from neuron_train.cost.schema import SCHEMA_NAME, SCHEMA_VERSION
+from neuron_train.cost.records import (
+    BenchResult,
+    CompileFacts,
+    DatasetFacts,
+    Device,
+    Host,
+    ModelFacts,
+    Stat,
+    SweepRow,
+)
 from neuron_train.training.config import RunConfig
 from neuron_train.training.metrics import median_and_spread
 
@@ -36,35 +46,28 @@ def loop_workload(cfg: RunConfig, parameters: int, num_classes: int, train_sampl
                     cfg.train.batch_size, cfg.train.precision, cfg.to_dict())
 
 
-def _stat(values: list[float]) -> dict:
+def _stat(values: list[float]) -> Stat:
     median, spread = median_and_spread(values)
-    return {"median": median, "spread": spread, "values": values}
+    return Stat(median, spread, values)
 
 
 def build_result(*, workload: Workload, mode: str, instance: tuple[str, str], runs: list[Measurement],
-                 sweep_rows: list[dict] | None, warmup: int, command: str) -> dict:
+                 sweep_rows: list[SweepRow] | None, warmup: int, command: str) -> BenchResult:
     first = runs[0]
     compiled = [r for r in runs if r.graph_count > 0] or runs
-    return {
-        "schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION,
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "mode": mode, "instance_type": instance[0], "instance_type_source": instance[1],
-        "device": {"kind": first.device_kind, "count": first.world_size, **first.device_info},
-        "world_size": first.world_size,
-        "model": {"name": workload.model, "parameters": workload.parameters, "img_size": workload.img_size,
-                  "num_classes": workload.num_classes},
-        "dataset": {"name": workload.dataset, "train_samples": workload.train_samples},
-        "batch_size_per_device": workload.batch_size, "global_batch_size": first.global_batch_size,
-        "precision": workload.precision, "warmup_steps": warmup,
-        "measured_steps": first.measured_steps, "repeats": len(runs),
-        "samples_per_sec": _stat([r.samples_per_sec for r in runs]),
-        "step_time_ms": _stat([r.step_time_ms for r in runs]),
-        "compile": {"time_s": median_and_spread([r.compile_time_s for r in compiled])[0],
-                    "graph_count": max(r.graph_count for r in compiled)},
-        "details": first.details,
-        "sweep": sweep_rows, "host": host_metadata(), "versions": library_versions(_VERSIONED),
-        "command": command, "config": workload.config,
-    }
+    return BenchResult(
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), mode=mode,
+        instance_type=instance[0], instance_type_source=instance[1],
+        device=Device(first.device_kind, first.world_size, **first.device_info), world_size=first.world_size,
+        model=ModelFacts(workload.model, workload.parameters, workload.img_size, workload.num_classes),
+        dataset=DatasetFacts(workload.dataset, workload.train_samples),
+        batch_size_per_device=workload.batch_size, global_batch_size=first.global_batch_size,
+        precision=workload.precision, warmup_steps=warmup, measured_steps=first.measured_steps, repeats=len(runs),
+        samples_per_sec=_stat([r.samples_per_sec for r in runs]), step_time_ms=_stat([r.step_time_ms for r in runs]),
+        compile=CompileFacts(median_and_spread([r.compile_time_s for r in compiled])[0],
+                             max(r.graph_count for r in compiled)),
+        details=first.details, sweep=sweep_rows, host=Host.from_json(host_metadata()),
+        versions=library_versions(_VERSIONED), command=command, config=workload.config)
 
 
 def write_result(output: Target, result: dict) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 from neuron_train.common.errors import RunError
 from neuron_train.cost.bench.failures import MeasureFailed
 from neuron_train.cost.bench.measure import InferBench, Measurement, measure_train
+from neuron_train.cost.records import SweepRow
 from neuron_train.training.config import RunConfig
 
 DEFAULT_MEASURED_STEPS = 20          # when --max-steps is not given
@@ -30,41 +31,38 @@ class SweepPlan:
     repeats: int
 
 
-def sweep(plan: SweepPlan, measure: Measure, log: Log) -> tuple[list[dict], dict[tuple[int, int], Measurement]]:
+def sweep(plan: SweepPlan, measure: Measure, log: Log) -> tuple[list[SweepRow], dict[tuple[int, int], Measurement]]:
     """Measure every (processes, batch size) once; after an OOM, larger batches are not tried.
 
     Returns the sweep rows (ok / oom / failed, with the reason) and the successful measurements.
     """
-    rows: list[dict] = []
+    rows: list[SweepRow] = []
     ok: dict[tuple[int, int], Measurement] = {}
     for nproc in plan.nprocs:
         for bs in plan.batch_sizes:
             try:
                 m = measure(bs, nproc)
             except MeasureFailed as exc:
-                rows.append({"batch_size_per_device": bs, "world_size": nproc, "status": exc.status,
-                             "reason": exc.reason})
                 log(f"  batch {bs} x {nproc} process(es): {exc.status}: {exc.reason}")
-                if exc.status == "oom":
-                    rows[-1]["reason"] += " (larger batch sizes not tried)"
+                last = exc.status == "oom"
+                rows.append(SweepRow(bs, nproc, exc.status, exc.reason + (" (larger batch sizes not tried)" if last else "")))
+                if last:
                     break
                 continue
             ok[(nproc, bs)] = m
-            rows.append({"batch_size_per_device": bs, "world_size": m.world_size, "status": "ok",
-                         "reason": "", "samples_per_sec": m.samples_per_sec,
-                         "step_time_ms": m.step_time_ms, "compile_time_s": m.compile_time_s,
-                         "graph_count": m.graph_count})
+            rows.append(SweepRow(bs, m.world_size, "ok", "", m.samples_per_sec, m.step_time_ms, m.compile_time_s,
+                                 m.graph_count))
             log(f"  batch {bs} x {nproc} process(es): {m.samples_per_sec:.1f} samples/s")
     return rows, ok
 
 
 def repeat_fastest(plan: SweepPlan, measure: Measure, sweeping: bool,
-                   log: Log) -> tuple[list[dict], list[Measurement], tuple[int, int]]:
+                   log: Log) -> tuple[list[SweepRow], list[Measurement], tuple[int, int]]:
     """The sweep (or the one configuration), then the repeats of the fastest: (sweep rows, runs,
     (processes, batch size) measured)."""
     rows, ok = sweep(plan, measure, log)
     if not ok:
-        reasons = "; ".join(f"batch {r['batch_size_per_device']}: {r['reason']}" for r in rows)
+        reasons = "; ".join(f"batch {r.batch_size_per_device}: {r.reason}" for r in rows)
         raise RunError(f"no configuration could be measured ({reasons})")
     (nproc, bs), best = max(ok.items(), key=lambda kv: kv[1].samples_per_sec)
     if sweeping:
@@ -81,7 +79,7 @@ def repeat_fastest(plan: SweepPlan, measure: Measure, sweeping: bool,
 
 
 def measure_loop(plan: SweepPlan, cfg: RunConfig, instance_type: str, num_classes: int, measured: int,
-                 sweeping: bool, log: Log) -> tuple[list[dict], list[Measurement], tuple[int, int]]:
+                 sweeping: bool, log: Log) -> tuple[list[SweepRow], list[Measurement], tuple[int, int]]:
     """Our loop's sweep and repeats (`repeat_fastest`): train mode runs the loop (`measure_train`),
     infer mode times its compiled forward pass (`InferBench`), each in one temporary folder."""
     with tempfile.TemporaryDirectory(prefix="neuron-train-bench-") as tmp:

@@ -1,5 +1,5 @@
 """`neuron-train plan`'s output: the printed table and plan.json, whose `results` are bench result
-files (schema.py, the same versioned schema) with `source: estimated`, one per instance type that
+files (records.py's `BenchResult`, the same versioned schema) with `source: estimated`, one per instance type that
 fits, so `report` puts them beside measured and imported rows, labelled as estimates.
 """
 
@@ -10,8 +10,18 @@ import datetime as dt
 
 from neuron_train.cost.catalog import money
 from neuron_train.cost.plan.model import Calibration, Estimate, WorkloadFigures, fastest
+from neuron_train.cost.records import (
+    BenchResult,
+    CompileFacts,
+    DatasetFacts,
+    Device,
+    EstimateBlock,
+    Host,
+    ModelFacts,
+    Stat,
+)
 from neuron_train.cost.results import PLAN_SCHEMA, PLAN_VERSION
-from neuron_train.cost.schema import ESTIMATED, SCHEMA_NAME, SCHEMA_VERSION, validate_result
+from neuron_train.cost.schema import ESTIMATED, validate_result
 
 UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
 
@@ -36,31 +46,23 @@ ASSUMPTIONS = [
 
 def estimate_result(w: WorkloadFigures, e: Estimate, calib: Calibration, *, details: dict, img_size: int | None,
                     dataset: str, epoch_samples: int | None, precision: str, command: str, created: str) -> dict:
-    """One instance type's estimate as a bench result (schema.py) marked `source: estimated`."""
-    # Only an instance type that fits is estimated: its step, rate and band are set (plan_model.estimate).
+    """One instance type's estimate as a bench result (records.py) marked `source: estimated`."""
+    # Only an instance type that fits is estimated: its step, rate and band are set (plan/model.estimate).
     assert e.step_s is not None and e.samples_per_sec is not None and e.band is not None
-    step_ms = e.step_s * 1e3
-    result = {
-        "schema": SCHEMA_NAME, "schema_version": SCHEMA_VERSION, "created_at": created, "source": ESTIMATED,
-        "mode": w.mode, "instance_type": e.instance_type, "instance_type_source": "estimated by neuron-train plan",
-        "device": {"kind": "Neuron (estimated)", "count": e.processes}, "world_size": e.processes,
-        "model": {"name": w.name, "parameters": details.get("parameters") or None, "img_size": img_size,
-                  "num_classes": details.get("num_classes")},
-        "dataset": {"name": dataset, "train_samples": epoch_samples},
-        "batch_size_per_device": max(1, round(w.samples_per_step)),
-        "global_batch_size": max(1, round(w.samples_per_step)) * e.processes, "precision": precision,
-        "warmup_steps": 0, "measured_steps": 1, "repeats": 1,
-        "samples_per_sec": {"median": e.samples_per_sec, "spread": (e.band[1] - e.band[0]) / 2,
-                            "values": [e.samples_per_sec]},
-        "step_time_ms": {"median": step_ms, "spread": 0.0, "values": [step_ms]},
-        "compile": {"time_s": 0.0, "graph_count": 0},
-        "estimate": {"bottleneck": e.bottleneck, "bottleneck_text": e.bottleneck_text,
-                     "parts_ms": {k: v * 1e3 for k, v in e.parts_s.items()}, "band": list(e.band),
-                     "rank": e.rank, "needs_gib_per_core": e.needs_gib_per_core,
-                     "calibration": calib.source},
-        "sweep": None, "host": {}, "versions": {}, "command": command, "config": {"workload": workload_record(w)},
-    }
-    return validate_result(result, f"estimate for {e.instance_type}")
+    step_ms, batch = e.step_s * 1e3, max(1, round(w.samples_per_step))
+    result = BenchResult(
+        created_at=created, source=ESTIMATED, mode=w.mode, instance_type=e.instance_type,
+        instance_type_source="estimated by neuron-train plan", device=Device("Neuron (estimated)", e.processes),
+        world_size=e.processes,
+        model=ModelFacts(w.name, details.get("parameters") or None, img_size, details.get("num_classes")),
+        dataset=DatasetFacts(dataset, epoch_samples), batch_size_per_device=batch,
+        global_batch_size=batch * e.processes, precision=precision, warmup_steps=0, measured_steps=1, repeats=1,
+        samples_per_sec=Stat(e.samples_per_sec, (e.band[1] - e.band[0]) / 2, [e.samples_per_sec]),
+        step_time_ms=Stat(step_ms, 0.0, [step_ms]), compile=CompileFacts(0.0, 0),
+        estimate=EstimateBlock(e.bottleneck, e.bottleneck_text, {k: v * 1e3 for k, v in e.parts_s.items()}, e.band,
+                               e.rank, e.needs_gib_per_core, calib.source),
+        sweep=None, host=Host(), versions={}, command=command, config={"workload": workload_record(w)})
+    return validate_result(result.to_json(), f"estimate for {e.instance_type}")
 
 
 def workload_record(w: WorkloadFigures) -> dict:
