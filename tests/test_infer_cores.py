@@ -80,12 +80,13 @@ def test_the_core_reservation_stand_in_fails_workers_while_a_tracer_lives(tmp_pa
 def test_a_neuron_row_names_its_threads_per_core_and_casting():
     """Published rows run NeuronPerf's two threads per core with matmuls auto-cast to bf16: a row
     measured otherwise must say how it was measured, so no one compares unlike figures."""
+    from neuron_train.cost.records import Device
     from neuron_train.cost.report.rows import device_text, precision_text
 
-    device = {"kind": "NEURON", "count": 2, "cores_total": 2, "tracer": "torch-neuronx", "threads_per_core": 2}
+    device = Device("NEURON", 2, cores_total=2, tracer="torch-neuronx", threads_per_core=2)
     assert device_text(device) == "NEURON, torch-neuronx, 2 of 2 NeuronCores, 2 thread(s) per core"
     assert precision_text("fp32", "--auto-cast none") == "fp32 (compiler --auto-cast none: no auto-cast)"
-    inf1 = {"kind": "NEURON", "count": 4, "cores_total": 4, "tracer": "torch-neuron", "host_threads": 1}
+    inf1 = Device("NEURON", 4, cores_total=4, tracer="torch-neuron", host_threads=1)
     assert device_text(inf1) == "NEURON, torch-neuron, 4 of 4 NeuronCores, 1 host thread(s)"  # not the published 4
     # neuron-cc's appnote says --fast-math none keeps matmuls 16-bit, not which 16-bit type
     assert precision_text("fp32", "--fast-math none") == \

@@ -28,6 +28,7 @@ from neuron_train.cost.plan.model import (
     host_rest_s,
     rank_by_price_performance,
 )
+from neuron_train.cost.records import BenchResult
 
 # --- the host term: the target's, from counted facts (never this machine's wall time) ----------------
 
@@ -183,16 +184,19 @@ def test_the_report_names_an_estimate_over_2x_from_a_measurement_and_never_count
     measured.update(instance_type="trn1.2xlarge")
     measured["samples_per_sec"] = {**measured["samples_per_sec"], "median": 100.0}
 
-    def plan_row(rate: float) -> dict:
-        return {**measured, "source": "estimated", "samples_per_sec": {**measured["samples_per_sec"], "median": rate},
-                "estimate": {"calibration": "published rows", "bottleneck_text": "device compute 1 ms/step"}}
+    def plan_row(rate: float) -> BenchResult:
+        return BenchResult.from_json({
+            **measured, "source": "estimated", "samples_per_sec": {**measured["samples_per_sec"], "median": rate},
+            "estimate": {"calibration": "published rows", "bottleneck_text": "device compute 1 ms/step",
+                         "band": [rate, rate]}}, "plan.json")
+    bench = BenchResult.from_json(measured, "bench.json")
     for rate, named in ((250.0, True), (40.0, True), (190.0, False), (60.0, False)):
-        ctx = Context("now", [(Path("bench.json"), measured), (Path("plan.json"), plan_row(rate))], [], [], True)
+        ctx = Context("now", [(Path("bench.json"), bench), (Path("plan.json"), plan_row(rate))], [], [], True)
         lines = estimates_off(ctx)
         assert bool(lines) == named, (rate, lines)
         if named:
             assert "plan.json" in lines[0] and "bench.json" in lines[0] and "--calibrate" in lines[0]
-    ctx = Context("now", [(Path("bench.json"), measured), (Path("plan.json"), plan_row(250.0))], [], [], True)
+    ctx = Context("now", [(Path("bench.json"), bench), (Path("plan.json"), plan_row(250.0))], [], [], True)
     blocks = report_blocks([], ctx, {})
     assert isinstance(blocks[1], Para) and "from 1 bench result(s), 1 plan estimate(s)" in blocks[1].text
     assert any(isinstance(b, Para) and b.warn and "ESTIMATE OFF" in b.text for b in blocks)

@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     priced = sorted({(r.instance_type, r.price) for r in rows if r.price}, key=lambda t: t[0])
     ctx = Context(dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), results,
                   [Path(p) for p in args.reference], priced,
-                  any(r["device"]["kind"] == "CPU" for _, r in results))
+                  any(r.device.kind == "CPU" for _, r in results))
     images = write_report(out, groups, ctx)
     for g in groups:
         if any(r.samples_per_sec for r in g.rows):

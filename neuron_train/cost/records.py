@@ -122,6 +122,11 @@ class Host:
         return cls(told, d.get("hostname"), d.get("os"), d.get("cpu"), d.get("cpu_count"), d.get("memory_gib"),
                    d.get("load_average_1m"), d.get("python"))
 
+    @property
+    def cpu_shown(self) -> str:
+        """The CPU as a report line names it: "?" when the file does not say."""
+        return f"{self.cpu}" if "cpu" in self.told else "?"
+
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.told}
 

@@ -30,7 +30,8 @@ from neuron_train.cost.plan.model import (
     allreduce_s,
     estimate,
 )
-from neuron_train.cost.schema import RESULT_LIMIT, validate_result
+from neuron_train.cost.records import BenchResult
+from neuron_train.cost.schema import RESULT_LIMIT
 
 MODES = ("train", "infer")
 BAND_PERCENTILE = 0.8     # the error band: 4 in 5 published rows, left out, fell within it
@@ -242,20 +243,20 @@ def recalibrated(base: Calibration, w: WorkloadFigures, t: Target, measured: flo
     return calib, relative_error(first, measured), warning
 
 
-def workload_differences(bench: dict, batch: float, img_size: int | None, precision: str | None) -> list[str]:
+def workload_differences(bench: BenchResult, batch: float, img_size: int | None, precision: str | None) -> list[str]:
     """What the bench measured that this plan's workload does not do (unknown on either side: not compared)."""
     out = []
-    if bench["batch_size_per_device"] != batch:
-        out.append(f"batch size {bench['batch_size_per_device']} per device, this plan {batch:g}")
-    bench_img = bench["model"].get("img_size")
+    if bench.batch_size_per_device != batch:
+        out.append(f"batch size {bench.batch_size_per_device} per device, this plan {batch:g}")
+    bench_img = bench.model.img_size
     if bench_img is not None and img_size is not None and bench_img != img_size:
         out.append(f"image size {bench_img}, this plan {img_size}")
-    if precision is not None and bench["precision"].lower() != precision.lower():
-        out.append(f"precision {bench['precision']}, this plan {precision}")
+    if precision is not None and bench.precision.lower() != precision.lower():
+        out.append(f"precision {bench.precision}, this plan {precision}")
     return out
 
 
-def check_workload(bench: dict, where: str, batch: float, img_size: int | None, precision: str | None) -> None:
+def check_workload(bench: BenchResult, where: str, batch: float, img_size: int | None, precision: str | None) -> None:
     """A bench of another batch size, image size or precision measured another workload: its rate
     would re-fit the device on the wrong step. Refused, naming the difference."""
     diff = workload_differences(bench, batch, img_size, precision)
@@ -264,7 +265,7 @@ def check_workload(bench: dict, where: str, batch: float, img_size: int | None, 
                          "workload (or plan the bench's batch size, image size and precision)")
 
 
-def calibration(w: WorkloadFigures, bench: dict | None, known: dict[str, Target],
+def calibration(w: WorkloadFigures, bench: BenchResult | None, known: dict[str, Target],
                 where: str | None, processes: int | None = None) -> tuple[Calibration, float | None, list[str]]:
     """The published calibration, or with a bench result (`load_calibration`, read from `where`) the
     device side re-fitted on it: (calibration, how far the first estimate was off or None, what to tell).
@@ -273,29 +274,29 @@ def calibration(w: WorkloadFigures, bench: dict | None, known: dict[str, Target]
     calib = published_calibration()
     if bench is None:
         return calib, None, []
-    t = known[bench["instance_type"].lower()]
-    measured = bench["samples_per_sec"]["median"]
-    calib, first_off, warning = recalibrated(calib, w, t, measured, bench["world_size"], str(where))
+    t = known[bench.instance_type.lower()]
+    measured = bench.samples_per_sec.median
+    calib, first_off, warning = recalibrated(calib, w, t, measured, bench.world_size, str(where))
     lines = [f"plan: the first estimate for {t.instance_type} was {first_off:+.0%} off the bench "
              f"({measured:.1f} samples/s measured); device side re-fitted: {calib.fraction[w.mode]:.1%} of peak"]
     planned = min(processes or t.cores, t.cores)
-    if bench["world_size"] != planned:
+    if bench.world_size != planned:
         calib = dataclasses.replace(calib, band={**calib.band, w.mode: 2 * calib.band[w.mode]})
-        lines.append(f"plan: warning: {where} ran {bench['world_size']} process(es) on {t.instance_type}, this plan "
+        lines.append(f"plan: warning: {where} ran {bench.world_size} process(es) on {t.instance_type}, this plan "
                      f"{planned}: the re-fit is extrapolated, its range doubled to x/{1 + calib.band[w.mode]:.2f}")
     return calib, first_off, lines + ([f"plan: warning: {warning}"] if warning else [])
 
 
-def load_calibration(path: str, mode: str, name: str, known: dict[str, Target]) -> dict:
+def load_calibration(path: str, mode: str, name: str, known: dict[str, Target]) -> BenchResult:
     """A bench result of this workload, measured on a Neuron instance type the plan knows."""
     data = reader.load(path, "--calibrate", fmt="json", limit=RESULT_LIMIT)
-    r = validate_result(data, f"--calibrate {path}")
-    if r.get("source") == "estimated":
+    r = BenchResult.from_json(data, f"--calibrate {path}")
+    if r.estimated:
         raise UsageError(f"--calibrate {path} is an estimate, not a measurement: give a bench result file")
-    if r["device"]["kind"] == "CPU" or r["instance_type"].lower() not in known:
-        raise UsageError(f"--calibrate {path} was measured on {r['instance_type']} ({r['device']['kind']}): "
+    if r.device.kind == "CPU" or r.instance_type.lower() not in known:
+        raise UsageError(f"--calibrate {path} was measured on {r.instance_type} ({r.device.kind}): "
                          "give a bench result from a trn1/inf2 instance type")
-    if r["mode"] != mode or r["model"]["name"].lower() != name.lower():
-        raise UsageError(f"--calibrate {path} measures {r['mode']} of {r['model']['name']}, this plan "
+    if r.mode != mode or r.model.name.lower() != name.lower():
+        raise UsageError(f"--calibrate {path} measures {r.mode} of {r.model.name}, this plan "
                          f"{mode} of {name}: calibrate with a bench result of the same workload")
     return r

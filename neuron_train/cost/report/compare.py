@@ -15,6 +15,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.catalog import Catalog
+from neuron_train.cost.records import BenchResult
 from neuron_train.cost.report.references import read_reference_csv
 from neuron_train.cost.report.rows import (
     Group,
@@ -30,21 +31,21 @@ from neuron_train.cost.results import load_results
 DEFAULT_BASELINE = "trn1.2xlarge"  # the reference study's baseline
 
 
-def check_same_workload(results: list[tuple[Path, dict]]) -> None:
+def check_same_workload(results: list[tuple[Path, BenchResult]]) -> None:
     """Results of one mode and model must measure it at the same image size and on the same dataset
     (other models, e.g. a script measured by `bench -- COMMAND`, are groups of their own)."""
     first: dict[tuple[str, str], tuple[Path, tuple]] = {}
     for path, r in results:
-        key = (r["model"]["name"], r["model"]["img_size"], r["dataset"]["name"])
-        seen_path, seen = first.setdefault((r["mode"], key[0]), (path, key))
+        key = (r.model.name, r.model.img_size, r.dataset.name)
+        seen_path, seen = first.setdefault((r.mode, key[0]), (path, key))
         if key != seen:
             raise UsageError(
                 f"{path} measures {key[0]} at {key[1]} px on {key[2]} but {seen_path} measures "
-                f"{seen[0]} at {seen[1]} px on {seen[2]} ({r['mode']}): compare one workload per mode")
+                f"{seen[0]} at {seen[1]} px on {seen[2]} ({r.mode}): compare one workload per mode")
 
 
 def collect_rows(result_files: list[str], references: list[str], reference_models: list[str],
-                 catalog: Catalog) -> tuple[list[Row], list[tuple[Path, dict]]]:
+                 catalog: Catalog) -> tuple[list[Row], list[tuple[Path, BenchResult]]]:
     """Every row of the inputs (result files, reference tables, the catalog's unsupported types), and
     the results read."""
     seen: dict[Path, str] = {}

@@ -14,6 +14,7 @@ from typing import cast
 
 from neuron_train import __version__
 from neuron_train.cost.catalog import Price, money
+from neuron_train.cost.records import BenchResult, Host
 from neuron_train.cost.report.rows import Group, Row, device_text, priced_rows
 
 
@@ -104,17 +105,17 @@ class Context:
     """What the report says about where its numbers come from."""
 
     created: str
-    results: list[tuple[Path, dict]]
+    results: list[tuple[Path, BenchResult]]
     references: list[Path]
     prices: list[tuple[str, Price]]
     cpu_measured: bool
 
     def footer(self) -> str:
         parts = []
-        measured = [r for _, r in self.results if r.get("source") != "estimated"]
+        measured = [r for _, r in self.results if not r.estimated]
         if measured:
-            hosts = sorted({r["host"].get("cpu", "?") for r in measured if r["device"]["kind"] == "CPU"})
-            others = sorted({r["device"]["kind"] for r in measured} - {"CPU"})
+            hosts = sorted({r.host.cpu_shown for r in measured if r.device.kind == "CPU"})
+            others = sorted({r.device.kind for r in measured} - {"CPU"})
             cpu = [f"the CPU XLA device of {', '.join(hosts)} (not Neuron hardware)"] if hosts else []
             where = cpu + others
             parts.append(f"Measured here: {len(measured)} bench file(s) on {' and '.join(where)}")
@@ -129,8 +130,8 @@ class Context:
         return " · ".join(parts)
 
 
-def _load_text(host: dict) -> str:
-    load = host.get("load_average_1m")
+def _load_text(host: Host) -> str:
+    load = host.load_average_1m
     return f", load average {load:g} at the end" if load is not None else ""
 
 
@@ -143,17 +144,16 @@ def _stack_text(versions: dict) -> str:
 def provenance_lines(ctx: Context) -> list[str]:
     lines = []
     for path, r in ctx.results:
-        if r.get("source") == "estimated":
-            lines.append(f"ESTIMATED, not measured: `{path.name}`: {r['mode']} on {r['instance_type']} by "
-                         f"neuron-train plan, {r['created_at']}; {r['estimate']['calibration']}; "
-                         f"bottleneck {r['estimate']['bottleneck_text']}")
+        if r.estimate is not None:
+            lines.append(f"ESTIMATED, not measured: `{path.name}`: {r.mode} on {r.instance_type} by "
+                         f"neuron-train plan, {r.created_at}; {r.estimate.calibration}; "
+                         f"bottleneck {r.estimate.bottleneck_text}")
             continue
-        v = r["versions"]
-        lines.append(f"Measured here: `{path.name}`: {r['mode']} on {r['instance_type']} "
-                     f"({r['instance_type_source']}), {device_text(r['device'])} x "
-                     f"{r['world_size']}, host {r['host'].get('cpu', '?')} ({r['host'].get('cpu_count')} "
-                     f"CPUs{_load_text(r['host'])}), {r['created_at']}, {_stack_text(v)}; "
-                     f"command: `{r['command']}`")
+        lines.append(f"Measured here: `{path.name}`: {r.mode} on {r.instance_type} "
+                     f"({r.instance_type_source}), {device_text(r.device)} x "
+                     f"{r.world_size}, host {r.host.cpu_shown} ({r.host.cpu_count} "
+                     f"CPUs{_load_text(r.host)}), {r.created_at}, {_stack_text(r.versions)}; "
+                     f"command: `{r.command}`")
     for path in ctx.references:
         lines.append(f"Imported: `{path.name}` (Neuron SDK performance table, published figures, "
                      "not measured here)")
@@ -170,18 +170,18 @@ OFF_FACTOR = 2.0   # an estimate this many times from a measurement of the same 
 def estimates_off(ctx: Context) -> list[str]:
     """One line per plan estimate more than OFF_FACTOR x from a measurement of the same workload on the
     same instance type (both ways), naming both files."""
-    def key(r: dict) -> tuple:
-        return r["mode"], r["instance_type"].lower(), r["model"]["name"].lower()
-    measured = {key(r): (path, r) for path, r in ctx.results if r.get("source") != "estimated"}
+    def key(r: BenchResult) -> tuple:
+        return r.mode, r.instance_type.lower(), r.model.name.lower()
+    measured = {key(r): (path, r) for path, r in ctx.results if not r.estimated}
     lines = []
     for path, r in ctx.results:
-        m = measured.get(key(r)) if r.get("source") == "estimated" else None
+        m = measured.get(key(r)) if r.estimated else None
         if m is None:
             continue
-        est, real = r["samples_per_sec"]["median"], m[1]["samples_per_sec"]["median"]
+        est, real = r.samples_per_sec.median, m[1].samples_per_sec.median
         if real > 0 and est > 0 and max(est / real, real / est) > OFF_FACTOR:
-            lines.append(f"ESTIMATE OFF: `{path.name}` estimated {r['mode']} of {r['model']['name']} on "
-                         f"{r['instance_type']} at {est:,.1f}/s, {est / real:.2g}x the {real:,.1f}/s measured in "
+            lines.append(f"ESTIMATE OFF: `{path.name}` estimated {r.mode} of {r.model.name} on "
+                         f"{r.instance_type} at {est:,.1f}/s, {est / real:.2g}x the {real:,.1f}/s measured in "
                          f"`{m[0].name}`: trust the measurement; re-plan with --calibrate {m[0].name}")
     return lines
 
@@ -238,18 +238,16 @@ def sweep_tables(ctx: Context) -> list[tuple[str, list[list[str]]]]:
     """The configurations each `bench --sweep` tried, failures and out-of-memory included."""
     tables = []
     for path, r in ctx.results:
-        if r["sweep"]:
-            rows = [[str(x.get("batch_size_per_device", "")), str(x.get("world_size", "")),
-                     str(x.get("status", "")), _fmt(x.get("samples_per_sec")), x.get("reason", "")]
-                    for x in r["sweep"]]
-            tables.append((f"{path.name} ({r['mode']} on {r['instance_type']}, "
-                           f"{device_text(r['device'])})", rows))
+        if r.sweep:
+            rows = [[str(x.batch_size_per_device), str(x.world_size), x.status, _fmt(x.samples_per_sec), x.reason]
+                    for x in r.sweep]
+            tables.append((f"{path.name} ({r.mode} on {r.instance_type}, {device_text(r.device)})", rows))
     return tables
 
 
 def report_blocks(groups: list[Group], ctx: Context, charts: dict[str, str]) -> list[Block]:
     """The report as a list of blocks, rendered to Markdown and to HTML alike."""
-    estimated = sum(r.get("source") == "estimated" for _, r in ctx.results)   # never counted as bench results
+    estimated = sum(r.estimated for _, r in ctx.results)   # never counted as bench results
     blocks: list[Block] = [
         Heading(1, "Price-performance report"),
         Para(f"Generated {ctx.created} by neuron-train {__version__} from {len(ctx.results) - estimated} bench "

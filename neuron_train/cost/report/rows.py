@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from neuron_train.cost.catalog import Catalog, Price
+from neuron_train.cost.records import BenchResult, Device, EstimateBlock
 from neuron_train.cost.report.references import ReferenceRow
 from neuron_train.cost.schema import ESTIMATED
 
@@ -100,23 +101,22 @@ class Group:
         return units.pop() if len(units) == 1 else "samples"
 
 
-def device_text(device: dict) -> str:
+def device_text(device: Device) -> str:
     """What ran a measured row, as the report names it: the CPU labelled as not Neuron, and on Neuron
     how many of the instance's NeuronCores ran it (published figures use all of them)."""
-    if device["kind"] == "CPU":
+    if device.kind == "CPU":
         return "CPU (XLA device, not Neuron)"
-    parts = [device["kind"]]
-    if device.get("tracer"):
-        parts.append(device["tracer"])
-    total = device.get("cores_total")
-    if total:
-        parts.append(f"{device['count']} of {total} NeuronCores")
-    elif device["kind"] == "NEURON":
-        parts.append(f"{device['count']} NeuronCore(s), instance total not known")
-    if device.get("threads_per_core"):  # published rows: NeuronPerf's 2 threads per core (inf1 ResNet-50: 4)
-        parts.append(f"{device['threads_per_core']} thread(s) per core")
-    if device.get("host_threads"):  # one data-parallel module over every core (inf1), called by N threads
-        parts.append(f"{device['host_threads']} host thread(s)")
+    parts = [device.kind]
+    if device.tracer:
+        parts.append(device.tracer)
+    if device.cores_total:
+        parts.append(f"{device.count} of {device.cores_total} NeuronCores")
+    elif device.kind == "NEURON":
+        parts.append(f"{device.count} NeuronCore(s), instance total not known")
+    if device.threads_per_core:  # published rows: NeuronPerf's 2 threads per core (inf1 ResNet-50: 4)
+        parts.append(f"{device.threads_per_core} thread(s) per core")
+    if device.host_threads:  # one data-parallel module over every core (inf1), called by N threads
+        parts.append(f"{device.host_threads} host thread(s)")
     return ", ".join(parts)
 
 
@@ -140,37 +140,36 @@ def precision_text(precision: str, compiler_args: str | None) -> str:
 
 # --- rows from the inputs ------------------------------------------------------------------------
 
-def estimated_row(path: Path, r: dict) -> Row:
+def estimated_row(path: Path, r: BenchResult, e: EstimateBlock) -> Row:
     """An estimate of `neuron-train plan`: labelled as such wherever it is shown."""
-    e = r["estimate"]
     return Row(
-        instance_type=r["instance_type"].lower(), mode=r["mode"], model=r["model"]["name"],
-        img_size=r["model"]["img_size"], origin=ESTIMATED, device="Neuron (ESTIMATE from a CPU run)",
-        provenance=f"estimated: {path.name} (neuron-train plan, {r['created_at'][:10]}; {e['calibration']})",
-        precision=r["precision"], batch_size=r["batch_size_per_device"], world_size=r["world_size"],
-        samples_per_sec=r["samples_per_sec"]["median"], spread=r["samples_per_sec"]["spread"],
-        epoch_samples=r["dataset"]["train_samples"],
-        note=f"ESTIMATE, not measured: bottleneck {e['bottleneck_text']}; band {e['band'][0]:,.1f}-"
-             f"{e['band'][1]:,.1f}")
+        instance_type=r.instance_type.lower(), mode=r.mode, model=r.model.name,
+        img_size=r.model.img_size, origin=ESTIMATED, device="Neuron (ESTIMATE from a CPU run)",
+        provenance=f"estimated: {path.name} (neuron-train plan, {r.created_at[:10]}; {e.calibration})",
+        precision=r.precision, batch_size=r.batch_size_per_device, world_size=r.world_size,
+        samples_per_sec=r.samples_per_sec.median, spread=r.samples_per_sec.spread,
+        epoch_samples=r.dataset.train_samples,
+        note=f"ESTIMATE, not measured: bottleneck {e.bottleneck_text}; band {e.band[0]:,.1f}-"
+             f"{e.band[1]:,.1f}")
 
 
-def measured_row(path: Path, r: dict) -> Row:
+def measured_row(path: Path, r: BenchResult) -> Row:
     """A bench result's row (a plan's estimate: `estimated_row`)."""
-    if r.get("source") == ESTIMATED:
-        return estimated_row(path, r)
-    device = r["device"]
-    where = f"{r['host'].get('cpu', '?')}, " if device["kind"] == "CPU" else ""
-    how = f"measured with {device['harness']}" if device.get("harness") else "measured here"
+    if r.estimate is not None:
+        return estimated_row(path, r, r.estimate)
+    device = r.device
+    where = f"{r.host.cpu_shown}, " if device.kind == "CPU" else ""
+    how = f"measured with {device.harness}" if device.harness else "measured here"
     return Row(
-        instance_type=r["instance_type"].lower(), mode=r["mode"], model=r["model"]["name"],
-        img_size=r["model"]["img_size"], origin="measured", device=device_text(device),
-        provenance=f"{how}: {path.name} ({where}{r['created_at'][:10]})",
-        precision=precision_text(r["precision"], device.get("compiler_args")),
-        batch_size=r["batch_size_per_device"], world_size=r["world_size"],
-        samples_per_sec=r["samples_per_sec"]["median"], spread=r["samples_per_sec"]["spread"],
-        compile_time_s=r["compile"]["time_s"], graph_count=r["compile"]["graph_count"],
-        epoch_samples=r["dataset"]["train_samples"],
-        note=f"{r['repeats']} repeat(s) of {r['measured_steps']} steps after {r['warmup_steps']} "
+        instance_type=r.instance_type.lower(), mode=r.mode, model=r.model.name,
+        img_size=r.model.img_size, origin="measured", device=device_text(device),
+        provenance=f"{how}: {path.name} ({where}{r.created_at[:10]})",
+        precision=precision_text(r.precision, device.compiler_args),
+        batch_size=r.batch_size_per_device, world_size=r.world_size,
+        samples_per_sec=r.samples_per_sec.median, spread=r.samples_per_sec.spread,
+        compile_time_s=r.compile.time_s, graph_count=r.compile.graph_count,
+        epoch_samples=r.dataset.train_samples,
+        note=f"{r.repeats} repeat(s) of {r.measured_steps} steps after {r.warmup_steps} "
              "warm-up steps")
 
 
