@@ -92,12 +92,15 @@ if __name__ == "__main__":  # writes the fixture from this tree (run once on the
 
 # ----- no raw keys of a record outside its module's (de)serialisation ------------------------------------
 def record_types() -> list[type]:
+    from neuron_train.cost import records as cost
     from neuron_train.graphs import findings
     from neuron_train.instrument import marker, probe, script, steps
     from neuron_train.precompile import coverage, listing
     from neuron_train.training import summary
 
-    return [findings.HostSync, findings.FallbackOp, findings.DynamoEntry, findings.ProcessSummary,
+    return [cost.BenchResult, cost.Device, cost.Stat, cost.ModelFacts, cost.DatasetFacts, cost.CompileFacts,
+            cost.Host, cost.SweepRow, cost.EstimateBlock,
+            findings.HostSync, findings.FallbackOp, findings.DynamoEntry, findings.ProcessSummary,
             records.LineReads, records.ScalarChange, records.HostRead, records.DynamoNote, records.Graph,
             records.CommandRun, records.GraphReport, marker.Started, probe.ProbeRecord, probe.Stop,
             steps.StepWindow, coverage.CoverageReport, coverage.MissingGraph, script.CompileSummary,
@@ -107,18 +110,18 @@ def record_types() -> list[type]:
 # The modules that write and read these records: there, and only in `to_json` / `from_json`, the
 # written keys are spelled out.
 RECORD_MODULES = ("graphs/records.py", "graphs/findings.py", "instrument/marker.py", "instrument/probe.py",
-                  "instrument/script.py", "precompile/coverage.py", "precompile/listing.py", "training/summary.py")
+                  "instrument/script.py", "precompile/coverage.py", "precompile/listing.py", "training/summary.py",
+                  "cost/records.py")
 SERIALISERS = ("to_json", "from_json")
 ANY = None  # every field name
-BENCH = "a bench result and the plan's data: JSON checked against cost/schema.py, not a record yet (issue 33)"
 # Keys of other formats that are spelled like a record's field: where, which names, and why.
 OTHER_FORMATS: dict[tuple[str, frozenset[str] | None], str] = {
-    ("cost/", ANY): BENCH,
-    ("commands/bench.py", ANY): BENCH + "; the command prints the result it wrote",
-    ("commands/report.py", ANY): BENCH + "; the command prints the rows it read",
-    ("training/checkpoint.py", frozenset({"config", "model", "world_size", "batch_size", "step"})):
-        "a checkpoint's metadata (its own format: training/checkpoint_format.py)",
-    ("training/checkpoint_format.py", frozenset({"config", "model", "world_size", "params"})):
+    ("cost/schema.py", ANY): "a bench result's check, on the parsed JSON, before it is a record "
+                             "(cost/records.py's BenchResult.from_json calls it)",
+    ("training/checkpoint.py", frozenset({"config", "model", "world_size", "batch_size", "step", "name",
+                                          "img_size", "python"})):
+        "a checkpoint's metadata and saved RNG states (its own format: training/checkpoint_format.py)",
+    ("training/checkpoint_format.py", frozenset({"config", "model", "world_size", "params", "python"})):
         "a checkpoint's metadata and torch's optimizer state dict",
     ("training/zero1.py", frozenset({"params", "kind", "rank", "world_size"})):
         "torch's optimizer param_groups and ZeRO-1's shard metadata",
@@ -129,13 +132,29 @@ OTHER_FORMATS: dict[tuple[str, frozenset[str] | None], str] = {
     ("training/models.py", frozenset({"model"})): "timm's pretrained config and checkpoints",
     ("training/metrics.py", frozenset({"step", "kind"})): "a metrics.jsonl record",
     ("training/config.py", frozenset({"graph"})): "a config field's metadata (opt(graph=...))",
-    ("training/profiler.py", frozenset({"reason"})): "profile.json's bottleneck",
+    ("training/profiler.py", frozenset({"reason", "bottleneck", "compile"})):
+        "profile.json's bottleneck and torch_xla's metric totals",
+    ("training/loop.py", frozenset({"bottleneck"})): "profile.json's bottleneck, copied into summary.json",
     ("training/loop.py", frozenset({"eval_accuracy", "eval_loss", "eval_ema_accuracy", "eval_ema_loss"})):
         "the evaluator's figures (training/evaluator.py), named as summary.json names them",
     ("precompile/coverage.py", frozenset({"where", "input_shapes"})): "a manifest graph's free-form details (GraphRecord.extra)",
-    ("precompile/listing.py", frozenset({"model", "batch_size", "precision", "world_size", "device"})):
+    ("precompile/coverage.py", frozenset({"versions"})): "a manifest's library versions (precompile/manifest.py)",
+    ("precompile/listing.py", frozenset({"model", "batch_size", "precision", "world_size", "device", "img_size"})):
         "a precompiled run's configuration (the manifest's JSON dict)",
-    ("ops/checks.py", frozenset({"pid", "command"})): "neuron-ls --json-output's processes",
+    ("ops/checks.py", frozenset({"pid", "command", "instance_type"})): "neuron-ls --json-output's processes and devices",
+    ("ops/checks.py", frozenset({"python"})): "the torch-neuronx pins (ops/facts.py)",
+    ("instrument/script.py", frozenset({"status"})): "neuron_parallel_compile's summary JSON (its compilation_report entries)",
+    ("cost/catalog.py", frozenset({"source", "kind", "name", "instance_type"})):
+        "instances.yaml and a --prices file, catalog's own formats",
+    ("cost/plan/data.py", frozenset({"kind", "source"})):
+        "plan_published.yaml's chips and architectures (plan/data.py's own format)",
+    ("cost/bench/measure.py", frozenset({"cores_total"})):
+        "a measurement's device facts (Measurement.device_info), made a Device by bench/result.py",
+    ("cost/bench/percore.py", frozenset({"samples_per_sec", "step_time_ms"})):
+        "a core worker's JSON line (bench/core_worker.py)",
+    ("cost/plan/result.py", frozenset({"parameters", "num_classes"})):
+        "the counted details plan/measure.py returns with a workload (free-form, written as plan.json's details)",
+    ("commands/plan.py", frozenset({"train_samples"})): "the same counted details",
 }
 
 
