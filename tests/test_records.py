@@ -146,8 +146,7 @@ OTHER_FORMATS: dict[tuple[str, frozenset[str] | None], str] = {
     ("instrument/script.py", frozenset({"status"})): "neuron_parallel_compile's summary JSON (its compilation_report entries)",
     ("cost/catalog.py", frozenset({"source", "kind", "name", "instance_type"})):
         "instances.yaml and a --prices file, catalog's own formats",
-    ("cost/plan/data.py", frozenset({"kind", "source"})):
-        "plan_published.yaml's chips and architectures (plan/data.py's own format)",
+    ("cost/plan/data.py", frozenset({"source"})): "instances.yaml's plan_hardware chips (plan/data.py's _chip)",
     ("cost/bench/measure.py", frozenset({"cores_total"})):
         "a measurement's device facts (Measurement.device_info), made a Device by bench/result.py",
     ("cost/bench/percore.py", frozenset({"samples_per_sec", "step_time_ms"})):

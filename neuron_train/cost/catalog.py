@@ -148,7 +148,7 @@ def _parse_instance(name: str, raw: Any, where: str, sources: dict[str, dict[str
         raise UsageError(f"{where}: instance '{name}': {exc}") from None
 
 
-def _read_mapping(path: Path, ours: bool = False) -> dict:
+def read_mapping(path: Path, ours: bool = False) -> dict:
     """A YAML/JSON price or catalog file as a mapping. A user's file goes through the bounded
     reader (no YAML aliases, bounded size, depth and numbers); `ours`, the shipped catalog, may use
     aliases (it does, for shared notes)."""
@@ -164,7 +164,7 @@ def _read_mapping(path: Path, ours: bool = False) -> dict:
 def load_catalog(path: str | Path = CATALOG_PATH) -> Catalog:
     """The shipped catalog (or another file in the same format)."""
     path = Path(path)
-    data = _read_mapping(path, ours=True)
+    data = read_mapping(path, ours=True)
     sources = data.get("sources") or {}
     instances = {name.lower(): _parse_instance(name.lower(), raw, str(path), sources, None)
                  for name, raw in (data.get("instances") or {}).items()}
@@ -210,7 +210,7 @@ def apply_price_file(catalog: Catalog, path: str | Path) -> Catalog:
     if path.suffix == ".csv":
         data: dict = {"prices": _price_rows_from_csv(path)}
     else:
-        data = _read_mapping(path)
+        data = read_mapping(path)
         _check_sections(data, path)
     sources = {**catalog.sources, **(data.get("sources") or {})}
     instances = dict(catalog.instances)

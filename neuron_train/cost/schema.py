@@ -8,6 +8,8 @@ written.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
 from neuron_train.common.errors import UsageError
@@ -27,12 +29,27 @@ MAX_PLAUSIBLE = 1e9
 _MISSING = object()
 
 
-class _Fields:
-    """Reads a parsed file's fields by dotted path, each checked (common/values.py's kinds and their
-    messages); the first problem is a UsageError naming the file and the field."""
+class Fields:
+    """Checks a parsed file's fields by dotted path (common/values.py's kinds and their messages): the
+    first problem is a UsageError naming the file and the field. The one check of the JSON and YAML
+    files cost reads (a bench result here; plan/data.py's published rows, architectures and chips)."""
 
     def __init__(self, data: dict, where: str, prefix: str = "") -> None:
         self.data, self.where, self.prefix = data, where, prefix
+
+    @classmethod
+    def of(cls, data: object, where: str) -> Fields:
+        """The fields of `data`, which must be a mapping."""
+        if not isinstance(data, dict):
+            raise UsageError(f"{where} must be a mapping of fields, got {shown(data)}")
+        return cls(data, where)
+
+    def only(self, names: Iterable[str]) -> None:
+        """No field but `names` (a misspelt optional field would be ignored silently)."""
+        names = tuple(names)
+        unknown = sorted(set(self.data) - set(names), key=str)
+        if unknown:
+            raise UsageError(f"{self.where}: unknown field {shown(unknown[0])} (known: {', '.join(names)})")
 
     def check(self, dotted: str, kind: str, *, required: bool = True, null: bool = False,
               most: float | None = None) -> None:
@@ -72,7 +89,7 @@ def validate_result(data: object, where: str) -> dict:
     problem = header_problem(data, "schema", SCHEMA_NAME, "schema_version", SCHEMA_VERSION)
     if problem or not isinstance(data, dict):  # (header_problem names a non-object too)
         raise UsageError(f"{where}: not a bench result ({problem})")
-    f = _Fields(data, where)
+    f = Fields(data, where)
     f.text("schema")
     f.count("schema_version")
     f.text("created_at", "mode", "instance_type", "instance_type_source", "device.kind")
@@ -106,7 +123,7 @@ def validate_result(data: object, where: str) -> dict:
     return data
 
 
-def _check_optional(f: _Fields) -> None:
+def _check_optional(f: Fields) -> None:
     """Fields the report reads when present."""
     f.text("host.cpu", required=False, null=True)
     f.count("host.cpu_count", required=False, null=True)
@@ -181,7 +198,7 @@ def _check_sweep(rows: list, where: str) -> None:
         if row.get("status") not in SWEEP_STATUSES:
             raise UsageError(f"{where}: field 'sweep[{i}].status' must be one of {', '.join(SWEEP_STATUSES)}, "
                              f"got {row.get('status')!r}")
-        f = _Fields(row, where, f"sweep[{i}].")
+        f = Fields(row, where, f"sweep[{i}].")
         f.count("batch_size_per_device", "world_size")
         f.text("status", "reason")
         ok = row["status"] == "ok"
