@@ -139,7 +139,7 @@ def _check_optional(f: Fields) -> None:
     f.text("device.harness", required=False, null=True)
 
 
-class EstimateBlock(BaseModel):
+class _EstimateCheck(BaseModel):
     """What `report` reads of an estimate's `estimate` block (cost/plan/result.py writes it)."""
 
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
@@ -158,7 +158,7 @@ def _origin_problems(d: dict) -> list[str]:
     if "estimate" not in d:
         return ["missing field 'estimate' (every estimated result says how it was estimated)"]
     try:
-        block = EstimateBlock.model_validate(d["estimate"])
+        block = _EstimateCheck.model_validate(d["estimate"])
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in ("estimate", *first["loc"]))
