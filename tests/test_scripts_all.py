@@ -63,7 +63,7 @@ def test_what_each_script_uses_of_neuron_train_exists(script):
 
 def test_the_import_reader_sees_a_moved_import(tmp_path):
     moved = tmp_path / "old.sh"
-    moved.write_text("python3 -c 'from neuron_train.cost.bench import resolve_instance_type'\n")
+    moved.write_text("python3 -c 'from neuron_train.cost.instance import resolve_instance_type'\n")
     ((module, name),) = neuron_train_uses(moved)
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module(module)
