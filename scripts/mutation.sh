@@ -4,7 +4,7 @@
 #
 #   scripts/mutation.sh                      # every module below
 #   scripts/mutation.sh training/optim.py    # one (or a few) of them
-#   MUTATION_TESTS=tests/test_fileio.py scripts/mutation.sh common/fileio.py  # against these tests only
+#   MUTATION_TESTS=tests/common/test_fileio.py scripts/mutation.sh common/fileio.py  # against these tests only
 #
 # Each module is mutated alone, in a scratch copy of the checkout (mutmut writes a mutants/ folder
 # and its config is per project), against the fast in-process tests that guard it: mutmut maps
@@ -41,16 +41,16 @@ or plain_sgd or drop_path or branch_and_slice_graphs_are_named"
 # (`-m "$(markers_for MODULE)"` is added: the slow tests run training subprocesses).
 tests_for() {
     case "$1" in
-        graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_graphs_branches.py tests/test_guards.py tests/test_analyzer_reports.py tests/test_analyzer_rules.py" ;;
-        precompile/coverage.py)    echo "tests/test_coverage.py tests/test_precompile.py tests/test_byos.py" ;;
-        precompile/manifest.py)    echo "tests/test_manifest.py tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
-        precompile/archive.py)     echo "tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
-        common/fileio.py)          echo "tests/test_fileio.py tests/test_reliability_cache.py tests/test_reliability_report.py tests/test_cache.py tests/test_guards.py tests/test_reliability_checkpoint.py" ;;
-        training/checkpoint.py)    echo "tests/test_checkpoint.py" ;;  # its reliability tests take minutes per mutant
-        training/checkpointer.py)  echo "tests/test_checkpointer.py" ;;  # the loop's side: when, what, resume
-        training/checkpoint_format.py) echo "tests/test_checkpoint_format.py" ;;  # the structure and checksum checks, pure
-        training/optim.py)         echo "tests/test_guards.py" ;;
-        training/device.py)        echo "tests/test_guards.py" ;;
+        graphs/analyzer.py)        echo "tests/graphs/test_graphs.py tests/graphs/test_graphs_branches.py tests/graphs/test_guards.py tests/graphs/test_analyzer_reports.py tests/graphs/test_analyzer_rules.py" ;;
+        precompile/coverage.py)    echo "tests/precompile/test_coverage.py tests/precompile/test_precompile.py tests/instrument/test_byos.py" ;;
+        precompile/manifest.py)    echo "tests/precompile/test_manifest.py tests/precompile/test_archive.py tests/precompile/test_reliability_cache.py tests/precompile/test_cache.py tests/graphs/test_guards.py" ;;
+        precompile/archive.py)     echo "tests/precompile/test_archive.py tests/precompile/test_reliability_cache.py tests/precompile/test_cache.py tests/graphs/test_guards.py" ;;
+        common/fileio.py)          echo "tests/common/test_fileio.py tests/precompile/test_reliability_cache.py tests/cost/test_report_reliability.py tests/precompile/test_cache.py tests/graphs/test_guards.py tests/training/test_reliability_checkpoint.py" ;;
+        training/checkpoint.py)    echo "tests/training/test_checkpoint.py" ;;  # its reliability tests take minutes per mutant
+        training/checkpointer.py)  echo "tests/training/test_checkpointer.py" ;;  # the loop's side: when, what, resume
+        training/checkpoint_format.py) echo "tests/training/test_checkpoint_format.py" ;;  # the structure and checksum checks, pure
+        training/optim.py)         echo "tests/graphs/test_guards.py" ;;
+        training/device.py)        echo "tests/graphs/test_guards.py" ;;
         *) return 1 ;;
     esac
 }
