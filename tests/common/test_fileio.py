@@ -1,6 +1,6 @@
 """common/fileio.py in-process: the output, path and write guards every command relies on.
 
-Written to kill the mutants that survived a mutation run of the module (docs/testing.md, "Scores"):
+Written to kill the mutants that survived a mutation run of the module (docs/measurements.md, "Scores"):
 the CLI tests exercise these guards in subprocesses, where mutmut cannot see them. Each test checks
 what a user relies on: an existing result is never replaced, a path read from a file never leaves
 its folder, a full disk names the free space of the device the file was to go on.

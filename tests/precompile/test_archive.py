@@ -1,7 +1,7 @@
 """precompile/archive.py in-process: `cache pack` / `cache unpack` called as functions.
 
 The CLI tests of test_cache.py run them in subprocesses, where mutmut cannot see them; these
-check the same promises in-process (docs/testing.md, "Scores"): a pack holds exactly the finished
+check the same promises in-process (docs/measurements.md, "Scores"): a pack holds exactly the finished
 entries and never replaces a file, an unpack adds them byte for byte, never replaces a file the
 cache has, and refuses an archive that does not match its manifest before anything reaches the cache.
 """

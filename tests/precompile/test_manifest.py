@@ -1,6 +1,6 @@
 """precompile/manifest.py in-process: the manifest read field by field, merged (unpack) and pruned.
 
-Written to kill the mutants that survived a mutation run of the module (docs/testing.md, "Scores"):
+Written to kill the mutants that survived a mutation run of the module (docs/measurements.md, "Scores"):
 `merge` and `forget_entries` only ran inside `cache unpack` / `cache prune` subprocesses. What a
 user relies on: unpacking never loses or replaces what the cache already records, pruning counts
 what each configuration lost, and a manifest field of the wrong type is one line naming it, never

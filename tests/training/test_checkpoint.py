@@ -1,7 +1,7 @@
 """training/checkpoint.py in-process: saving, pruning, cleaning after a crash, and loading safely.
 
 The training tests reach this module inside training subprocesses, where mutmut cannot see it;
-these check its promises as function calls (docs/testing.md, "Scores"): the last K checkpoints and
+these check its promises as function calls (docs/measurements.md, "Scores"): the last K checkpoints and
 only they are kept (with their checksums and shards), a killed save's leftovers are removed and
 nothing else, a file that is not a whole checkpoint of ours is one line naming why, and the newest
 good checkpoint is found past damaged ones.

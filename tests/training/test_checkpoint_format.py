@@ -3,7 +3,7 @@
 Each case is one entry a resume reads, damaged the way a crafted or corrupted file could be: the
 check names it in one line, before any of it is used (a resume that read it would stop with a
 KeyError half-way through start-up, or continue from the wrong place). Written to kill the mutants
-that survived a mutation run of the module (docs/testing.md, "Scores").
+that survived a mutation run of the module (docs/measurements.md, "Scores").
 """
 
 from __future__ import annotations

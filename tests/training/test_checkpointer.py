@@ -1,7 +1,7 @@
 """training/checkpointer.py in-process: which step saves, what a checkpoint holds, and resuming from it.
 
 The training tests reach the Checkpointer inside training subprocesses, where mutmut cannot see it
-(docs/testing.md, "Scores"); these check its promises as calls on the CPU XLA device: a save holds the
+(docs/measurements.md, "Scores"); these check its promises as calls on the CPU XLA device: a save holds the
 model, optimizer, position, random state, global batch and config, labelled as the checkpoint phase;
 a resume puts every one of them back, draws the same random numbers the saved run drew next, and
 refuses a run of another global batch or optimizer with one line.

@@ -1,6 +1,6 @@
 """Training guards that each killed a mutant the rest of the suite let through (issue 22):
 a checkpoint save killed for real mid-write, 2 ranks x B against 1 rank x 2B with plain SGD, and
-resume with randomness that changes the weights (drop-path). docs/testing.md lists each mutant.
+resume with randomness that changes the weights (drop-path). docs/measurements.md lists each mutant.
 """
 
 from __future__ import annotations
