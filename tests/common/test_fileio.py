@@ -335,3 +335,16 @@ def test_removing_a_link_to_a_folder_removes_the_link_only_and_a_missing_path_is
     fileio.remove_path(tmp_path / "gone")  # already removed (by a concurrent clean-up): fine
     fileio.remove_path(tmp_path / "target")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_quota_exceeded_is_a_full_disk_in_every_writer(tmp_path):
+    """Mutant: EDQUOT (a user's disk quota) not treated as a full disk (common/fileio.py,
+    training/checkpoint.py; precompile/archive.py: the next test)."""
+    from neuron_train.common.fileio import write_failed
+    from neuron_train.training.checkpoint import write_failed_in_run
+
+    quota = OSError(errno.EDQUOT, os.strerror(errno.EDQUOT))
+    (tmp_path / "checkpoints").mkdir()
+    assert str(write_failed(tmp_path / "f.json", quota)).startswith("no space left on the device of")
+    line = str(write_failed_in_run(tmp_path, tmp_path / "checkpoints" / "step-00000001.pt", quota))
+    assert line.startswith(f"no space left on {tmp_path / 'checkpoints'}") and "--resume" in line

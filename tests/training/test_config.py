@@ -201,3 +201,13 @@ def test_the_pjrt_device_is_the_users_else_this_machines():
     assert default_pjrt_device({}) == ("NEURON" if neuron_device_present() else "CPU")
     loop = (ROOT / "scripts" / "bench_loop.py").read_text()
     assert '"PJRT_DEVICE": _device()' in loop and 'get("PJRT_DEVICE", "CPU")' not in loop
+
+
+def test_a_learning_rate_written_1e_3_in_yaml_is_a_number(tmp_path):
+    """Weak row: YAML 1.1 (PyYAML) reads `lr: 1e-3` as the string '1e-3', which was refused."""
+    from neuron_train.training.config_io import build_config, load_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1e-3\n  weight_decay: 5E-2\nmodel:\n  name: vit-nano\n")
+    cfg = build_config(load_config_file(str(path)), source=str(path))
+    assert cfg.optim.lr == 1e-3 and cfg.optim.weight_decay == 0.05 and cfg.model.name == "vit-nano"
