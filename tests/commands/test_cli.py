@@ -1,5 +1,6 @@
 """The command table and the options every command shares: one name for the compile cache
-(`--compile-cache DIR`), its older name `--cache-dir` kept working but hidden from --help."""
+(`--compile-cache DIR`), its older name `--cache-dir` kept working but hidden from --help; an
+argument error is one line naming where the help is (issue 12)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from neuron_train import cli
 from neuron_train.common.cli_parser import CommandParser
 from neuron_train.training.config_io import config_from_args
+from tests.precompile.test_reliability_cache import one_line, run
 
 
 def parser_of(name: str) -> CommandParser:
@@ -61,3 +63,23 @@ def test_check_graphs_refuses_a_folder_that_precompile_did_not_fill(capsys, tmp_
     code = cli.main(["check-graphs", "--compile-cache", str(tmp_path), "--", "python", "-c", "pass"])
     err = capsys.readouterr().err
     assert code == 2 and "is not a precompiled cache" in err and "neuron-train precompile --compile-cache" in err
+
+
+@pytest.mark.parametrize("argv, message, help_of", [
+    (["cache", "prune", "--max-size"], "argument --max-size: expected one argument", "cache prune"),
+    (["cache", "frobnicate"], "invalid choice: 'frobnicate'", "cache"),
+    (["report", "x.json"], "the following arguments are required: --out", "report"),
+    (["train", "--epochs", "x"], "argument --epochs: invalid int value: 'x'", "train"),
+    (["bench", "--mode", "infer", "--output", "r.json", "--sweep-batch-sizes", "8,x"], "expected comma-separated",
+     "bench"),
+    (["precompile", "--", "--epochs", "x"], "argument --epochs: invalid int value: 'x'", "train"),
+    (["frobnicate"], "invalid choice: 'frobnicate'", ""),
+])
+def test_argument_errors_are_one_line_with_where_the_help_is(capsys, argv, message, help_of):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and message in one_line(err) and "usage:" not in err and out == ""
+    assert err.rstrip().endswith(f"(see `{' '.join(['neuron-train', *help_of.split()])} --help`)"), err
+
+def test_help_still_prints_the_usage(capsys):
+    code, out, _ = run(capsys, "cache", "prune", "--help")
+    assert code == 0 and out.startswith("usage: neuron-train cache prune")

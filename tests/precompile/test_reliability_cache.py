@@ -1,5 +1,6 @@
-"""Issue 12, compile cache, bench output and argument errors: bad input and faults give one clear
-line, nothing outside a cache is read, written or moved, and no partial file is left behind.
+"""Issue 12, the compile cache: bad input and faults give one clear line, nothing outside a cache is
+read, written or moved, and no partial file is left behind. (The same round's bench outputs:
+tests/cost/test_bench_reliability.py; its argument errors: tests/commands/test_cli.py.)
 
 Every fixture is built here (caches, crafted archives and manifests); every test runs in-process
 through `neuron_train.cli.main`, without torch_xla. The report's cases are in
@@ -22,13 +23,9 @@ from pathlib import Path
 import pytest
 
 from neuron_train import cli
-from neuron_train.common.errors import RunError
 from neuron_train.common.fileio import work_path
-from neuron_train.cost import bench_result, instance
-from neuron_train.cost import sweep as bench_sweep
 from neuron_train.precompile import maintenance, store
 from neuron_train.precompile.manifest import Manifest, ManifestError, is_cache_file_path
-from neuron_train.training import data as training_data
 
 MODULE = "neuronxcc-2.0.0.22266a0+a69f71e55/MODULE_9219523464496887986+abb26765"
 
@@ -306,77 +303,3 @@ def test_pack_removes_a_dead_packs_partial_archive_and_keeps_a_live_ones(tmp_pat
     finally:
         live.kill()
         live.wait(timeout=60)
-
-
-# ----------------------------------------------------------------------------- argparse: one line
-
-
-@pytest.mark.parametrize("argv, message, help_of", [
-    (["cache", "prune", "--max-size"], "argument --max-size: expected one argument", "cache prune"),
-    (["cache", "frobnicate"], "invalid choice: 'frobnicate'", "cache"),
-    (["report", "x.json"], "the following arguments are required: --out", "report"),
-    (["train", "--epochs", "x"], "argument --epochs: invalid int value: 'x'", "train"),
-    (["bench", "--mode", "infer", "--output", "r.json", "--sweep-batch-sizes", "8,x"], "expected comma-separated",
-     "bench"),
-    (["precompile", "--", "--epochs", "x"], "argument --epochs: invalid int value: 'x'", "train"),
-    (["frobnicate"], "invalid choice: 'frobnicate'", ""),
-])
-def test_argument_errors_are_one_line_with_where_the_help_is(capsys, argv, message, help_of):
-    code, out, err = run(capsys, *argv)
-    assert code == 2 and message in one_line(err) and "usage:" not in err and out == ""
-    assert err.rstrip().endswith(f"(see `{' '.join(['neuron-train', *help_of.split()])} --help`)"), err
-
-
-def test_help_still_prints_the_usage(capsys):
-    code, out, _ = run(capsys, "cache", "prune", "--help")
-    assert code == 0 and out.startswith("usage: neuron-train cache prune")
-
-
-# ----------------------------------------------------------------------------- bench: outputs checked first
-
-
-@pytest.fixture
-def no_measuring(monkeypatch):
-    """Anything that would start measuring fails the test: the refusals must come before it."""
-    def measuring(*args, **kwargs):
-        raise AssertionError("bench started measuring before refusing its --output")
-
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    for module, name in ((training_data, "build_datasets"), (bench_sweep, "measure_train"),
-                         (bench_sweep, "InferBench"), (instance, "detect_instance_type")):
-        monkeypatch.setattr(module, name, measuring)
-
-
-@pytest.mark.parametrize("force", [False, True])
-def test_bench_refuses_a_directory_output_before_measuring(tmp_path, capsys, no_measuring, force):
-    (tmp_path / "results").mkdir()
-    code, _, err = run(capsys, "bench", "--mode", "infer", "--output", tmp_path / "results",
-                       *(["--force"] if force else []))
-    assert code == 2 and "is a directory" in one_line(err)
-
-
-def test_bench_refuses_an_output_under_a_file_before_measuring(tmp_path, capsys, no_measuring):
-    (tmp_path / "notes.txt").write_text("mine")
-    code, _, err = run(capsys, "bench", "--mode", "infer", "--output", tmp_path / "notes.txt" / "r.json")
-    assert code == 2 and "is not a folder" in one_line(err)
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only folder")
-def test_bench_refuses_a_read_only_folder_before_measuring(tmp_path, capsys, no_measuring):
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    code, _, err = run(capsys, "bench", "--mode", "infer", "--output", folder / "r.json")
-    assert code == 2 and "not writable" in one_line(err)
-
-
-def test_bench_prints_the_result_when_it_cannot_be_written_and_leaves_no_temporary_file(tmp_path, capsys,
-                                                                                         monkeypatch):
-    def disk_full(fd):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", disk_full)
-    with pytest.raises(RunError, match="No space left on device; the result is printed above"):
-        bench_result.write_result(tmp_path / "r.json", {"schema": "neuron-train-bench-result", "x": 1})
-    assert json.loads(capsys.readouterr().out)["x"] == 1
-    assert list(tmp_path.iterdir()) == []
