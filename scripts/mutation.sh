@@ -2,17 +2,20 @@
 # Mutation testing of the safety-critical modules with mutmut (pip install -e '.[mutation]').
 # On demand, not in CI: CPU heavy (one module at a time; about 5-30 min each on 2 busy cores).
 #
-#   scripts/mutation.sh                      # every module below
+#   scripts/mutation.sh                      # every module in ALL below
 #   scripts/mutation.sh training/optim.py    # one (or a few) of them
-#   MUTATION_TESTS=tests/test_fileio.py scripts/mutation.sh common/fileio.py  # against these tests only
+#   scripts/mutation.sh --tests training/optim.py  # only print the test files it would run
+#   MUTATION_TESTS=tests/common/test_fileio.py scripts/mutation.sh common/fileio.py  # against these tests only
 #
 # Each module is mutated alone, in a scratch copy of the checkout (mutmut writes a mutants/ folder
-# and its config is per project), against the fast in-process tests that guard it: mutmut maps
-# tests to functions by tracing the test process, so a test that runs the code in a subprocess
+# and its config is per project), against the fast in-process tests that guard it. Those are found
+# in the tree, not in a list: tests mirror the package, so the tests of neuron_train/X/Y.py are the
+# files under tests/X/ (sub-folders included) that import neuron_train.X.Y (docs/testing.md). mutmut
+# maps tests to functions by tracing the test process, so a test that runs the code in a subprocess
 # only counts when the same test also calls it in-process. Results: runs/mutation/<module>.txt
 # (every mutant and its status), runs/mutation/<module>.survivors.diff (the diff of each mutant not
-# killed) and one summary line per module on stdout; docs/testing.md keeps
-# the figures of the last run.
+# killed) and one summary line per module on stdout; docs/measurements.md keeps the figures of the
+# last runs.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -37,29 +40,51 @@ or pack_never_overwrites or rejects_a_tampered or s3_locations or cache_list_sho
 or steps_is_the_same_flag or manifest_from_another_cache or never_touches_torch_xla or crashes_mid_tour \
 or plain_sgd or drop_path or branch_and_slice_graphs_are_named"
 
-# The tests mutmut runs for each module: only fast files that call the module in-process
-# (`-m "$(markers_for MODULE)"` is added: the slow tests run training subprocesses).
+# The test files mutmut runs for a module neuron_train/X/Y.py: those under tests/X/ that import
+# neuron_train.X.Y anywhere in them (`-m "$(markers_for MODULE)"` is added: slow tests run training
+# subprocesses). A module of neuron_train/ itself (cli.py) takes the files directly under tests/.
 tests_for() {
-    case "$1" in
-        graphs/analyzer.py)        echo "tests/test_graphs.py tests/test_graphs_branches.py tests/test_guards.py tests/test_analyzer_reports.py tests/test_analyzer_rules.py" ;;
-        precompile/coverage.py)    echo "tests/test_coverage.py tests/test_precompile.py tests/test_byos.py" ;;
-        precompile/manifest.py)    echo "tests/test_manifest.py tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
-        precompile/archive.py)     echo "tests/test_archive.py tests/test_reliability_cache.py tests/test_cache.py tests/test_guards.py" ;;
-        common/fileio.py)          echo "tests/test_fileio.py tests/test_reliability_cache.py tests/test_reliability_report.py tests/test_cache.py tests/test_guards.py tests/test_reliability_checkpoint.py" ;;
-        training/checkpoint.py)    echo "tests/test_checkpoint.py" ;;  # its reliability tests take minutes per mutant
-        training/checkpointer.py)  echo "tests/test_checkpointer.py" ;;  # the loop's side: when, what, resume
-        training/checkpoint_format.py) echo "tests/test_checkpoint_format.py" ;;  # the structure and checksum checks, pure
-        training/optim.py)         echo "tests/test_guards.py" ;;
-        training/device.py)        echo "tests/test_guards.py" ;;
-        *) return 1 ;;
-    esac
+    python3 - "$ROOT" "$1" <<'PY'
+import ast, sys
+from pathlib import Path
+
+root, module = Path(sys.argv[1]), sys.argv[2]
+source = root / "neuron_train" / module
+if source.suffix != ".py" or not source.is_file():
+    sys.exit(f"mutation.sh: no module neuron_train/{module} (a path under neuron_train/, e.g. training/optim.py)")
+dotted = ".".join(("neuron_train", *Path(module).with_suffix("").parts))
+folder = root / "tests" / Path(module).parent
+files = sorted(folder.rglob("test_*.py") if folder != root / "tests" else folder.glob("test_*.py"))
+
+
+def imported(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+
+
+chosen = [f for f in files if any(n == dotted or n.startswith(dotted + ".") for n in imported(ast.parse(f.read_text())))]
+if not chosen:
+    sys.exit(f"mutation.sh: no test file under {folder.relative_to(root)}/ imports neuron_train/{module}")
+print(" ".join(str(f.relative_to(root)) for f in chosen))
+PY
 }
-# The marker selection: the fast tier, but for device.py, whose one in-process guard of its gloo
-# average (test_guards.py's, the only slow test there) forks its second rank and is therefore `slow`.
+# The marker and name selection: the fast tier, but for device.py, whose one in-process guard of its
+# gloo average (tests/training/test_guards.py) forks its second rank and is therefore `slow`: there
+# the tests named for the gloo average, slow or not.
 markers_for() {
     case "$1" in
         training/device.py) echo "slow or not slow" ;;
         *)                  echo "not slow" ;;
+    esac
+}
+names_for() {
+    case "$1" in
+        training/device.py) echo "gloo and " ;;
+        *)                  echo "" ;;
     esac
 }
 # Where only some functions of a module are in scope (the rest is guarded elsewhere): their mutants.
@@ -73,6 +98,14 @@ scope_of() {
 ALL=(common/fileio.py precompile/manifest.py precompile/archive.py training/checkpoint_format.py
      training/checkpoint.py training/checkpointer.py precompile/coverage.py graphs/analyzer.py training/optim.py training/device.py)
 
+if [ "${1:-}" = "--tests" ]; then
+    shift
+    [ $# -gt 0 ] || { echo "mutation.sh: --tests needs a module path, e.g. training/optim.py" >&2; exit 2; }
+    for module in "$@"; do
+        tests_for "$module" || exit 2
+    done
+    exit 0
+fi
 if ! command -v mutmut >/dev/null; then
     echo "mutation.sh: mutmut is not installed: pip install -e '.[mutation]'" >&2
     exit 2
@@ -80,10 +113,7 @@ fi
 modules=("$@")
 [ ${#modules[@]} -gt 0 ] || modules=("${ALL[@]}")
 for module in "${modules[@]}"; do
-    tests_for "$module" >/dev/null || {
-        echo "mutation.sh: no test selection for '$module': one of: ${ALL[*]}" >&2
-        exit 2
-    }
+    tests_for "$module" >/dev/null || exit 2  # it said why
 done
 
 mkdir -p "$OUT"
@@ -92,13 +122,13 @@ for module in "${modules[@]}"; do
     trap 'rm -rf "$scratch"' EXIT
     cp -r "$ROOT/neuron_train" "$ROOT/tests" "$ROOT/pyproject.toml" "$scratch/"
     find "$scratch" -name __pycache__ -prune -exec rm -rf {} +
-    # shellcheck disable=SC2046
+    # shellcheck disable=SC2086  # the test files are words: split on purpose
     cat >> "$scratch/pyproject.toml" <<EOF
 
 [tool.mutmut]
 source_paths = ["neuron_train"]
 only_mutate = ["neuron_train/$module"]
-pytest_add_cli_args_test_selection = [$(printf '"%s", ' ${TESTS:-$(tests_for "$module")})"-m", "$(markers_for "$module")", "-k", "not ($SUBPROCESS_TESTS)"]
+pytest_add_cli_args_test_selection = [$(printf '"%s", ' ${TESTS:-$(tests_for "$module")})"-m", "$(markers_for "$module")", "-k", "$(names_for "$module")not ($SUBPROCESS_TESTS)"]
 pytest_add_cli_args = ["-p", "no:cacheprovider"]
 process_isolation = "forkserver"
 EOF

@@ -226,7 +226,8 @@ def cli_command_attributes(source: str) -> set[str]:
 
 def outside_sources() -> dict[str, str]:
     """Every Python file that is not a command module nor the cli: the package, tests, scripts."""
-    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "scripts").rglob("*.py")]
+    tests = [p for p in (ROOT / "tests").rglob("*.py") if not {"corpus", "fixtures"} & set(p.relative_to(ROOT).parts)]
+    files = [*PACKAGE.rglob("*.py"), *tests, *(ROOT / "scripts").rglob("*.py")]
     return {str(p.relative_to(ROOT)): p.read_text() for p in files
             if not is_command(module_name(p)) or p.parent != PACKAGE / "commands"}
 

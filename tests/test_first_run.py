@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cpu_env
+
+from tests.conftest import ROOT, cpu_env
 
 SCRIPT = ROOT / "scripts" / "neuron_first_run.sh"
 EVIDENCE = ROOT / "scripts" / "first_run_checks.py"

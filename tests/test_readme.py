@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import ROOT
+from tests.conftest import ROOT
 
 
 def setup_commands() -> list[str]:

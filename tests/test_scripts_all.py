@@ -4,7 +4,7 @@ instance; shell scripts are read by their `neuron_train` references, which no ty
 
 The scripts that run end to end in CI, each in its own test file: neuron_first_run.sh (test_first_run,
 with stand-ins for neuron_parallel_compile and torch-neuronx's metadata), precompile.sh
-(test_precompile), slurm_train.sbatch (test_ami, test_slurm), inf1_bench.py (test_inf1_bench, with a
+(test_precompile), slurm_train.sbatch (test_ami, test_slurm), inf1_bench.py (test_bench_inf1, with a
 stand-in torch.neuron), validate_plan.py (test_plan), bench_loop.py (test_config). The others measure
 for minutes to hours (benchmarks, mutation testing, the example report): here they are imported and
 asked for --help.
@@ -19,9 +19,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, cpu_env
 
 from neuron_train.cli import COMMANDS
+from tests.conftest import ROOT, cpu_env
 
 SCRIPTS = sorted(p for p in (ROOT / "scripts").iterdir() if p.is_file())
 PYTHON = [p for p in SCRIPTS if p.suffix == ".py"]

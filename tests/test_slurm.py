@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cpu_env
+
+from tests.conftest import ROOT, cpu_env
 
 SBATCH = ROOT / "scripts" / "slurm_train.sbatch"
 TRAIN = ["--model", "vit-nano", "--checkpoint-every", "2", "--no-progress", "--no-tensorboard", "--num-workers", "0"]

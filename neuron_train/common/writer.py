@@ -1,5 +1,5 @@
 """The one door for writes, as `common.reader` is the one door for reads: every file or folder a
-command creates, replaces, appends to or deletes goes through here (tests/test_writer.py checks
+command creates, replaces, appends to or deletes goes through here (tests/common/test_writer.py checks
 that no module writes around it). The rules (docs/reliability.md, "The writer"):
 
 - a link is never followed: not at the final component (O_NOFOLLOW), not in a folder we own;

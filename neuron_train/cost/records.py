@@ -4,7 +4,7 @@ estimated` and an `estimate` block, by `plan` (cost/plan/result.py); read by `re
 
 `BenchResult.from_json` is the one check of a result (schema.py's: every required field, every number
 finite and in range, the cross-field rules), then the record; `to_json` writes the keys in the order
-bench and plan write them, byte for byte (tests/test_records.py). Keys no field holds are not kept (a
+bench and plan write them, byte for byte (tests/graphs/test_records.py). Keys no field holds are not kept (a
 result is read, never rewritten).
 """
 

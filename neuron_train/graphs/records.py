@@ -96,7 +96,7 @@ HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing
               "collate_fn, e.g. timm's FastCollateMixup), or `neuron-train train --mixup/--cutmix`, which "
               "mixes on the host; the device then gets one batch shape and soft targets as data")
 
-# Patterns confirmed on real runs inside libraries (tests/test_scripts.py): (library file, cause) -> a
+# Patterns confirmed on real runs inside libraries (tests/graphs/test_scripts.py): (library file, cause) -> a
 # fix the user can apply from their own code. The library line alone is not actionable.
 LIBRARY_FIXES = {
     ("transformers/masking_utils.py", VALUE_BRANCH):

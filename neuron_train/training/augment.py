@@ -7,7 +7,7 @@ are drawn anew for every batch; applied on the device, the weight would reach th
 scalar (the values 0 and 1 become graph constants: another graph) and timm's CutMix slice
 `x[:, :, yl:yh, xl:xh]` has a new shape almost every batch: a new graph almost every step. Mixed
 on the host, the device receives a batch of fixed shape and soft targets of fixed shape, (batch,
-classes) float32, whatever the draw (tests/test_recipe.py counts the compiled graphs both ways).
+classes) float32, whatever the draw (tests/training/test_recipe.py counts the compiled graphs both ways).
 
 What is timm's and what is ours:
 - the image policies and random erasing are timm's `create_transform(..., separate=True)` stages

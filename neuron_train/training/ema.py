@@ -8,7 +8,7 @@ timm's ModelEmaV3 is used as it is, with two settings XLA needs:
   would draw from a host generator on device tensors. In float32 the update needs no rounding.
   Under `--precision xla-downcast-bf16` (XLA_DOWNCAST_BF16) a float32 tensor is bf16 on the device,
   where the update (1 - decay = 2e-4 of the difference) is below half a bf16 ulp: round to nearest
-  leaves the average where it started (tests/test_recipe.py, CPU). There the EMA is float64, which
+  leaves the average where it started (tests/training/test_recipe.py, CPU). There the EMA is float64, which
   that mode keeps as float32 on the device. Under xla-use-bf16 every float is bf16 on the device:
   config.py refuses --model-ema with it.
 

@@ -8,7 +8,7 @@ dtype, at most BUCKET_ELEMENTS and BUCKET_TENSORS) are concatenated once, clippe
 dozen ops in all, and split back: a few cheap ops per tensor (its views, a split, a copy).
 scripts/bench_trace.py measures the difference (docs/measurements.md).
 
-The arithmetic is torch's single-tensor AdamW / SGD element by element (tests/test_flat_optim.py
+The arithmetic is torch's single-tensor AdamW / SGD element by element (tests/training/test_flat_optim.py
 holds the weights to torch's), with the step counter on the host as torch keeps it (its bias
 corrections are Python floats, uploaded as data: no recompilation as they change).
 `state_dict()` is torch's per-parameter layout, so a checkpoint resumes under any implementation.

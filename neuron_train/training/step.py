@@ -10,7 +10,7 @@
   and the legacy bf16 environment modes, where the update stays lazy: see StepPath).
 
 Whichever it is, the graphs stay the same from step 2 on (checked by GraphWatch/check-graphs)
-and precompile's graph tour reaches them all (tests/test_precompile.py).
+and precompile's graph tour reaches them all (tests/precompile/test_precompile.py).
 """
 
 from __future__ import annotations
