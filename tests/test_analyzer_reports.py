@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 from test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
+from test_library_fixes import library_fix
 
 from neuron_train.graphs import log, records
 from neuron_train.graphs.analyzer import Analyzer
@@ -19,7 +20,6 @@ from neuron_train.graphs.records import (
     DYNAMO_RECOMPILE,
     FIXES,
     GRAPH_BREAK,
-    LIBRARY_FIXES,
     NEW_INPUT_SHAPE,
     UNKNOWN,
     WARMUP,
@@ -29,7 +29,7 @@ from neuron_train.graphs.records import (
 
 SGD = "step (torch/optim/sgd.py:105)"          # an optimizer step torch.compile compiled (dynamo.py's name)
 FORWARD = "forward (/u/model.py:20)"           # a user's compiled function
-TORCH_OPTIM_FIX = LIBRARY_FIXES[("torch/optim/", DYNAMO_RECOMPILE)]
+TORCH_OPTIM_FIX = library_fix("torch/optim/", DYNAMO_RECOMPILE)
 LIMIT = "torch._dynamo.config.recompile_limit (8) reached"
 NAMER = log.library_namer(("/lib/",), mechanism=("torch", "torch_xla"))
 TRAINER = Frame("training_step", "/lib/transformers/trainer.py", 99)
@@ -165,7 +165,7 @@ SIZE = "tensor 'L['x']' size mismatch at index 0. expected 8, actual 6"
 
 @pytest.mark.parametrize("library,fix", [
     ("", FIXES[NEW_INPUT_SHAPE]),
-    ("accelerate/data_loader.py:562", LIBRARY_FIXES[("accelerate/", NEW_INPUT_SHAPE)]),  # prepared by accelerate
+    ("accelerate/data_loader.py:562", library_fix("accelerate/", NEW_INPUT_SHAPE)),  # prepared by accelerate
 ], ids=["torch", "accelerate"])
 def test_a_ragged_last_batch_under_torch_compile_is_named_at_its_dataloader(library, fix):
     """30 samples in batches of 8: dynamo's size guard fails on the last batch of 6, fetched from the
@@ -193,7 +193,7 @@ def test_a_size_guard_with_no_ragged_loader_is_a_new_input_shape_at_the_users_li
     [graph] = analyzer.observe(window(3, *ran("B"), batches=[records.Batch("L1", ["f32[6,4]"])], dynamo=[note]))
     assert (graph.cause, graph.where, graph.library) == (NEW_INPUT_SHAPE, "/u/t.py:7", "")
     assert graph.detail == f"dynamo recompiled {function}: {SIZE}"
-    assert graph.fix == LIBRARY_FIXES[("transformers/trainer.py", NEW_INPUT_SHAPE)]
+    assert graph.fix == library_fix("transformers/trainer.py", NEW_INPUT_SHAPE)
 
 
 # ----- the problems lines of the lazy path ----------------------------------------------------------

@@ -10,20 +10,22 @@ from dataclasses import replace
 
 import pytest
 from test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
+from test_library_fixes import library_fix
 
 from neuron_train.graphs import hlo_diff, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, library_namer
-from neuron_train.graphs.records import FIXES, LIBRARY_FIXES
+from neuron_train.graphs.records import FIXES
 
 SITE_PACKAGES = "/lib/site"  # under LIBS: not the user's code
 LIBRARY_OF = library_namer((SITE_PACKAGES,), ("torch", "torch_xla"))
 SYNC = Frame("sync", "/lib/torch_xla/torch_xla.py", 87)
 TRAINER = Frame("training_step", f"{SITE_PACKAGES}/transformers/trainer.py", 2000)
-MASK = Frame("sdpa_mask", f"{SITE_PACKAGES}/transformers/masking_utils.py", 369)
+ENCODER = "_ignore_bidirectional_mask_sdpa"  # the masking_utils function an encoder's (BERT's) mask is read in
+MASK = Frame(ENCODER, f"{SITE_PACKAGES}/transformers/masking_utils.py", 369)
 BOOL = Frame("__bool__", f"{SITE_PACKAGES}/torch/_tensor.py", 1)
 DYNAMO = Frame("__call__", f"{SITE_PACKAGES}/torch/_dynamo/eval_frame.py", 600)
-MASK_FIX = LIBRARY_FIXES[("transformers/masking_utils.py", records.VALUE_BRANCH)]
+MASK_FIX = library_fix("transformers/masking_utils.py", records.VALUE_BRANCH, ENCODER, padded=False)
 
 
 def through(graph: str, line: int, *library: Frame, cause: str = "user torch_xla.sync",
@@ -116,7 +118,8 @@ def test_a_library_read_that_splits_the_step_is_reported_at_the_read_with_the_li
     run = [through("A", 10, SYNC, TRAINER), through("A", 10, SYNC, TRAINER, compiled=False)]
     for step, events in enumerate(run, 1):
         analyzer.observe(window(step, *events))
-    hooked = records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369")
+    hooked = records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369",
+                              function=ENCODER)
     split = window(3, *through("R", 12, BOOL, MASK, cause=ACCESS), *through("B", 10, SYNC, TRAINER), reads=[hooked])
     assert analyzer.observe(split) == []
     read, step = analyzer.graphs["R"], analyzer.graphs["B"]
@@ -145,28 +148,39 @@ def test_a_late_graph_run_by_a_sync_keeps_its_own_library_line_next_to_a_read_on
         ("/u/t.py:30", "transformers/trainer.py:2500")]
 
 
-@pytest.mark.parametrize("answer,fix", [
-    (True, MASK_FIX),                # nothing padded: leave attention_mask out, nothing to read
-    (False, records.PADDED_FIXES[("transformers/masking_utils.py", records.VALUE_BRANCH)]),
-])
-def test_the_masking_read_fix_fits_the_batches_it_read(answer, fix):
+CAUSAL_FIX = library_fix("transformers/masking_utils.py", records.VALUE_BRANCH, "_ignore_causal_mask_sdpa")
+PACKED_FIX = library_fix("transformers/masking_utils.py", records.VALUE_BRANCH, "find_packed_sequence_indices")
+
+
+@pytest.mark.parametrize("function,answer,fix", [
+    (ENCODER, True, MASK_FIX),          # nothing padded: leave attention_mask out, nothing to read
+    (ENCODER, False, library_fix("transformers/masking_utils.py", records.VALUE_BRANCH, ENCODER, padded=True)),
+    ("_ignore_causal_mask_sdpa", True, CAUSAL_FIX),   # a causal model: eager attention, the mask kept,
+    ("_ignore_causal_mask_sdpa", False, CAUSAL_FIX),  # padded or not
+    ("find_packed_sequence_indices", True, PACKED_FIX),  # a causal model without a mask: pass one, eager
+    ("sdpa_mask", True, FIXES[records.VALUE_BRANCH]),  # a read the table has no tested fix for
+], ids=["encoder", "encoder-padded", "causal", "causal-padded", "causal-no-mask", "unknown-function"])
+def test_the_masking_read_fix_fits_the_function_that_read_and_the_batches_it_read(function, answer, fix):
     """`padding_mask.all()` answered False: the batches are padded to a fixed length, so dropping
-    attention_mask is wrong; the fix then is a prepared 4D mask (read as is) in the split step's graph,
-    the read's own graph and the host-sync entry alike."""
+    attention_mask is wrong; the fix then is a prepared 4D mask (read as is). A causal model's read
+    (with sdpa attention, or without a mask) goes with eager attention: leaving the mask out moves it.
+    The same fix in the split step's graph, the read's own graph and the host-sync entry alike."""
     analyzer = analyzer_of()
     for step in (1, 2):
         analyzer.observe(window(step, *through("A", 10, SYNC, TRAINER, compiled=step == 1)))
     for step in range(3, 8):
         read = records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369",
-                                answer=answer)
+                                answer=answer, function=function)
         new = step == 3
         analyzer.observe(window(step, *through("R", 12, BOOL, MASK, cause=ACCESS, compiled=new),
                                 *through("B", 10, SYNC, TRAINER, compiled=new), reads=[read]))
     assert analyzer.graphs["R"].fix == analyzer.graphs["B"].fix == fix
     [entry] = analyzer.summary().host_syncs
     assert entry.fix == fix and entry.library == "transformers/masking_utils.py:369"
-    if not answer:
-        assert "keep `attention_mask`" in fix and "4D mask" in fix and "leave `attention_mask` out" not in fix
+    if not answer or function != ENCODER:
+        assert "leave `attention_mask` out" not in fix
+    if not answer and function == ENCODER:
+        assert "keep `attention_mask`" in fix and "4D mask" in fix
 
 
 def test_a_recompilation_run_by_a_library_names_the_users_line_and_the_library_line():
@@ -218,7 +232,7 @@ def test_an_evaluation_that_grows_a_tensor_recompiles_at_every_longer_one_even_a
     assert (analyzer.graphs["E1"].kind, analyzer.graphs["E1"].cause) == ("late", records.NEW_CALL_SITE)
     assert (longer.hash, longer.cause, longer.where, longer.library, longer.fix) == (
         "E2", records.GROWING_CONCAT, "/u/t.py:20", "transformers/trainer_pt_utils.py:120",
-        LIBRARY_FIXES[("transformers/trainer_pt_utils.py", records.GROWING_CONCAT)])
+        library_fix("transformers/trainer_pt_utils.py", records.GROWING_CONCAT))
 
 
 def test_a_tensor_grown_within_the_warmup_steps_is_warmup_and_every_longer_one_after_them_counts():

@@ -632,7 +632,8 @@ def test_a_library_frame_is_named_package_relative_below_the_users_line():
               Frame("train", "/u/t.py", 56), Frame("run", "/lib/other/x.py", 3)]
     assert log.library_frame(frames, LIBS, name) == "transformers/masking_utils.py:369"
     assert log.library_frame(frames[2:], LIBS, name) == ""  # the user's own line comes first
-    assert records.fix_for(records.VALUE_BRANCH, "transformers/masking_utils.py:369").startswith("transformers asks")
+    assert records.fix_for(records.VALUE_BRANCH, "transformers/masking_utils.py:369",
+                           function="_ignore_bidirectional_mask_sdpa").startswith("transformers asks")
     assert records.fix_for(records.VALUE_BRANCH, "") == records.FIXES[records.VALUE_BRANCH]
 
 

@@ -228,7 +228,8 @@ class Analyzer:
             graph.kind, (graph.where, graph.cause, library) = "late", fresh_read
             read = ctx.reads.get(graph.where)
             graph.library = read.library if read is not None else library or graph.library
-            graph.fix = fix_for(graph.cause, graph.library, read is not None and read.padded)
+            graph.fix = fix_for(graph.cause, graph.library, read is not None and read.padded,
+                                read.function if read is not None else "")
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
         elif graph.kind == "recompile" and dynamo:
             _dynamo_cause(graph, dynamo[0], ctx)  # dynamo recompiled: its guard says why
@@ -248,7 +249,7 @@ class Analyzer:
             read = ctx.reads.get(graph.where) if event.host_access else None
             graph.cause = read_cause(read.kind if read is not None else None) if event.host_access else NEW_CALL_SITE
             graph.library = (read.library if read is not None else "") or graph.library
-            graph.fix = fix_for(graph.cause, graph.library, read.padded) if read is not None else ""
+            graph.fix = fix_for(graph.cause, graph.library, read.padded, read.function) if read is not None else ""
         if graph.kind != "warmup" and not growth and not event.host_access:
             accumulation_remainder(graph, ctx)  # the Trainer's shorter last window: its setting, not the sync
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's

@@ -29,7 +29,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from neuron_train.graphs import dynamo, loaders, syncs
-from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
+from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_caller
 from neuron_train.graphs.records import ScalarChange
 from neuron_train.graphs.report import short
 from neuron_train.graphs.sink import HookSink
@@ -95,9 +95,9 @@ def _read_wrapper(recorder: HookSink, original: Callable[..., Any], kind: str) -
         if depth == 0 and self.device.type == "xla" and not in_dynamo(analyzer.is_internal, sys._getframe(1)):
             where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
-                noted = recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
-                                                                     sys._getframe(1)),
-                                           compiled=getattr(_state, "compiled_calls", 0) > 0)
+                library, function = library_caller(analyzer.is_internal, analyzer.library_of, sys._getframe(1))
+                noted = recorder.note_read(kind, where, library, compiled=getattr(_state, "compiled_calls", 0) > 0)
+                noted.function = function  # the library fix may depend on it (transformers' masking_utils)
         _state.depth = depth + 1
         try:
             result = original(self, *args, **kwargs)

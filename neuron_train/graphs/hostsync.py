@@ -37,7 +37,7 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
     """Host reads of a window by line: from the hooks and from the log's host-access runs."""
     lines: dict[str, LineReads] = {}
     for read in w.reads:
-        entry = lines.setdefault(read.where, LineReads(read.kind, read.phase, read.library))
+        entry = lines.setdefault(read.where, LineReads(read.kind, read.phase, read.library, function=read.function))
         entry.hooked += 1
         entry.padded = entry.padded or read.answer is False
         if read.compiled:
@@ -59,12 +59,13 @@ def read_cause(kind: str | None) -> str:
 @dataclass
 class _Tally:
     """A host sync being built, and what only the builder needs: the windows and optimizer steps
-    it read in, and whether a read answered False (a padded batch)."""
+    it read in, whether a read answered False (a padded batch), and the library function that read."""
 
     sync: HostSync
     windows: set[int] = field(default_factory=set)
     optimizer_steps: set[int] = field(default_factory=set)
     padded: bool = False
+    function: str = ""
 
 
 @dataclass
@@ -89,6 +90,7 @@ class HostSyncs:
                     entry.cause = COMPILED_READ
                 entry.library = entry.library or read.library
                 tally.padded |= read.padded
+                tally.function = tally.function or read.function
                 entry.count += max(read.hooked, read.runs)
                 entry.executes_graph |= read.runs > 0
                 tally.windows.add(index)
@@ -130,7 +132,7 @@ class HostSyncs:
             h = replace(tally.sync, steps=list(tally.sync.steps))
             if not h.executes_graph:
                 h.cause = HOST_READ
-            h.fix = fix_for(h.cause, h.library, tally.padded)
+            h.fix = fix_for(h.cause, h.library, tally.padded, tally.function)
             logged = _trainer_log(tally, logging_steps)
             h.fix = logged or h.fix
             # A read in most steady steps is part of the step itself, not an occasional log or eval.

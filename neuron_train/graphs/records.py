@@ -96,56 +96,80 @@ HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing
               "collate_fn, e.g. timm's FastCollateMixup), or `neuron-train train --mixup/--cutmix`, which "
               "mixes on the host; the device then gets one batch shape and soft targets as data")
 
-# Patterns confirmed on real runs inside libraries (tests/test_scripts.py): (library file, cause) -> a
-# fix the user can apply from their own code. The library line alone is not actionable.
-LIBRARY_FIXES = {
-    ("transformers/masking_utils.py", VALUE_BRANCH):
-        "transformers asks `padding_mask.all()` in every forward to skip the mask when nothing is padded; "
-        "with fixed-length, unpadded batches leave `attention_mask` out of the batch (your dataset or "
-        "collator): the model then builds no mask and reads nothing",
-    ("transformers/trainer.py", NEW_INPUT_SHAPE):
-        "TrainingArguments(dataloader_drop_last=True) for a ragged last batch; for varying lengths pad every "
-        "batch to one length (a collator with padding=\"max_length\", or pad_to_multiple_of for a few buckets)",
-    ("transformers/trainer_pt_utils.py", GROWING_CONCAT):
-        "the Trainer's evaluation loop concatenates every eval batch's losses, logits and labels onto the "
-        "last ones on the device (a new length, so a new graph, per batch): TrainingArguments("
-        "eval_accumulation_steps=1) moves each batch's results to the CPU after its step and concatenates "
-        "there; prediction_loss_only=True does not help (the losses are still concatenated)",
-    ("transformers/data/data_collator.py", NEW_INPUT_SHAPE):
-        "the collator pads each batch to its own longest sample (dynamic padding: a new length, so a new "
-        "graph, per batch): DataCollatorWithPadding(tokenizer, padding=\"max_length\", max_length=N) for one "
-        "length, or pad_to_multiple_of=M for a few (each compiled once: precompile them)",
-    ("accelerate/", NEW_INPUT_SHAPE):
-        "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
-        "pad/bucket to fixed sizes",
-    ("timm/data/mixup.py", SLICE_SHAPE): HOST_MIXUP,
-    ("timm/data/mixup.py", NEW_CONSTANT): HOST_MIXUP,   # a box clipped to nothing: lam exactly 1
-    ("timm/data/mixup.py", GRAPH_STRUCTURE): HOST_MIXUP,
-    ("torch/optim/", DYNAMO_RECOMPILE):
-        "dynamo guards on the optimizer's Python hyperparameters: a scheduler that changes a float LR "
-        "recompiles the optimizer step every step; create the optimizer with lr=torch.tensor(LR) "
-        "(the scheduler then updates the tensor in place)",
-}
+EAGER = ("load the model with attn_implementation=\"eager\" (from_pretrained(..., attn_implementation=\"eager\"), "
+         "or the config's), whose mask is built without reading it")
 
 
-# The same library lines when the read answered False: transformers' `padding_mask.all()` on padded batches.
-# Verified on transformers 5.24 (BertModel, sdpa): a 4D bool mask gives the same outputs and no read.
-PADDED_FIXES = {
-    ("transformers/masking_utils.py", VALUE_BRANCH):
-        "transformers asks `padding_mask.all()` in every forward to skip the mask when nothing is padded; these "
-        "batches are padded (the mask it read has zeros), so keep `attention_mask` (leaving it out would attend "
-        "to the padding): hand the model a prepared 4D mask, which masking_utils uses as is without reading it "
-        "(attention_mask[:, None, None, :].bool() for the sdpa attention), in your collator or before the forward",
-}
+@dataclass(frozen=True)
+class LibraryFix:
+    """A fix the user can apply from their own code for a finding at a library line (the library line
+    alone is not actionable). Each entry is applied to a registry-package fixture and shown to remove
+    its finding (tests/test_library_fixes.py); the first matching entry wins."""
+
+    library: str                 # package-relative file, or a folder ending in "/"
+    cause: str
+    fix: str
+    function: str = ""           # only for a read in this library function ("": any)
+    padded: bool | None = None   # only when a bool() read answered False (True) or never did (False)
+
+    def matches(self, cause: str, library: str, padded: bool, function: str) -> bool:
+        return (cause == self.cause and library.startswith(self.library)
+                and self.function in ("", function) and self.padded in (None, padded))
 
 
-def fix_for(cause: str, library: str, padded: bool = False) -> str:
-    """The fix for a finding: the library-aware one when the library line matches a known pattern (the
-    padded-batch one when the library's read answered False)."""
-    for (prefix, known), text in [*(PADDED_FIXES.items() if padded else ()), *LIBRARY_FIXES.items()]:
-        if known == cause and library.startswith(prefix):
-            return text
-    return FIXES.get(cause, FIXES[UNKNOWN])
+LIBRARY_FIXES = (
+    # transformers 5.24 asks `padding_mask.all()` (an encoder's bidirectional mask) or whether the padding
+    # mask is all ones (a causal model's, with sdpa), and without a mask checks a causal model's position
+    # ids for packed sequences: which change removes the read depends on the function that read.
+    LibraryFix("transformers/masking_utils.py", VALUE_BRANCH, function="_ignore_bidirectional_mask_sdpa",
+               padded=False, fix="transformers asks `padding_mask.all()` in every forward to skip the mask when "
+               "nothing is padded; with fixed-length, unpadded batches leave `attention_mask` out of the batch "
+               "(your dataset or collator): the model then builds no mask and reads nothing"),
+    # Padded batches (the read answered False): a 4D bool mask gives BERT's sdpa the same outputs, no read.
+    LibraryFix("transformers/masking_utils.py", VALUE_BRANCH, function="_ignore_bidirectional_mask_sdpa",
+               padded=True, fix="transformers asks `padding_mask.all()` in every forward to skip the mask when "
+               "nothing is padded; these batches are padded (the mask it read has zeros), so keep `attention_mask` "
+               "(leaving it out would attend to the padding): hand the model a prepared 4D mask, which "
+               "masking_utils uses as is without reading it (attention_mask[:, None, None, :].bool() for the sdpa "
+               "attention), in your collator or before the forward"),
+    LibraryFix("transformers/masking_utils.py", VALUE_BRANCH, function="_ignore_causal_mask_sdpa",
+               fix="transformers asks whether the padding mask is all ones in every forward of a causal model with "
+               "sdpa attention (to let sdpa apply causality without a mask): keep `attention_mask` and " + EAGER
+               + "; leaving `attention_mask` out only moves the read (to a check of the position ids for packed "
+               "sequences)"),
+    LibraryFix("transformers/masking_utils.py", VALUE_BRANCH, function="find_packed_sequence_indices",
+               fix="without an `attention_mask` transformers checks a causal model's position ids for packed "
+               "sequences in every forward: pass `attention_mask` (all ones when nothing is padded) and " + EAGER
+               + " (with sdpa attention the mask itself is read instead)"),
+    LibraryFix("transformers/trainer.py", NEW_INPUT_SHAPE,
+               "TrainingArguments(dataloader_drop_last=True) for a ragged last batch; for varying lengths pad every "
+               "batch to one length (a collator with padding=\"max_length\", or pad_to_multiple_of for a few "
+               "buckets)"),
+    LibraryFix("transformers/trainer_pt_utils.py", GROWING_CONCAT,
+               "the Trainer's evaluation loop concatenates every eval batch's losses, logits and labels onto the "
+               "last ones on the device (a new length, so a new graph, per batch): TrainingArguments("
+               "eval_accumulation_steps=1) moves each batch's results to the CPU after its step and concatenates "
+               "there; prediction_loss_only=True does not help (the losses are still concatenated)"),
+    LibraryFix("transformers/data/data_collator.py", NEW_INPUT_SHAPE,
+               "the collator pads each batch to its own longest sample (dynamic padding: a new length, so a new "
+               "graph, per batch): DataCollatorWithPadding(tokenizer, padding=\"max_length\", max_length=N) for one "
+               "length, or pad_to_multiple_of=M for a few (each compiled once: precompile them)"),
+    LibraryFix("accelerate/", NEW_INPUT_SHAPE,
+               "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
+               "pad/bucket to fixed sizes"),
+    LibraryFix("timm/data/mixup.py", SLICE_SHAPE, HOST_MIXUP),
+    LibraryFix("torch/optim/", DYNAMO_RECOMPILE,
+               "dynamo guards on the optimizer's Python hyperparameters: a scheduler that changes a float LR "
+               "recompiles the optimizer step every step; create the optimizer with lr=torch.tensor(LR) "
+               "(the scheduler then updates the tensor in place)"),
+)
+
+
+def fix_for(cause: str, library: str, padded: bool = False, function: str = "") -> str:
+    """The fix for a finding: the library-aware one when the library line matches a known pattern
+    (`padded`: the library's bool() read answered False; `function`: the library function that read)."""
+    known = next((entry for entry in LIBRARY_FIXES if entry.matches(cause, library, padded, function)), None)
+    return known.fix if known is not None else FIXES.get(cause, FIXES[UNKNOWN])
 
 
 # Host reads recorded by the hooks: kind -> how the report names it.
@@ -164,6 +188,7 @@ class HostRead:
     library: str = ""  # the library line that read it (`transformers/masking_utils.py:369`), if any
     compiled: bool = False  # inside a torch.compile'd call: dynamo broke the step's graph there
     answer: bool | None = None  # what a bool() read answered (False from `padding_mask.all()`: padded)
+    function: str = ""  # the library function that read it (`_ignore_causal_mask_sdpa`), if any
 
 
 @dataclass
@@ -178,6 +203,7 @@ class LineReads:
     runs: int = 0        # graphs the log saw it run before the sync
     padded: bool = False  # a bool() read answered False (a padded batch's mask)
     compiled: bool = False  # inside a torch.compile'd call
+    function: str = ""   # the library function that read (HostRead.function)
 
 
 @dataclass
