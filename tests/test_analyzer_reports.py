@@ -11,11 +11,9 @@ import pytest
 from test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
 from test_library_fixes import library_fix
 
-from neuron_train.graphs import log, records
+from neuron_train.graphs import causes, log, records
 from neuron_train.graphs.analyzer import Analyzer
-from neuron_train.graphs.findings import DynamoEntry
-from neuron_train.graphs.log import Frame
-from neuron_train.graphs.records import (
+from neuron_train.graphs.causes import (
     DYNAMO_EAGER,
     DYNAMO_RECOMPILE,
     FIXES,
@@ -23,9 +21,10 @@ from neuron_train.graphs.records import (
     NEW_INPUT_SHAPE,
     UNKNOWN,
     WARMUP,
-    DynamoNote,
-    Graph,
 )
+from neuron_train.graphs.findings import DynamoEntry
+from neuron_train.graphs.log import Frame
+from neuron_train.graphs.records import DynamoNote, Graph
 
 SGD = "step (torch/optim/sgd.py:105)"          # an optimizer step torch.compile compiled (dynamo.py's name)
 FORWARD = "forward (/u/model.py:20)"           # a user's compiled function
@@ -264,7 +263,7 @@ def test_the_report_counts_executions_host_reads_and_the_graph_budget():
     assert [(g.hash, g.executions) for g in summary.graphs] == [("R", 4), ("A", 4), ("C", 0)]
     assert summary.problems == [
         f"recompilation at step 5 (train): {UNKNOWN} at /u/t.py:10",
-        f"{records.HOST_ACCESS}: .item() at /u/t.py:12 runs a graph before the step's sync in 2 of 3 steps "
+        f"{causes.HOST_ACCESS}: .item() at /u/t.py:12 runs a graph before the step's sync in 2 of 3 steps "
         "after warm-up"]
     assert (summary.scalar_reads_after_warmup, summary.warmup_steps, summary.source) == (2, 1, "pt_xla_debug")
     assert analyzer.summary(max_graphs=2).problems[2:] == ["3 distinct graphs compiled, more than --max-graphs 2"]

@@ -19,7 +19,7 @@ from test_cache import CONFIG, add_config, xla_entry
 from test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
 
 from neuron_train.common.errors import RunError
-from neuron_train.graphs import records
+from neuron_train.graphs import causes, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame
 from neuron_train.precompile import archive, store
@@ -52,7 +52,7 @@ def test_a_late_graph_made_by_a_host_read_names_the_read():
     analyzer.observe(read)
     late = analyzer.graphs["R"]
     assert late.kind == "late" and late.where == "/u/t.py:12"
-    assert late.cause == records.VALUE_BRANCH != records.NEW_CALL_SITE
+    assert late.cause == causes.VALUE_BRANCH != causes.NEW_CALL_SITE
 
 
 # ----- `..` in manifest keys (M09) and archive members (M10) ----------------------------------------

@@ -1,6 +1,6 @@
 """Every fix the checker prints for a library's line is applied and shown to work (issue 43 item 8).
 
-The tests are parametrized over the tables themselves (graphs/records.py LIBRARY_FIXES, FALLBACK_FIXES):
+The tests are parametrized over the tables themselves (each cause's library fixes and fallback-op fixes in graphs/causes.py):
 for each entry, check-graphs runs a fixture made of registry packages (transformers, accelerate, timm:
 tiny random configs, local data, no download) that the entry's finding appears in, with the entry's
 fix printed; then the same fixture with that fix applied, and the finding is gone (no finding at that
@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT
 from test_graphs import FIXTURES, check_graphs
 
-from neuron_train.graphs.records import (
+from neuron_train.graphs.causes import (
     DATA_DEPENDENT,
     DYNAMO_RECOMPILE,
     FALLBACK_FIXES,
@@ -38,7 +38,7 @@ ENCODER, CAUSAL, PACKED = "_ignore_bidirectional_mask_sdpa", "_ignore_causal_mas
 
 def library_fix(library: str, cause: str, function: str = "", padded: bool | None = None) -> str:
     """The fix of the table's entry with these fields (read from the table, not matched by its rule)."""
-    [entry] = [e for e in LIBRARY_FIXES if (e.library, e.cause, e.function, e.padded) == (library, cause, function, padded)]
+    [entry] = [e for c, e in LIBRARY_FIXES if (e.library, c, e.function, e.padded) == (library, cause, function, padded)]
     return entry.fix
 
 
@@ -77,13 +77,13 @@ CASES: dict[Key, Case] = {
 FALLBACK_CASES = {"aten::_unique2": Case(FIXTURES / "unique_counts.py", (), ("--fixed",))}
 
 
-def key(entry: LibraryFix) -> Key:
-    return entry.library, entry.cause, entry.function, entry.padded
+def key(cause: str, entry: LibraryFix) -> Key:
+    return entry.library, cause, entry.function, entry.padded
 
 
 def test_every_library_fix_has_a_case_that_applies_it():
     """A table entry without a case here is a fix nobody has seen work: add its case (or drop the entry)."""
-    assert sorted(map(str, map(key, LIBRARY_FIXES))) == sorted(map(str, CASES))
+    assert sorted(str(key(*item)) for item in LIBRARY_FIXES) == sorted(map(str, CASES))
     assert sorted(FALLBACK_FIXES) == sorted(FALLBACK_CASES)
 
 
@@ -100,13 +100,14 @@ def run(tmp_path: Path, case: Case, args: tuple[str, ...]) -> tuple[int, dict, s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry", LIBRARY_FIXES, ids=lambda e: f"{e.library}|{e.cause}|{e.function}|{e.padded}")
-def test_a_library_fix_applied_to_its_fixture_removes_its_finding(tmp_path, entry):
-    case = CASES[key(entry)]
+@pytest.mark.parametrize("cause,entry", LIBRARY_FIXES, ids=[f"{e.library}|{c}|{e.function}|{e.padded}"
+                                                         for c, e in LIBRARY_FIXES])
+def test_a_library_fix_applied_to_its_fixture_removes_its_finding(tmp_path, cause, entry):
+    case = CASES[key(cause, entry)]
     code, report, output = run(tmp_path, case, case.before)
     assert code == 1, output
     printed = [f for f in findings(report) if f["fix"] == entry.fix]
-    assert printed and all(f["cause"] == entry.cause for f in printed), output
+    assert printed and all(f["cause"] == cause for f in printed), output
     file = entry.library.partition(":")[0]
     code, report, output = run(tmp_path, case, case.after)
     left = [f for f in findings(report) if f["fix"] == entry.fix or f.get("library", "").startswith(file)]

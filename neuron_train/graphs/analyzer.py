@@ -23,6 +23,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
+from neuron_train.graphs.causes import (
+    DYNAMO_EAGER,
+    DYNAMO_RECOMPILE,
+    GRAPH_BREAK,
+    GROWING_GRAPH,
+    NEW_CALL_SITE,
+    NEW_INPUT_SHAPE,
+    UNKNOWN,
+    WARMUP,
+    fix_for,
+    read_cause,
+)
 from neuron_train.graphs.explain import (
     Context,
     Loaders,
@@ -34,22 +46,9 @@ from neuron_train.graphs.explain import (
 )
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.fixes import accumulation_remainder, fix_of
-from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
+from neuron_train.graphs.hostsync import HostSyncs, in_closure, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import (
-    DYNAMO_EAGER,
-    DYNAMO_RECOMPILE,
-    GRAPH_BREAK,
-    GROWING_GRAPH,
-    NEW_CALL_SITE,
-    NEW_INPUT_SHAPE,
-    UNKNOWN,
-    WARMUP,
-    Graph,
-    GraphReport,
-    Window,
-    fix_for,
-)
+from neuron_train.graphs.records import Graph, GraphReport, Window
 from neuron_train.graphs.report import dynamo_problems, recompile_problems, short
 
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step

@@ -29,6 +29,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from neuron_train.graphs import dynamo, loaders, syncs
+from neuron_train.graphs.causes import TENSOR_READS
 from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_caller
 from neuron_train.graphs.records import ScalarChange
 from neuron_train.graphs.report import short
@@ -36,9 +37,6 @@ from neuron_train.graphs.sink import HookSink
 
 __all__ = ["caller_line", "install"]
 
-# Tensor method -> the kind of host read it is (records.HOST_READS).
-_READS = {"item": "item", "tolist": "tolist", "__bool__": "bool", "__repr__": "print",
-          "__format__": "print", "cpu": "cpu", "numpy": "numpy", "__float__": "float", "__int__": "int"}
 REFUSED = "Unexpected execution happens inside the compiled function"  # torch_xla.compile(full_graph=True)
 _state = threading.local()
 
@@ -79,7 +77,7 @@ def _wrap_reads(recorder: HookSink) -> list[Callable[[], None]]:
     import torch
 
     undo = []
-    for name, kind in _READS.items():
+    for name, kind in TENSOR_READS.items():
         own = torch.Tensor.__dict__.get(name)
         original = getattr(torch.Tensor, name)
         setattr(torch.Tensor, name, _read_wrapper(recorder, original, kind))

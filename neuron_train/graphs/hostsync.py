@@ -11,19 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import source
+from neuron_train.graphs.causes import COMPILED_READ, HOST_READ, fix_for, read_cause, read_what
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import (
-    COMPILED_READ,
-    HOST_ACCESS,
-    HOST_READ,
-    HOST_READS,
-    READ_CAUSES,
-    LineReads,
-    Window,
-    fix_for,
-)
+from neuron_train.graphs.records import LineReads, Window
 from neuron_train.graphs.report import at, short
 
 
@@ -50,10 +42,6 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
             kind = "fallback" if w.fallbacks else "value"
             lines.setdefault(where, LineReads(kind, phase, library_frame(event.frames, is_internal, library_of))).runs += 1
     return lines
-
-
-def read_cause(kind: str | None) -> str:
-    return READ_CAUSES.get(kind, HOST_ACCESS) if kind is not None else HOST_ACCESS
 
 
 @dataclass
@@ -107,7 +95,7 @@ class HostSyncs:
 
     def _tally(self, where: str, kind: str, phase: str) -> _Tally:
         if where not in self.host:
-            self.host[where] = _Tally(HostSync(where, kind, HOST_READS[kind], read_cause(kind), phase))
+            self.host[where] = _Tally(HostSync(where, kind, read_what(kind), read_cause(kind), phase))
         return self.host[where]
 
     def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None, site: str) -> None:
