@@ -288,3 +288,16 @@ def test_the_first_count_includes_dynamos_recompilations_that_made_no_graph_of_t
     assert recompile_headline(report).startswith("recompilations: 2 (0 new graphs at warm call sites, 2 torch.compile")
     report.dynamo = []
     assert recompile_headline(report) == "recompilations (new graphs at warm call sites): 0"
+
+
+def test_a_known_error_the_run_ended_with_is_a_typed_note_named_at_its_line_with_its_fix():
+    """The hooks' excepthook notes an error it knows (torch_xla under inference_mode, dynamo refusing
+    mark_dynamic) as its cause and the user's line; the problem line is written from the cause table."""
+    analyzer = Analyzer(0, LIBS)
+    analyzer.notes += [records.ErrorNote(causes.INFERENCE_MODE, "/u/t.py:40"), records.ErrorNote(causes.MARK_DYNAMIC, "")]
+    assert analyzer.summary().problems == [
+        "torch.inference_mode() at /u/t.py:40 on an XLA device: torch_xla cannot run this model under it (Cannot "
+        "set version_counter for inference tensor); fix: use torch.no_grad() there",
+        "torch._dynamo.mark_dynamic at an unknown line: torch_xla compiles one graph per shape, so dynamo "
+        "specialized the marked dimension and refused the mark (ConstraintViolationError); fix: remove "
+        "mark_dynamic there and give every batch one shape (drop_last=True, or pad/bucket to fixed sizes)"]

@@ -32,6 +32,8 @@ GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run'
 GROWING_GRAPH = "graph grows every step"     # no sync ends the step: each graph holds every step before it
 FSDP_AFTER_EVAL = "one-time graph after evaluation"  # torch_xla FSDP: parameters an evaluation left gathered
 ACCUMULATION_REMAINDER = "gradient-accumulation remainder"  # an epoch's last window has fewer micro-batches
+INFERENCE_MODE = "inference mode on an XLA device"  # torch_xla cannot run every model under it
+MARK_DYNAMIC = "mark_dynamic under XLA"      # dynamo refuses a mark XLA specializes (one graph per shape)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Cause:
     library_fixes: tuple[LibraryFix, ...] = ()
     op_fixes: tuple[tuple[str, str], ...] = ()   # (CPU fallback op, the fixed-length way to its values)
     reads: tuple[ReadKind, ...] = ()             # host reads that are this cause when they run a graph
+    error: str = ""      # the text of an uncaught error that is this cause (the hooks' excepthook matches it)
+    problem: str = ""    # that error's problem line: {where} the user's line that led to it, {error} the text
 
 
 HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing factor) every batch, so every "
@@ -176,6 +180,13 @@ CAUSES = (
                                   "dataset's size, the batch size or gradient_accumulation_steps), or accept the "
                                   "one extra step graph (compiled once, run every epoch) and precompile it"),
     Cause(GRAPH_BREAK, "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them"),
+    Cause(INFERENCE_MODE, "use torch.no_grad() there", error="Cannot set version_counter for inference tensor",
+          problem="torch.inference_mode() at {where} on an XLA device: torch_xla cannot run this model under it "
+                  "({error})"),
+    Cause(MARK_DYNAMIC, "remove mark_dynamic there and give every batch one shape (drop_last=True, or pad/bucket "
+                        "to fixed sizes)", error="as dynamic but your code specialized it",  # ConstraintViolationError
+          problem="torch._dynamo.mark_dynamic at {where}: torch_xla compiles one graph per shape, so dynamo "
+                  "specialized the marked dimension and refused the mark (ConstraintViolationError)"),
 )
 
 _BY_NAME = {cause.name: cause for cause in CAUSES}
@@ -184,6 +195,7 @@ _READ_KINDS = {read.kind: (read, cause.name) for cause in CAUSES for read in cau
 # Every library fix with its cause, and every fallback op's fix: the tables the fix-tests run over.
 LIBRARY_FIXES = tuple((cause.name, entry) for cause in CAUSES for entry in cause.library_fixes)
 FALLBACK_FIXES = {op: fix for cause in CAUSES for op, fix in cause.op_fixes}
+ERRORS = tuple(cause for cause in CAUSES if cause.error)  # what the hooks' excepthook looks for
 # torch.Tensor method -> the kind of host read it is: what the hooks wrap.
 TENSOR_READS = {method: read.kind for cause in CAUSES for read in cause.reads for method in read.methods}
 
@@ -209,3 +221,9 @@ def read_cause(kind: str | None) -> str:
 def read_what(kind: str) -> str:
     """How the report names a host read of this kind (".item()")."""
     return _READ_KINDS[kind][0].what
+
+
+def error_problem(cause: str, where: str) -> str:
+    """The problem line of a known error the run ended with, at the user's line shown as `where`."""
+    known = _BY_NAME[cause]
+    return f"{known.problem.format(where=where, error=known.error)}; fix: {known.fix}"

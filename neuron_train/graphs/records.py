@@ -45,6 +45,14 @@ class LineReads:
 
 
 @dataclass
+class ErrorNote:
+    """A known error the run ended with (an uncaught exception the hooks matched to a cause's `error`)."""
+
+    cause: str   # a causes.Cause name
+    where: str   # the user's line that led to it; "" when none was seen
+
+
+@dataclass
 class ScalarChange:
     """An optimizer hyperparameter, or a module's (a dropout's p), that became, or stopped being,
     exactly 0 or 1 (graphs/hooks.py)."""
