@@ -1,11 +1,11 @@
 """Every fix the checker prints for a library's line is applied and shown to work (issue 43 item 8).
 
-The tests are parametrized over the tables themselves (each cause's library fixes and fallback-op fixes in graphs/causes.py):
-for each entry, check-graphs runs a fixture made of registry packages (transformers, accelerate, timm:
-tiny random configs, local data, no download) that the entry's finding appears in, with the entry's
-fix printed; then the same fixture with that fix applied, and the finding is gone (no finding at that
-library file at all: a read moved to another line of it counts as not fixed). A new entry without a
-case here fails the fast guard below, and its slow test.
+The tests are parametrized over the tables themselves (each cause's library fixes and fallback-op
+fixes in graphs/causes.py): for each entry, check-graphs runs a fixture made of registry packages
+(transformers, accelerate, timm: tiny random configs, local data, no download) that the entry's
+finding appears in, with the entry's fix printed; then the same fixture with that fix applied, and
+the finding is gone (no finding at that library file at all: a read moved to another line of it
+counts as not fixed). A new entry without a case here fails the fast guard below, and its slow test.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from neuron_train.graphs.causes import (
 SCRIPTS = ROOT / "tests" / "fixtures" / "scripts"
 HF, ACCELERATE = SCRIPTS / "hf_trainer.py", SCRIPTS / "accelerate_loop.py"
 MASKING = "transformers/masking_utils.py"
-ENCODER, CAUSAL, PACKED = "_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa", "find_packed_sequence_indices"
+ENCODER, CAUSAL = "_ignore_bidirectional_mask_sdpa", "_ignore_causal_mask_sdpa"
+PACKED = "find_packed_sequence_indices"
 
 
 def library_fix(library: str, cause: str, function: str = "", padded: bool | None = None) -> str:
     """The fix of the table's entry with these fields (read from the table, not matched by its rule)."""
-    [entry] = [e for c, e in LIBRARY_FIXES if (e.library, c, e.function, e.padded) == (library, cause, function, padded)]
+    [entry] = [e for c, e in LIBRARY_FIXES
+               if (e.library, c, e.function, e.padded) == (library, cause, function, padded)]
     return entry.fix
 
 
@@ -54,9 +56,11 @@ Key = tuple[str, str, str, "bool | None"]
 CASES: dict[Key, Case] = {
     # BERT (an encoder), sdpa: unpadded batches; padded ones (zeros in the mask)
     (MASKING, VALUE_BRANCH, ENCODER, False): Case(HF, ("--drop-last",), ("--drop-last", "--no-mask")),
-    (MASKING, VALUE_BRANCH, ENCODER, True): Case(HF, ("--padded", "--drop-last"), ("--padded", "--drop-last", "--mask-4d")),
+    (MASKING, VALUE_BRANCH, ENCODER, True): Case(HF, ("--padded", "--drop-last"),
+                                                 ("--padded", "--drop-last", "--mask-4d")),
     # a causal Llama, sdpa, with a mask: leaving it out moves the read (PACKED's case), eager with the mask does not
-    (MASKING, VALUE_BRANCH, CAUSAL, None): Case(HF, ("--causal", "--drop-last"), ("--causal", "--drop-last", "--attn", "eager")),
+    (MASKING, VALUE_BRANCH, CAUSAL, None): Case(HF, ("--causal", "--drop-last"),
+                                                ("--causal", "--drop-last", "--attn", "eager")),
     (MASKING, VALUE_BRANCH, PACKED, None): Case(HF, ("--causal", "--no-mask", "--drop-last"),
                                                 ("--causal", "--drop-last", "--attn", "eager")),
     # with the mask (its read left: its own entry); without it the ragged batch's graph is a late graph at the
@@ -65,14 +69,17 @@ CASES: dict[Key, Case] = {
         HF, ("--samples", "30"), ("--samples", "30", "--drop-last"), stable=False),
     ("transformers/trainer_pt_utils.py", GROWING_CONCAT, "", None): Case(
         HF, ("--no-mask", "--epochs", "1", "--eval", "--metrics", "--eval-samples", "32"),
-        ("--no-mask", "--epochs", "1", "--eval", "--metrics", "--eval-samples", "32", "--arg", "eval_accumulation_steps=1")),
+        ("--no-mask", "--epochs", "1", "--eval", "--metrics", "--eval-samples", "32",
+         "--arg", "eval_accumulation_steps=1")),
     # padding="max_length" pads with zeros in the mask: the masking read of padded batches is left (its own entry)
     ("transformers/data/data_collator.py", NEW_INPUT_SHAPE, "", None): Case(
         HF, ("--drop-last", "--samples", "40", "--dynamic-padding"),
         ("--drop-last", "--samples", "40", "--dynamic-padding", "max_length"), stable=False),
-    ("accelerate/", NEW_INPUT_SHAPE, "", None): Case(ACCELERATE, ("--samples", "30"), ("--samples", "30", "--drop-last")),
+    ("accelerate/", NEW_INPUT_SHAPE, "", None): Case(ACCELERATE, ("--samples", "30"),
+                                                    ("--samples", "30", "--drop-last")),
     ("timm/data/mixup.py", SLICE_SHAPE, "", None): Case(FIXTURES / "timm_mixup.py", (), ("--host",)),
-    ("torch/optim/", DYNAMO_RECOMPILE, "", None): Case(FIXTURES / "dynamo_loop.py", ("exponential_lr",), ("tensor_lr",)),
+    ("torch/optim/", DYNAMO_RECOMPILE, "", None): Case(FIXTURES / "dynamo_loop.py", ("exponential_lr",),
+                                                      ("tensor_lr",)),
 }
 FALLBACK_CASES = {"aten::_unique2": Case(FIXTURES / "unique_counts.py", (), ("--fixed",))}
 

@@ -184,7 +184,8 @@ CAUSES = (
           problem="torch.inference_mode() at {where} on an XLA device: torch_xla cannot run this model under it "
                   "({error})"),
     Cause(MARK_DYNAMIC, "remove mark_dynamic there and give every batch one shape (drop_last=True, or pad/bucket "
-                        "to fixed sizes)", error="as dynamic but your code specialized it",  # ConstraintViolationError
+                        "to fixed sizes)",
+          error="as dynamic but your code specialized it",  # in dynamo's ConstraintViolationError
           problem="torch._dynamo.mark_dynamic at {where}: torch_xla compiles one graph per shape, so dynamo "
                   "specialized the marked dimension and refused the mark (ConstraintViolationError)"),
 )
