@@ -44,7 +44,8 @@ def summary_of(out: Path) -> dict:
 
 def graph(hash: str, phase: str = "train", step: int | None = 0, where: str = "", kind: str = "warmup"):
     """A checker's graph record (neuron_train.graphs.records.Graph) with what coverage reads."""
-    from neuron_train.graphs.records import WARMUP, Graph
+    from neuron_train.graphs.causes import WARMUP
+    from neuron_train.graphs.records import Graph
 
     return Graph(hash=hash, phase=phase, step=step, compile_time_s=None, kind=kind, cause=WARMUP, detail="",
                  where=where, trigger="sync", site=[where] if where else [], inputs=-1, outputs=-1)

@@ -23,6 +23,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import hlo_diff
+from neuron_train.graphs.causes import (
+    DYNAMO_EAGER,
+    DYNAMO_RECOMPILE,
+    GRAPH_BREAK,
+    GROWING_GRAPH,
+    NEW_CALL_SITE,
+    NEW_INPUT_SHAPE,
+    UNKNOWN,
+    WARMUP,
+    error_problem,
+    fix_for,
+    read_cause,
+)
 from neuron_train.graphs.explain import (
     Context,
     Loaders,
@@ -34,22 +47,9 @@ from neuron_train.graphs.explain import (
 )
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.fixes import accumulation_remainder, fix_of
-from neuron_train.graphs.hostsync import HostSyncs, in_closure, read_cause, reads_by_line
+from neuron_train.graphs.hostsync import HostSyncs, in_closure, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import (
-    DYNAMO_EAGER,
-    DYNAMO_RECOMPILE,
-    GRAPH_BREAK,
-    GROWING_GRAPH,
-    NEW_CALL_SITE,
-    NEW_INPUT_SHAPE,
-    UNKNOWN,
-    WARMUP,
-    Graph,
-    GraphReport,
-    Window,
-    fix_for,
-)
+from neuron_train.graphs.records import ErrorNote, Graph, GraphReport, Window
 from neuron_train.graphs.report import dynamo_problems, recompile_problems, short
 
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
@@ -96,7 +96,7 @@ class Analyzer:
     library_of: Callable[[str], str] = field(default=lambda path: "")  # package-relative library file
     dynamo: list[DynamoEntry] = field(default_factory=list)  # torch.compile's recompiles, limits, graph breaks
     phases: set[str] = field(default_factory=set)       # phases of the windows seen so far
-    notes: list[str] = field(default_factory=list)     # known errors named with their fix (hooks)
+    notes: list[ErrorNote] = field(default_factory=list)  # known errors the run ended with (hooks)
     scheduled: bool = False     # an LR scheduler was made (hooks): it, not a line of the script, writes the LR
     optimizer_where: str = ""   # the user's line of the first optimizer step (hooks): where a sync goes
     split_read: tuple[str, str, str] | None = None  # (line, cause, library line) of a read whose graphs
@@ -228,7 +228,8 @@ class Analyzer:
             graph.kind, (graph.where, graph.cause, library) = "late", fresh_read
             read = ctx.reads.get(graph.where)
             graph.library = read.library if read is not None else library or graph.library
-            graph.fix = fix_for(graph.cause, graph.library, read is not None and read.padded)
+            graph.fix = fix_for(graph.cause, graph.library, read is not None and read.padded,
+                                read.function if read is not None else "")
             graph.detail = f"the step's graph changed because the read at {short(graph.where)} ran part of it first"
         elif graph.kind == "recompile" and dynamo:
             _dynamo_cause(graph, dynamo[0], ctx)  # dynamo recompiled: its guard says why
@@ -248,7 +249,7 @@ class Analyzer:
             read = ctx.reads.get(graph.where) if event.host_access else None
             graph.cause = read_cause(read.kind if read is not None else None) if event.host_access else NEW_CALL_SITE
             graph.library = (read.library if read is not None else "") or graph.library
-            graph.fix = fix_for(graph.cause, graph.library, read.padded) if read is not None else ""
+            graph.fix = fix_for(graph.cause, graph.library, read.padded, read.function) if read is not None else ""
         if graph.kind != "warmup" and not growth and not event.host_access:
             accumulation_remainder(graph, ctx)  # the Trainer's shorter last window: its setting, not the sync
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
@@ -345,7 +346,8 @@ class Analyzer:
         logging_steps = max((o.logging_steps for o in self.loaders.origins.values()), default=0)
         host, host_problems = self.host.report(self.steady_steps, self.steady_optimizer_steps, logging_steps)
         problems = (recompile_problems([g for g in graphs if g.kind == "recompile"])
-                    + dynamo_problems(self.dynamo) + host_problems + self.notes)
+                    + dynamo_problems(self.dynamo) + host_problems
+                    + [error_problem(n.cause, short(n.where) if n.where else "an unknown line") for n in self.notes])
         if max_graphs is not None and len(graphs) > max_graphs:
             problems.append(f"{len(graphs)} distinct graphs compiled, more than --max-graphs {max_graphs}")
         return GraphReport(warmup_steps=self.warmup_steps, steps=self.steps, graphs=graphs, host_syncs=host,

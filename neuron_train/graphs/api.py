@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 from neuron_train.common.errors import RunError
 from neuron_train.graphs import hooks
+from neuron_train.graphs.causes import own_fix
 from neuron_train.graphs.process import debug_env_kept, prepare_process
 from neuron_train.graphs.recorder import Recorder, process_recorder
-from neuron_train.graphs.records import FIXES, UNKNOWN, Graph, GraphReport
+from neuron_train.graphs.records import Graph, GraphReport
 from neuron_train.graphs.report import format_report
 
 
@@ -40,7 +41,7 @@ class GraphWatch:
 def describe_recompile(graph: Graph) -> str:
     return (f"recompilation after warm-up at step {graph.step} ({graph.phase}): {graph.cause} "
             f"at {graph.where or 'an unknown line'}" + (f" [{graph.detail}]" if graph.detail else "")
-            + f"; fix: {FIXES.get(graph.cause, FIXES[UNKNOWN])}")
+            + f"; fix: {own_fix(graph.cause)}")
 
 
 def assert_graph_stable(step_fn: Callable[..., object], steps: int = 8, warmup: int = 2,

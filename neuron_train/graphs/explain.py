@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from neuron_train.graphs import hlo_diff, source
-from neuron_train.graphs.findings import DynamoEntry
-from neuron_train.graphs.records import (
+from neuron_train.graphs.causes import (
     DATA_DEPENDENT,
     FSDP_AFTER_EVAL,
     GRAPH_STRUCTURE,
@@ -25,12 +24,9 @@ from neuron_train.graphs.records import (
     PYTHON_BRANCH,
     SLICE_SHAPE,
     UNKNOWN,
-    Graph,
-    LineReads,
-    LoaderOrigin,
-    ScalarChange,
-    Window,
 )
+from neuron_train.graphs.findings import DynamoEntry
+from neuron_train.graphs.records import Graph, LineReads, LoaderOrigin, ScalarChange, Window
 from neuron_train.graphs.report import short
 
 SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N by step"

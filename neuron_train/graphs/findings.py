@@ -16,7 +16,7 @@ class HostSync:
     """One line that read a device value after warm-up (graphs/hostsync.py builds it)."""
 
     where: str
-    kind: str                  # a HOST_READS key
+    kind: str                  # a causes.ReadKind kind
     what: str                  # how the report names the kind
     cause: str
     phase: str

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_train.graphs.records import (
-    ACCUMULATION_REMAINDER,
-    DATA_DEPENDENT,
-    FALLBACK_FIXES,
-    NEW_CONSTANT,
-    Graph,
-    ScalarChange,
-)
+from neuron_train.graphs.causes import ACCUMULATION_REMAINDER, DATA_DEPENDENT, FALLBACK_FIXES, NEW_CONSTANT
+from neuron_train.graphs.records import Graph, ScalarChange
 from neuron_train.graphs.report import short
 
 if TYPE_CHECKING:

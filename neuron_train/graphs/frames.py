@@ -42,18 +42,25 @@ def in_dynamo(is_internal: Callable[[str], bool], frame: FrameType | None) -> bo
     return False
 
 
-def library_line(is_internal: Callable[[str], bool], library_of: Callable[[str], str],
-                 frame: FrameType | None) -> str:
-    """`package/file.py:line` of the innermost third-party library frame below the user's line."""
+def library_caller(is_internal: Callable[[str], bool], library_of: Callable[[str], str],
+                   frame: FrameType | None) -> tuple[str, str]:
+    """(`package/file.py:line`, its function) of the innermost third-party library frame below the
+    user's line; ("", "") if none."""
     while frame is not None:
         path = frame.f_code.co_filename
         if not is_internal(path):
-            return ""
+            return "", ""
         name = library_of(path)
         if name:
-            return f"{name}:{frame.f_lineno}"
+            return f"{name}:{frame.f_lineno}", frame.f_code.co_name
         frame = frame.f_back
-    return ""
+    return "", ""
+
+
+def library_line(is_internal: Callable[[str], bool], library_of: Callable[[str], str],
+                 frame: FrameType | None) -> str:
+    """`package/file.py:line` of the innermost third-party library frame below the user's line."""
+    return library_caller(is_internal, library_of, frame)[0]
 
 
 def code_line(fn: object) -> str:

@@ -29,16 +29,13 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from neuron_train.graphs import dynamo, loaders, syncs
-from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_line
-from neuron_train.graphs.records import ScalarChange
-from neuron_train.graphs.report import short
+from neuron_train.graphs.causes import ERRORS, INFERENCE_MODE, MARK_DYNAMIC, TENSOR_READS
+from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_caller
+from neuron_train.graphs.records import ErrorNote, ScalarChange
 from neuron_train.graphs.sink import HookSink
 
 __all__ = ["caller_line", "install"]
 
-# Tensor method -> the kind of host read it is (records.HOST_READS).
-_READS = {"item": "item", "tolist": "tolist", "__bool__": "bool", "__repr__": "print",
-          "__format__": "print", "cpu": "cpu", "numpy": "numpy", "__float__": "float", "__int__": "int"}
 REFUSED = "Unexpected execution happens inside the compiled function"  # torch_xla.compile(full_graph=True)
 _state = threading.local()
 
@@ -79,7 +76,7 @@ def _wrap_reads(recorder: HookSink) -> list[Callable[[], None]]:
     import torch
 
     undo = []
-    for name, kind in _READS.items():
+    for name, kind in TENSOR_READS.items():
         own = torch.Tensor.__dict__.get(name)
         original = getattr(torch.Tensor, name)
         setattr(torch.Tensor, name, _read_wrapper(recorder, original, kind))
@@ -95,9 +92,9 @@ def _read_wrapper(recorder: HookSink, original: Callable[..., Any], kind: str) -
         if depth == 0 and self.device.type == "xla" and not in_dynamo(analyzer.is_internal, sys._getframe(1)):
             where = caller_line(analyzer.is_internal, sys._getframe(1))
             if where:
-                noted = recorder.note_read(kind, where, library_line(analyzer.is_internal, analyzer.library_of,
-                                                                     sys._getframe(1)),
-                                           compiled=getattr(_state, "compiled_calls", 0) > 0)
+                library, function = library_caller(analyzer.is_internal, analyzer.library_of, sys._getframe(1))
+                noted = recorder.note_read(kind, where, library, compiled=getattr(_state, "compiled_calls", 0) > 0)
+                noted.function = function  # the library fix may depend on it (transformers' masking_utils)
         _state.depth = depth + 1
         try:
             result = original(self, *args, **kwargs)
@@ -279,9 +276,6 @@ def _count_compiled_calls(recorder: HookSink) -> Callable[[], None]:
     return lambda: setattr(OptimizeContext, "__init__", original)
 
 
-INFERENCE_TENSOR = "Cannot set version_counter for inference tensor"  # torch_xla under inference_mode
-
-
 def _watch_inference_mode(recorder: HookSink) -> Callable[[], None]:
     """Note the user's line that entered torch.inference_mode(): torch_xla cannot run every model
     under it (timm's validate(): `RuntimeError: Cannot set version_counter for inference tensor`)."""
@@ -291,15 +285,12 @@ def _watch_inference_mode(recorder: HookSink) -> Callable[[], None]:
     original = cls.__enter__
 
     def __enter__(self: Any) -> Any:
-        if getattr(self, "mode", True) and not recorder.inference_mode_at:
-            recorder.inference_mode_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        if getattr(self, "mode", True) and not recorder.error_lines.get(INFERENCE_MODE):
+            recorder.error_lines[INFERENCE_MODE] = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         return original(self)
 
     setattr(cls, "__enter__", __enter__)  # noqa: B010  (a deliberate method patch: mypy's method-assign)
     return lambda: setattr(cls, "__enter__", original)
-
-
-MARKED_DYNAMIC = "as dynamic but your code specialized it"  # dynamo's ConstraintViolationError
 
 
 def _watch_mark_dynamic(recorder: HookSink) -> Callable[[], None]:
@@ -310,7 +301,7 @@ def _watch_mark_dynamic(recorder: HookSink) -> Callable[[], None]:
     original = torch._dynamo.mark_dynamic
 
     def mark_dynamic(*args: Any, **kwargs: Any) -> Any:
-        recorder.mark_dynamic_at = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
+        recorder.error_lines[MARK_DYNAMIC] = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
         return original(*args, **kwargs)
 
     torch._dynamo.mark_dynamic = mark_dynamic
@@ -324,18 +315,8 @@ def _own_errors_only(recorder: HookSink) -> Callable[[], None]:
     previous = sys.excepthook
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-        if INFERENCE_TENSOR in str(value):
-            where = recorder.inference_mode_at
-            recorder.analyzer.notes.append(
-                f"torch.inference_mode() at {short(where) if where else 'an unknown line'} on an XLA device: "
-                f"torch_xla cannot run this model under it ({INFERENCE_TENSOR}); fix: use torch.no_grad() there")
-        if MARKED_DYNAMIC in str(value):
-            where = recorder.mark_dynamic_at
-            recorder.analyzer.notes.append(
-                f"torch._dynamo.mark_dynamic at {short(where) if where else 'an unknown line'}: torch_xla compiles "
-                "one graph per shape, so dynamo specialized the marked dimension and refused the mark "
-                "(ConstraintViolationError); fix: remove mark_dynamic there and give every batch one shape "
-                "(drop_last=True, or pad/bucket to fixed sizes)")
+        recorder.analyzer.notes += [ErrorNote(cause.name, recorder.error_lines.get(cause.name, ""))
+                                    for cause in ERRORS if cause.error in str(value)]
         previous(kind, value, _strip(value, tb))
 
     sys.excepthook = excepthook

@@ -11,19 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import source
+from neuron_train.graphs.causes import COMPILED_READ, HOST_READ, fix_for, read_cause, read_what
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import (
-    COMPILED_READ,
-    HOST_ACCESS,
-    HOST_READ,
-    HOST_READS,
-    READ_CAUSES,
-    LineReads,
-    Window,
-    fix_for,
-)
+from neuron_train.graphs.records import LineReads, Window
 from neuron_train.graphs.report import at, short
 
 
@@ -37,7 +29,7 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
     """Host reads of a window by line: from the hooks and from the log's host-access runs."""
     lines: dict[str, LineReads] = {}
     for read in w.reads:
-        entry = lines.setdefault(read.where, LineReads(read.kind, read.phase, read.library))
+        entry = lines.setdefault(read.where, LineReads(read.kind, read.phase, read.library, function=read.function))
         entry.hooked += 1
         entry.padded = entry.padded or read.answer is False
         if read.compiled:
@@ -52,19 +44,16 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
     return lines
 
 
-def read_cause(kind: str | None) -> str:
-    return READ_CAUSES.get(kind, HOST_ACCESS) if kind is not None else HOST_ACCESS
-
-
 @dataclass
 class _Tally:
     """A host sync being built, and what only the builder needs: the windows and optimizer steps
-    it read in, and whether a read answered False (a padded batch)."""
+    it read in, whether a read answered False (a padded batch), and the library function that read."""
 
     sync: HostSync
     windows: set[int] = field(default_factory=set)
     optimizer_steps: set[int] = field(default_factory=set)
     padded: bool = False
+    function: str = ""
 
 
 @dataclass
@@ -89,6 +78,7 @@ class HostSyncs:
                     entry.cause = COMPILED_READ
                 entry.library = entry.library or read.library
                 tally.padded |= read.padded
+                tally.function = tally.function or read.function
                 entry.count += max(read.hooked, read.runs)
                 entry.executes_graph |= read.runs > 0
                 tally.windows.add(index)
@@ -105,7 +95,7 @@ class HostSyncs:
 
     def _tally(self, where: str, kind: str, phase: str) -> _Tally:
         if where not in self.host:
-            self.host[where] = _Tally(HostSync(where, kind, HOST_READS[kind], read_cause(kind), phase))
+            self.host[where] = _Tally(HostSync(where, kind, read_what(kind), read_cause(kind), phase))
         return self.host[where]
 
     def _fallbacks(self, w: Window, reads: dict[str, LineReads], step: int | None, site: str) -> None:
@@ -130,7 +120,7 @@ class HostSyncs:
             h = replace(tally.sync, steps=list(tally.sync.steps))
             if not h.executes_graph:
                 h.cause = HOST_READ
-            h.fix = fix_for(h.cause, h.library, tally.padded)
+            h.fix = fix_for(h.cause, h.library, tally.padded, tally.function)
             logged = _trainer_log(tally, logging_steps)
             h.fix = logged or h.fix
             # A read in most steady steps is part of the step itself, not an occasional log or eval.

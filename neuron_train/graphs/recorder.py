@@ -85,8 +85,9 @@ class Recorder:
         self.loop_steps = False     # True once a GraphWatch numbers the steps
         self.sync_steps = 0         # syncs that ran a graph (the step count of a foreign script)
         self.syncs = 0              # syncs and compiled calls, ran a graph or not
-        self.inference_mode_at = ""  # the user's line that first entered torch.inference_mode()
-        self.mark_dynamic_at = ""    # the user's line that last called torch._dynamo.mark_dynamic
+        # a cause with an `error` -> the user's line that leads to it: the first torch.inference_mode()
+        # entered, the last torch._dynamo.mark_dynamic called
+        self.error_lines: dict[str, str] = {}
         self.compiled_at = ""       # the user's line of the last torch.compile'd call: dynamo's graphs
                                     # are logged with too few frames to reach it
         self.eager_mode = bool(self._xlac._get_use_eager_mode())  # hooks.install: ever turned on

@@ -1,4 +1,4 @@
-"""The checker's vocabulary: causes, their fixes, and the typed records that cross its modules.
+"""The typed records that cross the checker's modules (its causes and their fixes: graphs/causes.py).
 
 A *window* is everything one process did between two step ends (log events, compiles the counters
 saw, host reads, CPU fallbacks); the analyzer turns windows into `Graph` records. A report's JSON
@@ -15,155 +15,18 @@ from neuron_train.graphs.findings import DynamoEntry, FallbackOp, HostSync, Proc
 from neuron_train.graphs.log import XlaEvent
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"  # the merged report's "format" (check-graphs --json)
-WARMUP = "warm-up"
-NEW_CALL_SITE = "new call site"
-HOST_ACCESS = "host access before sync"
-VALUE_BRANCH = "value-dependent control flow"
-DATA_DEPENDENT = "data-dependent shape"
-HOST_READ = "host read after the sync"       # a copy that waits for the device; no extra graph
-COMPILED_READ = "host access inside torch.compile"  # a read in a compiled call: a graph break, a wait mid-step
-NEW_INPUT_SHAPE = hlo_diff.NEW_INPUT_SHAPE
-NEW_CONSTANT = hlo_diff.NEW_CONSTANT
-GRAPH_STRUCTURE = hlo_diff.GRAPH_STRUCTURE
-SLICE_OFFSET = hlo_diff.SLICE_OFFSET
-UNKNOWN = hlo_diff.UNKNOWN
-DYNAMO_RECOMPILE = "dynamo recompilation"    # a guard of a torch.compile'd function failed
-DYNAMO_EAGER = "dynamo fell back to eager"   # recompile limit reached: the function runs op by op
-GRAPH_BREAK = "graph break"                  # torch.compile split a function (reported, not a defect)
-PYTHON_BRANCH = "Python branch"              # a Python `if` chose which ops a step traced
-SLICE_SHAPE = "slice-made shape"             # a slice with a computed length made an input's shape
-GROWING_CONCAT = "tensor grown by concatenation"  # torch.cat onto the last run's result: a new length each run
-GROWING_GRAPH = "graph grows every step"     # no sync ends the step: each graph holds every step before it
-FSDP_AFTER_EVAL = "one-time graph after evaluation"  # torch_xla FSDP: parameters an evaluation left gathered
-ACCUMULATION_REMAINDER = "gradient-accumulation remainder"  # an epoch's last window has fewer micro-batches
-
-FIXES = {
-    NEW_CALL_SITE: "precompile must run this code path too (e.g. an evaluation in the precompile run)",
-    HOST_ACCESS: "read values after the step's sync, in xm.add_step_closure(...)",
-    VALUE_BRANCH: "compute both branches and pick with torch.where instead of a Python `if` on a tensor",
-    DATA_DEPENDENT: "keep shapes static: mask (torch.where, multiply by a 0/1 mask) instead of "
-                    "nonzero() or boolean indexing",
-    NEW_INPUT_SHAPE: "give every batch the same shape: drop_last=True, or pad/bucket to fixed sizes",
-    NEW_CONSTANT: "avoid the exact values 0 and 1 for Python scalars that change (start a warm-up "
-                  "above 0, or pass the value as a device tensor)",
-    GRAPH_STRUCTURE: "make slice and loop lengths fixed (pad to the maximum length and mask)",
-    HOST_READ: "fine once in a while; in every step, move it into xm.add_step_closure(...)",
-    COMPILED_READ: "return the tensor from the compiled function and read it after the call's sync "
-                   "(torch_xla.sync(), or in xm.add_step_closure(...)): inside the compiled step the read "
-                   "breaks its graph in two and waits for the device mid-step",
-    UNKNOWN: "no difference the checker reads (input shapes, constants, ops, slice bounds) tells the two graphs "
-             "apart: torch_xla's hash also covers what the HLO text leaves out (input layouts and shardings, "
-             "donated buffers); diff the two graphs' HLO (XLA_FLAGS=--xla_dump_to=DIR, "
-             "*.before_optimizations.txt of the two hashes) and keep whatever differs the same every step",
-    FSDP_AFTER_EVAL: "nothing to change in the script: one more training graph, compiled once and run again after "
-                     "every evaluation; precompile covers it when its tour runs a training step after the first "
-                     "evaluation: a DataLoader-fed loop's default tour does (past the first epoch's end), else "
-                     "raise --steps past the first evaluation (precompile names the --steps that reach it)",
-    SLICE_OFFSET: "slice on the host: keep the data on the CPU and move each batch to the device "
-                  "(`source[i:i + n].to(device)`): one graph for every offset; a slice of a device tensor "
-                  "at a Python offset bakes the offset into the step's graph",
-    DYNAMO_RECOMPILE: "keep what the failed guard checks constant: pass a changing Python number as a "
-                      "tensor (e.g. the optimizer's lr=torch.tensor(0.01)), give every batch one shape",
-    DYNAMO_EAGER: "remove the recompilations above; raising torch._dynamo.config.recompile_limit only "
-                  "compiles more graphs",
-    PYTHON_BRANCH: "make the choice on the device (torch.where, or multiply by a 0/1 mask) so one graph "
-                   "serves every path, or keep the branch out of the traced step (sync before it; for an "
-                   "accumulation remainder, sync every micro-batch or give every window the same length)",
-    SLICE_SHAPE: "cut to a few fixed lengths (buckets, each compiled once and precompiled) or pad to one "
-                 "fixed length and mask the padding",
-    GROWING_CONCAT: "collect per-step results without growing a device tensor: append each one to a "
-                    "Python list and torch.cat once after the loop, or move each to the CPU after the step's "
-                    "sync (in xm.add_step_closure)",
-    GROWING_GRAPH: "end every step with a sync: torch_xla.sync() (or xm.mark_step()) right after the "
-                   "optimizer step, or iterate the loader through torch_xla's MpDeviceLoader, which syncs at "
-                   "each step's end",
-    ACCUMULATION_REMAINDER: "make the batches per epoch a multiple of gradient_accumulation_steps (the dataset's "
-                            "size, the batch size or gradient_accumulation_steps), or accept the one extra "
-                            "step graph (compiled once, run every epoch) and precompile it",
-    GRAPH_BREAK: "fine when it is outside the step's hot path; torch._dynamo.explain(fn)(*args) lists them",
-}
-
-# CPU fallback ops whose result has a data-dependent length, and the fixed-length way to the same values.
-FALLBACK_FIXES = {
-    "aten::_unique2":
-        "count with a fixed length: torch.nn.functional.one_hot(labels, num_classes).sum(0) counts every class "
-        "(0 for one a batch lacks), where torch.unique(..., return_counts=True) returns only the classes present, "
-        "a length that depends on the data (and runs on the CPU)",
-}
-
-HOST_MIXUP = ("timm's Mixup/CutMix on device tensors draws a new box (and mixing factor) every batch, so every "
-              "batch is a new graph: apply Mixup/CutMix on the host, in the data loader (the DataLoader's "
-              "collate_fn, e.g. timm's FastCollateMixup), or `neuron-train train --mixup/--cutmix`, which "
-              "mixes on the host; the device then gets one batch shape and soft targets as data")
-
-# Patterns confirmed on real runs inside libraries (tests/graphs/test_scripts.py): (library file, cause) -> a
-# fix the user can apply from their own code. The library line alone is not actionable.
-LIBRARY_FIXES = {
-    ("transformers/masking_utils.py", VALUE_BRANCH):
-        "transformers asks `padding_mask.all()` in every forward to skip the mask when nothing is padded; "
-        "with fixed-length, unpadded batches leave `attention_mask` out of the batch (your dataset or "
-        "collator): the model then builds no mask and reads nothing",
-    ("transformers/trainer.py", NEW_INPUT_SHAPE):
-        "TrainingArguments(dataloader_drop_last=True) for a ragged last batch; for varying lengths pad every "
-        "batch to one length (a collator with padding=\"max_length\", or pad_to_multiple_of for a few buckets)",
-    ("transformers/trainer_pt_utils.py", GROWING_CONCAT):
-        "the Trainer's evaluation loop concatenates every eval batch's losses, logits and labels onto the "
-        "last ones on the device (a new length, so a new graph, per batch): TrainingArguments("
-        "eval_accumulation_steps=1) moves each batch's results to the CPU after its step and concatenates "
-        "there; prediction_loss_only=True does not help (the losses are still concatenated)",
-    ("transformers/data/data_collator.py", NEW_INPUT_SHAPE):
-        "the collator pads each batch to its own longest sample (dynamic padding: a new length, so a new "
-        "graph, per batch): DataCollatorWithPadding(tokenizer, padding=\"max_length\", max_length=N) for one "
-        "length, or pad_to_multiple_of=M for a few (each compiled once: precompile them)",
-    ("accelerate/", NEW_INPUT_SHAPE):
-        "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate keeps it), or "
-        "pad/bucket to fixed sizes",
-    ("timm/data/mixup.py", SLICE_SHAPE): HOST_MIXUP,
-    ("timm/data/mixup.py", NEW_CONSTANT): HOST_MIXUP,   # a box clipped to nothing: lam exactly 1
-    ("timm/data/mixup.py", GRAPH_STRUCTURE): HOST_MIXUP,
-    ("torch/optim/", DYNAMO_RECOMPILE):
-        "dynamo guards on the optimizer's Python hyperparameters: a scheduler that changes a float LR "
-        "recompiles the optimizer step every step; create the optimizer with lr=torch.tensor(LR) "
-        "(the scheduler then updates the tensor in place)",
-}
-
-
-# The same library lines when the read answered False: transformers' `padding_mask.all()` on padded batches.
-# Verified on transformers 5.24 (BertModel, sdpa): a 4D bool mask gives the same outputs and no read.
-PADDED_FIXES = {
-    ("transformers/masking_utils.py", VALUE_BRANCH):
-        "transformers asks `padding_mask.all()` in every forward to skip the mask when nothing is padded; these "
-        "batches are padded (the mask it read has zeros), so keep `attention_mask` (leaving it out would attend "
-        "to the padding): hand the model a prepared 4D mask, which masking_utils uses as is without reading it "
-        "(attention_mask[:, None, None, :].bool() for the sdpa attention), in your collator or before the forward",
-}
-
-
-def fix_for(cause: str, library: str, padded: bool = False) -> str:
-    """The fix for a finding: the library-aware one when the library line matches a known pattern (the
-    padded-batch one when the library's read answered False)."""
-    for (prefix, known), text in [*(PADDED_FIXES.items() if padded else ()), *LIBRARY_FIXES.items()]:
-        if known == cause and library.startswith(prefix):
-            return text
-    return FIXES.get(cause, FIXES[UNKNOWN])
-
-
-# Host reads recorded by the hooks: kind -> how the report names it.
-HOST_READS = {"item": ".item()", "bool": "Python if/bool() on a tensor", "print": "printing a tensor",
-              "tolist": ".tolist()", "cpu": ".cpu()", "numpy": ".numpy()", "float": "float()",
-              "int": "int()", "value": "a tensor value read", "fallback": "a CPU fallback op"}
-READ_CAUSES = {"bool": VALUE_BRANCH, "fallback": DATA_DEPENDENT}
 SCALAR_READ = "aten::_local_scalar_dense"  # a host read of one value, counted like a fallback op
 
 
 @dataclass
 class HostRead:
-    kind: str        # a HOST_READS key
+    kind: str        # a causes.ReadKind kind
     where: str       # the innermost user line
     phase: str
     library: str = ""  # the library line that read it (`transformers/masking_utils.py:369`), if any
     compiled: bool = False  # inside a torch.compile'd call: dynamo broke the step's graph there
     answer: bool | None = None  # what a bool() read answered (False from `padding_mask.all()`: padded)
+    function: str = ""  # the library function that read it (`_ignore_causal_mask_sdpa`), if any
 
 
 @dataclass
@@ -171,13 +34,22 @@ class LineReads:
     """A window's host reads at one line (graphs/hostsync.py `reads_by_line`): the hooks' reads and
     the log's host-access runs there."""
 
-    kind: str            # a HOST_READS key
+    kind: str            # a causes.ReadKind kind
     phase: str
     library: str = ""
     hooked: int = 0      # reads the hooks saw
     runs: int = 0        # graphs the log saw it run before the sync
     padded: bool = False  # a bool() read answered False (a padded batch's mask)
     compiled: bool = False  # inside a torch.compile'd call
+    function: str = ""   # the library function that read (HostRead.function)
+
+
+@dataclass
+class ErrorNote:
+    """A known error the run ended with (an uncaught exception the hooks matched to a cause's `error`)."""
+
+    cause: str   # a causes.Cause name
+    where: str   # the user's line that led to it; "" when none was seen
 
 
 @dataclass
@@ -278,7 +150,7 @@ class Graph:
     outputs: int
     executions: int = 0            # how often it ran (filled in by the summary)
     library: str = ""              # the library line that ran it, or made the shape (package-relative)
-    fix: str = ""                  # what to change (library-aware); FIXES[cause] when ""
+    fix: str = ""                  # what to change (library-aware); causes.own_fix(cause) when ""
 
 
 @dataclass

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
+from neuron_train.graphs.causes import ACCUMULATION_REMAINDER, fix_for
 from neuron_train.graphs.findings import DynamoEntry
-from neuron_train.graphs.records import ACCUMULATION_REMAINDER, Graph, GraphReport, fix_for
+from neuron_train.graphs.records import Graph, GraphReport
 
 
 def format_report(r: GraphReport) -> str:

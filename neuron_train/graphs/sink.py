@@ -10,11 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from neuron_train.graphs.records import Batch, DynamoNote, Graph, HostRead, LoaderOrigin, ScalarChange
+from neuron_train.graphs.records import (
+    Batch,
+    DynamoNote,
+    ErrorNote,
+    Graph,
+    HostRead,
+    LoaderOrigin,
+    ScalarChange,
+)
 
 
 class AnalyzerView(Protocol):
-    notes: list[str]                     # known errors named with their fix
+    notes: list[ErrorNote]               # known errors the run ended with
     optimizer_where: str                 # the user's line of the first optimizer step
     scheduled: bool                      # an LR scheduler was made
 
@@ -30,8 +38,7 @@ class AnalyzerView(Protocol):
 class HookSink(Protocol):
     compiled_at: str         # the user's line of the last torch.compile'd call
     eager_mode: bool         # torch_xla's eager mode was ever on
-    inference_mode_at: str   # the user's line that first entered torch.inference_mode()
-    mark_dynamic_at: str     # the user's line that last called torch._dynamo.mark_dynamic
+    error_lines: dict[str, str]  # a cause with an `error` -> the user's line that leads to it (hooks.py)
     lines: bool              # trace ops with their Python line
     loop_steps: bool         # our loop numbers the steps
     sync_steps: int          # syncs that ran a graph

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_train.graphs import records
+from neuron_train.graphs import causes
 from neuron_train.graphs.log import Frame, XlaEvent
 from tests.graphs.test_analyzer_rules import DYNAMO, SYNC, analyzer_of, program, through
 from tests.graphs.test_graphs import ACCESS, window
@@ -85,7 +85,7 @@ def test_growth_in_steps_that_are_not_consecutive_is_no_loop_without_a_sync():
             events = through(f"E{step}", 33, cause=ACCESS) + events
             hlo = {0: program(100 * (step - 1) // 2)}
         found += analyzer.observe(window(step, *events, hlo=hlo))
-    assert [g.cause for g in found if g.cause == records.GROWING_GRAPH] == []
+    assert [g.cause for g in found if g.cause == causes.GROWING_GRAPH] == []
 
 
 def test_growth_in_three_consecutive_steps_is_a_loop_without_a_sync():
@@ -99,7 +99,7 @@ def test_growth_in_three_consecutive_steps_is_a_loop_without_a_sync():
             events = through(f"E{step}", 33, cause=ACCESS) + events
             hlo = {0: program(100 * (step - 2))}
         found += analyzer.observe(window(step, *events, hlo=hlo))
-    assert [(g.hash, g.cause) for g in found] == [("E5", records.GROWING_GRAPH)]
+    assert [(g.hash, g.cause) for g in found] == [("E5", causes.GROWING_GRAPH)]
 
 
 def test_a_dynamo_graph_is_named_at_the_compiled_call_only_when_every_logged_frame_is_inside_torch():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_train.graphs import format_report, hlo_diff, records
+from neuron_train.graphs import causes, format_report, hlo_diff, records
 from neuron_train.graphs.log import Frame, XlaEvent
 from tests.graphs.test_analyzer_rules import SITE_PACKAGES, SYNC, TRAINER, analyzer_of, through
 from tests.graphs.test_graphs import ACCESS, LIBS, window
@@ -34,7 +34,7 @@ def test_an_lr_that_leaves_exactly_1_is_a_recompilation_from_a_constant_not_the_
     moved = records.ScalarChange(0, "lr", 0.7, "/u/t.py:16", "StepLR")
     found = analyzer.observe(window(3, *through("R", 28, cause=ACCESS), *through("B", 24, SYNC),
                                     hlo={2: update(True)}, scalars=[moved]))
-    assert [(g.hash, g.cause, g.where) for g in found] == [("B", records.NEW_CONSTANT, "/u/t.py:16")]
+    assert [(g.hash, g.cause, g.where) for g in found] == [("B", causes.NEW_CONSTANT, "/u/t.py:16")]
     b = analyzer.graphs["B"]
     assert "set by the StepLR made at /u/t.py:16 (it was exactly 0 or 1 until then" in b.detail
     assert b.fix.startswith("start lr away from exactly 0 and 1 (e.g. 0.999 rather than 1.0")
@@ -45,9 +45,9 @@ EPOCH_END = Frame("_run_epoch", f"{SITE_PACKAGES}/transformers/trainer.py", 1979
 
 
 @pytest.mark.parametrize("samples,optimizer_step,cause", [
-    (80, True, records.ACCUMULATION_REMAINDER),  # 10 batches of 8, windows of 3: 3, 3, 3, 1
-    (72, True, records.NEW_CALL_SITE),           # 9 batches: every window has 3
-    (80, False, records.NEW_CALL_SITE),          # no optimizer step in the window: not a training step
+    (80, True, causes.ACCUMULATION_REMAINDER),  # 10 batches of 8, windows of 3: 3, 3, 3, 1
+    (72, True, causes.NEW_CALL_SITE),           # 9 batches: every window has 3
+    (80, False, causes.NEW_CALL_SITE),          # no optimizer step in the window: not a training step
 ])
 def test_a_trainers_shorter_last_accumulation_window_names_the_setting_and_the_arithmetic(
         samples, optimizer_step, cause):
@@ -64,7 +64,7 @@ def test_a_trainers_shorter_last_accumulation_window_names_the_setting_and_the_a
     late = analyzer.graphs["L"]
     assert (late.kind, late.cause, late.where, late.library) == (
         "late", cause, "/u/t.py:122", "transformers/trainer.py:1979")
-    if cause == records.ACCUMULATION_REMAINDER:
+    if cause == causes.ACCUMULATION_REMAINDER:
         assert late.detail == (
             "TrainingArguments(gradient_accumulation_steps=3) with 10 batches an epoch (the DataLoader at "
             "/u/t.py:122: 80 samples, batch_size 8): windows of 3, 3, 3, 1 batches; the epoch's last window "
@@ -100,8 +100,8 @@ def test_a_fallback_op_that_ran_no_graph_is_named_at_the_users_call_of_it(tmp_pa
     run(1, "A", 3, True)
     run(2, "A", 3, False)
     [new] = run(3, "B", 2, True)
-    assert (new.cause, new.where, new.library) == (records.DATA_DEPENDENT, f"{script}:4", "")
-    assert new.fix == records.FALLBACK_FIXES["aten::_unique2"] and sync != new.where
+    assert (new.cause, new.where, new.library) == (causes.DATA_DEPENDENT, f"{script}:4", "")
+    assert new.fix == causes.FALLBACK_FIXES["aten::_unique2"] and sync != new.where
     assert analyzer.summary().fallback_ops["aten::_unique2"].where == [f"{script}:4"]
 
 
@@ -119,7 +119,7 @@ def test_a_dropout_p_written_to_exactly_0_by_a_callback_is_named_at_the_write():
         analyzer.observe(window(step, *through("A", 139, SYNC, TRAINER, compiled=step == 1), hlo={0: with_dropout}))
     write = records.ScalarChange(-1, "p", 0.0, "/u/t.py:84", "", module="Dropout")
     [new] = analyzer.observe(window(3, *through("B", 139, SYNC, TRAINER), hlo={0: without}, scalars=[write]))
-    assert (new.cause, new.where, new.library) == (records.NEW_CONSTANT, "/u/t.py:84", "")
+    assert (new.cause, new.where, new.library) == (causes.NEW_CONSTANT, "/u/t.py:84", "")
     assert "Dropout.p = 0.0 written at /u/t.py:84: it reached exactly 0 or 1" in new.detail
     assert new.fix.startswith("keep Dropout.p away from exactly 0 and 1 where it is written: end an anneal just "
                               "above 0 (p = max(1e-6, ...))")
@@ -173,11 +173,11 @@ def slice_at(start: int) -> hlo_diff.HloSummary:
 
 def test_graphs_that_differ_only_in_a_slices_bounds_are_a_slice_offset_at_the_slice():
     why = hlo_diff.explain(slice_at(10), slice_at(15), LIBS)
-    assert (why.cause, why.where) == (records.SLICE_OFFSET, "/u/t.py:18")
+    assert (why.cause, why.where) == (causes.SLICE_OFFSET, "/u/t.py:18")
     assert why.detail == ("2 ops in both; slice s64[5,8] of the same tensor at {[10:15], [0:8]} -> "
                           "{[15:20], [0:8]}: its offset is baked into the graph, a new graph per offset")
-    assert hlo_diff.explain(slice_at(10), slice_at(10), LIBS).cause == records.UNKNOWN
-    assert "check-graphs" not in records.FIXES[records.UNKNOWN]  # never sends the user back to the checker
+    assert hlo_diff.explain(slice_at(10), slice_at(10), LIBS).cause == causes.UNKNOWN
+    assert "check-graphs" not in causes.FIXES[causes.UNKNOWN]  # never sends the user back to the checker
 
 
 @pytest.mark.parametrize("log_compiles,kind", [
@@ -198,7 +198,7 @@ def test_the_rest_of_a_step_a_log_read_split_is_the_reads_while_graphs_keep_comp
     assert (s.kind, [g.hash for g in found]) == (kind, [] if kind == "late" else ["S"])
     if kind == "late":
         assert (s.cause, s.where, s.library) == (
-            records.HOST_ACCESS, "/u/t.py:142", "transformers/trainer_pt_utils.py:194")
+            causes.HOST_ACCESS, "/u/t.py:142", "transformers/trainer_pt_utils.py:194")
 
 
 def fsdp_step(barriers: int, inputs: int) -> hlo_diff.HloSummary:
@@ -218,6 +218,6 @@ def test_fsdps_first_training_step_after_an_evaluation_is_named_as_such_not_as_t
     found = analyzer.observe(window(3, *through("R", 27, cause=ACCESS), *through("B", 22, SYNC),
                                     hlo={2: fsdp_step(18, 12)}))
     assert [(g.hash, g.kind, g.cause, g.where, g.library) for g in found] == [
-        ("B", "recompile", records.FSDP_AFTER_EVAL, "/u/t.py:22", "")]
+        ("B", "recompile", causes.FSDP_AFTER_EVAL, "/u/t.py:22", "")]
     assert found[0].detail.startswith("8 -> 12 inputs, ")
-    assert found[0].fix == records.FIXES[records.FSDP_AFTER_EVAL] and "precompile covers it" in found[0].fix
+    assert found[0].fix == causes.FIXES[causes.FSDP_AFTER_EVAL] and "precompile covers it" in found[0].fix

@@ -6,7 +6,7 @@ Pure and fast; each fails with its guard removed.
 
 from __future__ import annotations
 
-from neuron_train.graphs import records
+from neuron_train.graphs import causes, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame
 from tests.graphs.test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
@@ -36,4 +36,4 @@ def test_a_late_graph_made_by_a_host_read_names_the_read():
     analyzer.observe(read)
     late = analyzer.graphs["R"]
     assert late.kind == "late" and late.where == "/u/t.py:12"
-    assert late.cause == records.VALUE_BRANCH != records.NEW_CALL_SITE
+    assert late.cause == causes.VALUE_BRANCH != causes.NEW_CALL_SITE

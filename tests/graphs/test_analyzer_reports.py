@@ -9,27 +9,26 @@ from dataclasses import replace
 
 import pytest
 
-from neuron_train.graphs import log, records
+from neuron_train.graphs import causes, log, records
 from neuron_train.graphs.analyzer import Analyzer
-from neuron_train.graphs.findings import DynamoEntry
-from neuron_train.graphs.log import Frame
-from neuron_train.graphs.records import (
+from neuron_train.graphs.causes import (
     DYNAMO_EAGER,
     DYNAMO_RECOMPILE,
     FIXES,
     GRAPH_BREAK,
-    LIBRARY_FIXES,
     NEW_INPUT_SHAPE,
     UNKNOWN,
     WARMUP,
-    DynamoNote,
-    Graph,
 )
+from neuron_train.graphs.findings import DynamoEntry
+from neuron_train.graphs.log import Frame
+from neuron_train.graphs.records import DynamoNote, Graph
 from tests.graphs.test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
+from tests.graphs.test_library_fixes import library_fix
 
 SGD = "step (torch/optim/sgd.py:105)"          # an optimizer step torch.compile compiled (dynamo.py's name)
 FORWARD = "forward (/u/model.py:20)"           # a user's compiled function
-TORCH_OPTIM_FIX = LIBRARY_FIXES[("torch/optim/", DYNAMO_RECOMPILE)]
+TORCH_OPTIM_FIX = library_fix("torch/optim/", DYNAMO_RECOMPILE)
 LIMIT = "torch._dynamo.config.recompile_limit (8) reached"
 NAMER = log.library_namer(("/lib/",), mechanism=("torch", "torch_xla"))
 TRAINER = Frame("training_step", "/lib/transformers/trainer.py", 99)
@@ -165,7 +164,7 @@ SIZE = "tensor 'L['x']' size mismatch at index 0. expected 8, actual 6"
 
 @pytest.mark.parametrize("library,fix", [
     ("", FIXES[NEW_INPUT_SHAPE]),
-    ("accelerate/data_loader.py:562", LIBRARY_FIXES[("accelerate/", NEW_INPUT_SHAPE)]),  # prepared by accelerate
+    ("accelerate/data_loader.py:562", library_fix("accelerate/", NEW_INPUT_SHAPE)),  # prepared by accelerate
 ], ids=["torch", "accelerate"])
 def test_a_ragged_last_batch_under_torch_compile_is_named_at_its_dataloader(library, fix):
     """30 samples in batches of 8: dynamo's size guard fails on the last batch of 6, fetched from the
@@ -193,7 +192,7 @@ def test_a_size_guard_with_no_ragged_loader_is_a_new_input_shape_at_the_users_li
     [graph] = analyzer.observe(window(3, *ran("B"), batches=[records.Batch("L1", ["f32[6,4]"])], dynamo=[note]))
     assert (graph.cause, graph.where, graph.library) == (NEW_INPUT_SHAPE, "/u/t.py:7", "")
     assert graph.detail == f"dynamo recompiled {function}: {SIZE}"
-    assert graph.fix == LIBRARY_FIXES[("transformers/trainer.py", NEW_INPUT_SHAPE)]
+    assert graph.fix == library_fix("transformers/trainer.py", NEW_INPUT_SHAPE)
 
 
 # ----- the problems lines of the lazy path ----------------------------------------------------------
@@ -264,7 +263,7 @@ def test_the_report_counts_executions_host_reads_and_the_graph_budget():
     assert [(g.hash, g.executions) for g in summary.graphs] == [("R", 4), ("A", 4), ("C", 0)]
     assert summary.problems == [
         f"recompilation at step 5 (train): {UNKNOWN} at /u/t.py:10",
-        f"{records.HOST_ACCESS}: .item() at /u/t.py:12 runs a graph before the step's sync in 2 of 3 steps "
+        f"{causes.HOST_ACCESS}: .item() at /u/t.py:12 runs a graph before the step's sync in 2 of 3 steps "
         "after warm-up"]
     assert (summary.scalar_reads_after_warmup, summary.warmup_steps, summary.source) == (2, 1, "pt_xla_debug")
     assert analyzer.summary(max_graphs=2).problems[2:] == ["3 distinct graphs compiled, more than --max-graphs 2"]
@@ -289,3 +288,16 @@ def test_the_first_count_includes_dynamos_recompilations_that_made_no_graph_of_t
     assert recompile_headline(report).startswith("recompilations: 2 (0 new graphs at warm call sites, 2 torch.compile")
     report.dynamo = []
     assert recompile_headline(report) == "recompilations (new graphs at warm call sites): 0"
+
+
+def test_a_known_error_the_run_ended_with_is_a_typed_note_named_at_its_line_with_its_fix():
+    """The hooks' excepthook notes an error it knows (torch_xla under inference_mode, dynamo refusing
+    mark_dynamic) as its cause and the user's line; the problem line is written from the cause table."""
+    analyzer = Analyzer(0, LIBS)
+    analyzer.notes += [records.ErrorNote(causes.INFERENCE_MODE, "/u/t.py:40"), records.ErrorNote(causes.MARK_DYNAMIC, "")]
+    assert analyzer.summary().problems == [
+        "torch.inference_mode() at /u/t.py:40 on an XLA device: torch_xla cannot run this model under it (Cannot "
+        "set version_counter for inference tensor); fix: use torch.no_grad() there",
+        "torch._dynamo.mark_dynamic at an unknown line: torch_xla compiles one graph per shape, so dynamo "
+        "specialized the marked dimension and refused the mark (ConstraintViolationError); fix: remove "
+        "mark_dynamic there and give every batch one shape (drop_last=True, or pad/bucket to fixed sizes)"]

@@ -10,20 +10,22 @@ from dataclasses import replace
 
 import pytest
 
-from neuron_train.graphs import hlo_diff, records
+from neuron_train.graphs import causes, hlo_diff, records
 from neuron_train.graphs.analyzer import Analyzer
+from neuron_train.graphs.causes import FIXES
 from neuron_train.graphs.log import Frame, XlaEvent, library_namer
-from neuron_train.graphs.records import FIXES, LIBRARY_FIXES
 from tests.graphs.test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
+from tests.graphs.test_library_fixes import library_fix
 
 SITE_PACKAGES = "/lib/site"  # under LIBS: not the user's code
 LIBRARY_OF = library_namer((SITE_PACKAGES,), ("torch", "torch_xla"))
 SYNC = Frame("sync", "/lib/torch_xla/torch_xla.py", 87)
 TRAINER = Frame("training_step", f"{SITE_PACKAGES}/transformers/trainer.py", 2000)
-MASK = Frame("sdpa_mask", f"{SITE_PACKAGES}/transformers/masking_utils.py", 369)
+ENCODER = "_ignore_bidirectional_mask_sdpa"  # the masking_utils function an encoder's (BERT's) mask is read in
+MASK = Frame(ENCODER, f"{SITE_PACKAGES}/transformers/masking_utils.py", 369)
 BOOL = Frame("__bool__", f"{SITE_PACKAGES}/torch/_tensor.py", 1)
 DYNAMO = Frame("__call__", f"{SITE_PACKAGES}/torch/_dynamo/eval_frame.py", 600)
-MASK_FIX = LIBRARY_FIXES[("transformers/masking_utils.py", records.VALUE_BRANCH)]
+MASK_FIX = library_fix("transformers/masking_utils.py", causes.VALUE_BRANCH, ENCODER, padded=False)
 
 
 def through(graph: str, line: int, *library: Frame, cause: str = "user torch_xla.sync",
@@ -45,7 +47,7 @@ def test_a_warmup_graph_is_recorded_with_its_step_compile_time_call_site_and_no_
     no_frames = XlaEvent(kind="compile", cause="user torch_xla.sync", graph_hash="N")
     analyzer.observe(window(1, compiled, sync_event("execute", "A", 10), no_frames, compile_times=[0.5, 0.25]))
     assert analyzer.graphs["A"] == records.Graph(
-        hash="A", phase="train", step=1, compile_time_s=0.5, kind="warmup", cause=records.WARMUP, detail="",
+        hash="A", phase="train", step=1, compile_time_s=0.5, kind="warmup", cause=causes.WARMUP, detail="",
         where="/u/t.py:10", trigger="sync", site=["/u/t.py:10"], inputs=5, outputs=7, library="", fix="")
     # torch_xla logged no Python frame: no line is made up
     assert (analyzer.graphs["N"].where, analyzer.graphs["N"].site, analyzer.graphs["N"].compile_time_s) == ("", [], 0.25)
@@ -60,12 +62,12 @@ def test_the_same_sync_line_in_another_phase_is_another_call_site():
     assert analyzer.observe(window(3, *ran("E"), phase="eval")) == []
     e = analyzer.graphs["E"]
     assert (e.kind, e.cause, e.phase, e.step, e.fix) == (
-        "late", records.NEW_CALL_SITE, "eval", 3, FIXES[records.NEW_CALL_SITE])
+        "late", causes.NEW_CALL_SITE, "eval", 3, FIXES[causes.NEW_CALL_SITE])
 
 
 @pytest.mark.parametrize("warmup_steps,kind,cause", [
-    (2, "late", records.NEW_CALL_SITE),   # the step after the last is past --warmup-steps 2
-    (3, "warmup", records.WARMUP),        # ... and still inside --warmup-steps 3
+    (2, "late", causes.NEW_CALL_SITE),   # the step after the last is past --warmup-steps 2
+    (3, "warmup", causes.WARMUP),        # ... and still inside --warmup-steps 3
 ])
 def test_a_graph_compiled_after_the_last_step_end_is_judged_as_the_next_step(warmup_steps, kind, cause):
     """The summary's trailing window (a final evaluation after the loop's last step end) is labelled
@@ -102,7 +104,7 @@ def test_a_read_before_the_sync_in_every_steady_step_fails_counted_over_the_step
     summary = analyzer.summary()
     [entry] = summary.host_syncs
     assert (entry.where, entry.library, entry.cause, entry.steps, entry.executes_graph,
-            entry.every_step) == ("/u/t.py:12", "transformers/masking_utils.py:369", records.HOST_ACCESS,
+            entry.every_step) == ("/u/t.py:12", "transformers/masking_utils.py:369", causes.HOST_ACCESS,
                                      [3, 4, 5, 6], True, True)
     assert summary.problems == [
         "host access before sync: a tensor value read at transformers/masking_utils.py:369, from /u/t.py:12 "
@@ -116,14 +118,15 @@ def test_a_library_read_that_splits_the_step_is_reported_at_the_read_with_the_li
     run = [through("A", 10, SYNC, TRAINER), through("A", 10, SYNC, TRAINER, compiled=False)]
     for step, events in enumerate(run, 1):
         analyzer.observe(window(step, *events))
-    hooked = records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369")
+    hooked = records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369",
+                              function=ENCODER)
     split = window(3, *through("R", 12, BOOL, MASK, cause=ACCESS), *through("B", 10, SYNC, TRAINER), reads=[hooked])
     assert analyzer.observe(split) == []
     read, step = analyzer.graphs["R"], analyzer.graphs["B"]
     assert (read.kind, read.cause, read.where, read.library, read.trigger, read.fix) == (
-        "late", records.VALUE_BRANCH, "/u/t.py:12", "transformers/masking_utils.py:369", "host access", MASK_FIX)
+        "late", causes.VALUE_BRANCH, "/u/t.py:12", "transformers/masking_utils.py:369", "host access", MASK_FIX)
     assert (step.kind, step.cause, step.where, step.library, step.trigger, step.fix) == (
-        "late", records.VALUE_BRANCH, "/u/t.py:12", "transformers/masking_utils.py:369", "sync", MASK_FIX)
+        "late", causes.VALUE_BRANCH, "/u/t.py:12", "transformers/masking_utils.py:369", "sync", MASK_FIX)
     assert step.detail == "the step's graph changed because the read at /u/t.py:12 ran part of it first"
     assert analyzer.graphs["A"].library == "transformers/trainer.py:2000"
 
@@ -140,33 +143,44 @@ def test_a_late_graph_run_by_a_sync_keeps_its_own_library_line_next_to_a_read_on
     assert analyzer.observe(window(3, *through("E", 30, SYNC, evaluate), reads=[logged], phase="eval")) == []
     e = analyzer.graphs["E"]
     assert (e.kind, e.cause, e.where, e.library, e.fix) == (
-        "late", records.NEW_CALL_SITE, "/u/t.py:30", "transformers/trainer.py:4300", FIXES[records.NEW_CALL_SITE])
+        "late", causes.NEW_CALL_SITE, "/u/t.py:30", "transformers/trainer.py:4300", FIXES[causes.NEW_CALL_SITE])
     assert [(h.where, h.library) for h in analyzer.summary().host_syncs] == [
         ("/u/t.py:30", "transformers/trainer.py:2500")]
 
 
-@pytest.mark.parametrize("answer,fix", [
-    (True, MASK_FIX),                # nothing padded: leave attention_mask out, nothing to read
-    (False, records.PADDED_FIXES[("transformers/masking_utils.py", records.VALUE_BRANCH)]),
-])
-def test_the_masking_read_fix_fits_the_batches_it_read(answer, fix):
+CAUSAL_FIX = library_fix("transformers/masking_utils.py", causes.VALUE_BRANCH, "_ignore_causal_mask_sdpa")
+PACKED_FIX = library_fix("transformers/masking_utils.py", causes.VALUE_BRANCH, "find_packed_sequence_indices")
+
+
+@pytest.mark.parametrize("function,answer,fix", [
+    (ENCODER, True, MASK_FIX),          # nothing padded: leave attention_mask out, nothing to read
+    (ENCODER, False, library_fix("transformers/masking_utils.py", causes.VALUE_BRANCH, ENCODER, padded=True)),
+    ("_ignore_causal_mask_sdpa", True, CAUSAL_FIX),   # a causal model: eager attention, the mask kept,
+    ("_ignore_causal_mask_sdpa", False, CAUSAL_FIX),  # padded or not
+    ("find_packed_sequence_indices", True, PACKED_FIX),  # a causal model without a mask: pass one, eager
+    ("sdpa_mask", True, FIXES[causes.VALUE_BRANCH]),  # a read the table has no tested fix for
+], ids=["encoder", "encoder-padded", "causal", "causal-padded", "causal-no-mask", "unknown-function"])
+def test_the_masking_read_fix_fits_the_function_that_read_and_the_batches_it_read(function, answer, fix):
     """`padding_mask.all()` answered False: the batches are padded to a fixed length, so dropping
-    attention_mask is wrong; the fix then is a prepared 4D mask (read as is) in the split step's graph,
-    the read's own graph and the host-sync entry alike."""
+    attention_mask is wrong; the fix then is a prepared 4D mask (read as is). A causal model's read
+    (with sdpa attention, or without a mask) goes with eager attention: leaving the mask out moves it.
+    The same fix in the split step's graph, the read's own graph and the host-sync entry alike."""
     analyzer = analyzer_of()
     for step in (1, 2):
         analyzer.observe(window(step, *through("A", 10, SYNC, TRAINER, compiled=step == 1)))
     for step in range(3, 8):
         read = records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369",
-                                answer=answer)
+                                answer=answer, function=function)
         new = step == 3
         analyzer.observe(window(step, *through("R", 12, BOOL, MASK, cause=ACCESS, compiled=new),
                                 *through("B", 10, SYNC, TRAINER, compiled=new), reads=[read]))
     assert analyzer.graphs["R"].fix == analyzer.graphs["B"].fix == fix
     [entry] = analyzer.summary().host_syncs
     assert entry.fix == fix and entry.library == "transformers/masking_utils.py:369"
-    if not answer:
-        assert "keep `attention_mask`" in fix and "4D mask" in fix and "leave `attention_mask` out" not in fix
+    if not answer or function != ENCODER:
+        assert "leave `attention_mask` out" not in fix
+    if not answer and function == ENCODER:
+        assert "keep `attention_mask`" in fix and "4D mask" in fix
 
 
 def test_a_recompilation_run_by_a_library_names_the_users_line_and_the_library_line():
@@ -175,7 +189,7 @@ def test_a_recompilation_run_by_a_library_names_the_users_line_and_the_library_l
     analyzer.observe(window(2, *through("A", 10, SYNC, TRAINER, compiled=False)))
     [new] = analyzer.observe(window(3, *through("B", 10, SYNC, TRAINER)))
     assert (new.kind, new.cause, new.where, new.library, new.step, new.fix) == (
-        "recompile", records.UNKNOWN, "/u/t.py:10", "transformers/trainer.py:2000", 3, FIXES[records.UNKNOWN])
+        "recompile", causes.UNKNOWN, "/u/t.py:10", "transformers/trainer.py:2000", 3, FIXES[causes.UNKNOWN])
 
 
 def test_a_dynamo_recompilation_names_its_guard_and_the_next_graph_of_it_is_the_same_finding():
@@ -192,11 +206,11 @@ def test_a_dynamo_recompilation_names_its_guard_and_the_next_graph_of_it_is_the_
     [own] = analyzer.observe(window(5, *through("later-graph", 10, DYNAMO)))
     why = f"dynamo recompiled forward (/u/model.py:20): {guard}"
     assert (first.kind, first.cause, first.where, first.trigger, first.detail, first.fix) == (
-        "recompile", records.NEW_INPUT_SHAPE, "/u/t.py:7", "dynamo", why, FIXES[records.NEW_INPUT_SHAPE])
+        "recompile", causes.NEW_INPUT_SHAPE, "/u/t.py:7", "dynamo", why, FIXES[causes.NEW_INPUT_SHAPE])
     assert (second.kind, second.cause, second.where, second.fix, second.detail) == (
-        "recompile", records.NEW_INPUT_SHAPE, "/u/t.py:7", FIXES[records.NEW_INPUT_SHAPE],
+        "recompile", causes.NEW_INPUT_SHAPE, "/u/t.py:7", FIXES[causes.NEW_INPUT_SHAPE],
         f"the same recompilation as graph dynamo-first at step 3: {why}")
-    assert (own.kind, own.cause, own.where, own.step) == ("recompile", records.UNKNOWN, "/u/t.py:10", 5)
+    assert (own.kind, own.cause, own.where, own.step) == ("recompile", causes.UNKNOWN, "/u/t.py:10", 5)
 
 
 def grows(rows: int, at: str) -> hlo_diff.HloSummary:
@@ -215,10 +229,10 @@ def test_an_evaluation_that_grows_a_tensor_recompiles_at_every_longer_one_even_a
     cat = f"{SITE_PACKAGES}/transformers/trainer_pt_utils.py:120"
     assert analyzer.observe(window(3, *through("E1", 20, SYNC, evaluate), hlo={0: grows(8, cat)}, phase="eval")) == []
     [longer] = analyzer.observe(window(4, *through("E2", 20, SYNC, evaluate), hlo={0: grows(16, cat)}, phase="eval"))
-    assert (analyzer.graphs["E1"].kind, analyzer.graphs["E1"].cause) == ("late", records.NEW_CALL_SITE)
+    assert (analyzer.graphs["E1"].kind, analyzer.graphs["E1"].cause) == ("late", causes.NEW_CALL_SITE)
     assert (longer.hash, longer.cause, longer.where, longer.library, longer.fix) == (
-        "E2", records.GROWING_CONCAT, "/u/t.py:20", "transformers/trainer_pt_utils.py:120",
-        LIBRARY_FIXES[("transformers/trainer_pt_utils.py", records.GROWING_CONCAT)])
+        "E2", causes.GROWING_CONCAT, "/u/t.py:20", "transformers/trainer_pt_utils.py:120",
+        library_fix("transformers/trainer_pt_utils.py", causes.GROWING_CONCAT))
 
 
 def test_a_tensor_grown_within_the_warmup_steps_is_warmup_and_every_longer_one_after_them_counts():
@@ -227,7 +241,7 @@ def test_a_tensor_grown_within_the_warmup_steps_is_warmup_and_every_longer_one_a
     for step, rows in enumerate((8, 16, 24), 1):
         found += analyzer.observe(window(step, *ran(f"G{rows}"), hlo={0: grows(rows, "/u/t.py:15")}))
     assert [analyzer.graphs[g].kind for g in ("G8", "G16", "G24")] == ["warmup", "warmup", "recompile"]
-    assert [(g.hash, g.cause, g.where) for g in found] == [("G24", records.GROWING_CONCAT, "/u/t.py:15")]
+    assert [(g.hash, g.cause, g.where) for g in found] == [("G24", causes.GROWING_CONCAT, "/u/t.py:15")]
 
 
 def test_in_level_1_mode_every_graph_after_the_warmup_steps_counts():
@@ -241,9 +255,9 @@ def test_in_level_1_mode_every_graph_after_the_warmup_steps_counts():
              for step, events in enumerate(compiled, 1)]
     assert [[g.hash for g in f] for f in found] == [[], [], ["C"]]
     kinds = {h: (g.kind, g.cause, g.fix) for h, g in analyzer.graphs.items()}
-    assert kinds == {"A": ("warmup", records.WARMUP, ""), "B": ("warmup", records.WARMUP, ""),
-                     "C": ("recompile", records.UNKNOWN, FIXES[records.UNKNOWN]),
-                     "E": ("late", records.NEW_CALL_SITE, FIXES[records.NEW_CALL_SITE])}
+    assert kinds == {"A": ("warmup", causes.WARMUP, ""), "B": ("warmup", causes.WARMUP, ""),
+                     "C": ("recompile", causes.UNKNOWN, FIXES[causes.UNKNOWN]),
+                     "E": ("late", causes.NEW_CALL_SITE, FIXES[causes.NEW_CALL_SITE])}
     assert [h.steps for h in analyzer.summary().host_syncs] == [[3]]
 
 
@@ -252,7 +266,7 @@ def test_in_level_1_mode_a_compile_the_log_missed_counts_too():
     assert analyzer.observe(window(1, unlogged_compiles=1, compile_times=[0.4])) == []
     [missed] = analyzer.observe(window(2, unlogged_compiles=1, compile_times=[0.6]))
     assert (missed.hash, missed.kind, missed.cause, missed.step, missed.compile_time_s) == (
-        "", "recompile", records.UNKNOWN, 2, 0.6)
+        "", "recompile", causes.UNKNOWN, 2, 0.6)
     summary = analyzer.summary()
     assert [g.kind for g in summary.graphs] == ["warmup", "recompile"] and summary.source == "counters"
 
@@ -266,9 +280,9 @@ def test_in_level_1_mode_a_read_the_hooks_missed_still_takes_the_split_step_grap
     assert analyzer.observe(window(2, read, sync_event("compile", "B", 10))) == []
     r, b = analyzer.graphs["R"], analyzer.graphs["B"]
     assert (r.kind, r.cause, r.where, r.trigger, r.library, r.fix) == (
-        "late", records.HOST_ACCESS, "/u/t.py:12", "host access", "", FIXES[records.HOST_ACCESS])
+        "late", causes.HOST_ACCESS, "/u/t.py:12", "host access", "", FIXES[causes.HOST_ACCESS])
     assert (b.kind, b.cause, b.where, b.trigger, b.library, b.fix) == (
-        "late", records.HOST_ACCESS, "/u/t.py:12", "sync", "", FIXES[records.HOST_ACCESS])
+        "late", causes.HOST_ACCESS, "/u/t.py:12", "sync", "", FIXES[causes.HOST_ACCESS])
     assert b.detail == "the step's graph changed because the read at /u/t.py:12 ran part of it first"
 
 
@@ -338,10 +352,10 @@ def test_a_read_site_whose_graph_grows_step_over_step_is_a_loop_without_a_sync(s
     for step, ops in enumerate(sizes, 1):
         found += analyzer.observe(window(step, *through(f"G{step}", 33, cause=ACCESS), hlo={0: program(ops)},
                                          optimizer_steps=[step]))
-    assert [g.hash for g in found if g.cause == records.GROWING_GRAPH] == grown
+    assert [g.hash for g in found if g.cause == causes.GROWING_GRAPH] == grown
     if grown:
         first = analyzer.graphs["G3"]
-        assert (first.kind, first.where, first.fix) == ("recompile", "/u/t.py:30", FIXES[records.GROWING_GRAPH])
+        assert (first.kind, first.where, first.fix) == ("recompile", "/u/t.py:30", FIXES[causes.GROWING_GRAPH])
         assert first.detail.startswith("ops by step: 1: {}, 2: {}, 3: {};".format(*sizes))
         assert analyzer.graphs["G2"].kind == "warmup"
         assert "torch_xla.sync()" in first.fix and "MpDeviceLoader" in first.fix

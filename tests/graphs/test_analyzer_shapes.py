@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_train.graphs import hlo_diff, records
+from neuron_train.graphs import causes, hlo_diff, records
 from neuron_train.graphs.analyzer import Analyzer
+from neuron_train.graphs.causes import FIXES
 from neuron_train.graphs.log import internal_file_predicate, library_namer
-from neuron_train.graphs.records import FIXES
 from tests.graphs.test_analyzer_rules import SITE_PACKAGES, analyzer_of, through
 from tests.graphs.test_graphs import CLEAR, STEP, ran, run_site, summary_of_shapes, window
 
@@ -39,11 +39,11 @@ def test_a_slice_on_the_device_before_a_compiled_step_counts_every_new_length_fr
     graphs = analyzer.graphs
     assert [graphs[h].kind for h in ("S8", "G8")] == ["warmup", "warmup"]
     found = [graphs[h] for n in (16, 24, 32) for h in (f"S{n}", f"G{n}")]
-    assert [(g.kind, g.cause, g.where) for g in found] == [("recompile", records.SLICE_SHAPE, cut)] * 6
-    assert all(g.fix == FIXES[records.SLICE_SHAPE] for g in found)
+    assert [(g.kind, g.cause, g.where) for g in found] == [("recompile", causes.SLICE_SHAPE, cut)] * 6
+    assert all(g.fix == FIXES[causes.SLICE_SHAPE] for g in found)
     assert f"the slice at {cut} cut a tensor to another length" in graphs["S16"].detail
     assert analyzer.summary().problems == [
-        f"6 recompilations at step 3, 4, 5, 6, 7, ... (train): {records.SLICE_SHAPE} at {cut}"]
+        f"6 recompilations at step 3, 4, 5, 6, 7, ... (train): {causes.SLICE_SHAPE} at {cut}"]
 
 
 def test_timms_cutmix_on_the_device_is_named_in_timm_with_the_host_side_fix(tmp_path):
@@ -65,9 +65,9 @@ def test_timms_cutmix_on_the_device_is_named_in_timm_with_the_host_side_fix(tmp_
     found = [analyzer.graphs[f"C{n}"] for n in (2, 3, 4)]
     assert analyzer.graphs["C1"].kind == "warmup"
     assert [(g.kind, g.cause, g.where, g.library) for g in found] == [
-        ("recompile", records.SLICE_SHAPE, "/u/t.py:17", "timm/data/mixup.py:211")] * 3
-    assert all(g.fix == records.HOST_MIXUP for g in found)
-    assert "on the host, in the data loader" in records.HOST_MIXUP and "--cutmix" in records.HOST_MIXUP
+        ("recompile", causes.SLICE_SHAPE, "/u/t.py:17", "timm/data/mixup.py:211")] * 3
+    assert all(g.fix == causes.HOST_MIXUP for g in found)
+    assert "on the host, in the data loader" in causes.HOST_MIXUP and "--cutmix" in causes.HOST_MIXUP
 
 
 @pytest.mark.parametrize("grouped", [False, True])
@@ -87,7 +87,7 @@ def test_a_trainers_dynamic_padding_is_named_at_its_collator_with_a_fixed_length
     analyzer.observe(window(3, *ran("A", 50)))
     [found] = analyzer.observe(window(4, *ran("B", 50), hlo={0: summary_of_shapes("s64[4,29]")}))
     assert (found.cause, found.where, found.library) == (
-        records.NEW_INPUT_SHAPE, "/u/t.py:50", "transformers/data/data_collator.py:280")
+        causes.NEW_INPUT_SHAPE, "/u/t.py:50", "transformers/data/data_collator.py:280")
     assert 'padding="max_length"' in found.fix and "pad_to_multiple_of" in found.fix
     assert "collate_fn DataCollatorWithPadding" in found.detail
     assert ("the Trainer's group_by_length" in found.detail) == grouped

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_train.graphs import records
+from neuron_train.graphs import causes
 from tests.conftest import ROOT, cpu_env
 
 CORPUS = ROOT / "tests" / "corpus"
@@ -33,9 +33,9 @@ IMAGENET = ["--fake_data", "--model", "resnet18", "--batch_size", "8", "--test_s
 _PLANTED = re.compile(r"#\s*PLANTED:\s*(?P<cause>[^(]+?)\s*(\(|$)")
 # The planted comment's words for a cause the report has no single constant for.
 LATE = "late graph"
-RECOMPILE_CAUSES = {records.NEW_INPUT_SHAPE, records.DATA_DEPENDENT, records.NEW_CONSTANT,
-                    records.GRAPH_STRUCTURE}
-HOST_CAUSES = {records.HOST_ACCESS, records.VALUE_BRANCH}
+RECOMPILE_CAUSES = {causes.NEW_INPUT_SHAPE, causes.DATA_DEPENDENT, causes.NEW_CONSTANT,
+                    causes.GRAPH_STRUCTURE}
+HOST_CAUSES = {causes.HOST_ACCESS, causes.VALUE_BRANCH}
 
 pytestmark = pytest.mark.skipif(
     not (XLA / "train_resnet_base.py").exists() or not (MLP / "train.py").exists(),

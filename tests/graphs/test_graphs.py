@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_train.graphs import format_report, hlo_diff, log, process, records
+from neuron_train.graphs import causes, format_report, hlo_diff, log, process, records
 from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.log import Frame, XlaEvent, internal_file_predicate, parse_debug_log
 from neuron_train.instrument.proc import Ended
@@ -72,12 +72,12 @@ def test_clean_script_is_stable(clean_run):
 
 
 RECOMPILES = [
-    ("ragged_batch.py", records.NEW_INPUT_SHAPE, "LOADER", "f32[8,4] -> f32[6,4]"),
-    ("nonzero.py", records.DATA_DEPENDENT, "NONZERO", "aten::nonzero ran on the CPU"),
-    ("masked_index.py", records.DATA_DEPENDENT, "MASK", "aten::nonzero ran on the CPU"),
-    ("slice_length.py", records.SLICE_SHAPE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
-    ("lr_special_scalar.py", records.NEW_CONSTANT, "STEP", "['lr'] = 1.0"),
-    ("eval_batch_size.py", records.NEW_INPUT_SHAPE, "EVAL_LOADER", "f32[6,4] -> f32[4,4]"),
+    ("ragged_batch.py", causes.NEW_INPUT_SHAPE, "LOADER", "f32[8,4] -> f32[6,4]"),
+    ("nonzero.py", causes.DATA_DEPENDENT, "NONZERO", "aten::nonzero ran on the CPU"),
+    ("masked_index.py", causes.DATA_DEPENDENT, "MASK", "aten::nonzero ran on the CPU"),
+    ("slice_length.py", causes.SLICE_SHAPE, "SLICE", "slice (xla::select) f32[8,4] -> f32[8,5]"),
+    ("lr_special_scalar.py", causes.NEW_CONSTANT, "STEP", "['lr'] = 1.0"),
+    ("eval_batch_size.py", causes.NEW_INPUT_SHAPE, "EVAL_LOADER", "f32[6,4] -> f32[4,4]"),
 ]
 
 
@@ -95,8 +95,8 @@ def test_recompilation_is_reported_with_cause_and_line(tmp_path, script, cause, 
 
 
 HOST_SYNCS = [
-    ("item_before_sync.py", records.HOST_ACCESS, "ITEM", ".item()"),
-    ("if_on_tensor.py", records.VALUE_BRANCH, "IF", "Python if/bool() on a tensor"),
+    ("item_before_sync.py", causes.HOST_ACCESS, "ITEM", ".item()"),
+    ("if_on_tensor.py", causes.VALUE_BRANCH, "IF", "Python if/bool() on a tensor"),
 ]
 
 
@@ -120,7 +120,7 @@ def test_a_process_that_looks_for_torch_xla_first_is_checked(tmp_path, how):
     code, report, output = check_script(tmp_path, "find_spec_first.py", how)
     assert code == 1 and "nothing was checked" not in output, output
     [ragged] = report["recompiles"]
-    assert (ragged["cause"], ragged["where"]) == (records.NEW_INPUT_SHAPE, line_of("find_spec_first.py", "LOADER"))
+    assert (ragged["cause"], ragged["where"]) == (causes.NEW_INPUT_SHAPE, line_of("find_spec_first.py", "LOADER"))
 
 
 @pytest.mark.slow
@@ -128,12 +128,12 @@ def test_late_graph_is_kept_apart_from_recompilation(tmp_path):
     """The first evaluation is a late graph; its ragged last batch is a recompilation."""
     _, report, _ = check_script(tmp_path, "eval_batch_size.py")
     [late] = report["late_graphs"]
-    assert late["cause"] == records.NEW_CALL_SITE and late["where"] == line_of("eval_batch_size.py", "EVAL_SYNC")
+    assert late["cause"] == causes.NEW_CALL_SITE and late["where"] == line_of("eval_batch_size.py", "EVAL_SYNC")
     [ragged] = report["recompiles"]  # the ragged last eval batch, apart from the late graph
-    assert ragged["hash"] != late["hash"] and ragged["cause"] == records.NEW_INPUT_SHAPE
+    assert ragged["hash"] != late["hash"] and ragged["cause"] == causes.NEW_INPUT_SHAPE
     assert ragged["where"] == line_of("eval_batch_size.py", "EVAL_LOADER")
     reads = [h for h in report["host_syncs"] if not h["executes_graph"]]
-    assert reads and reads[0]["cause"] == records.HOST_READ and not reads[0]["every_step"]
+    assert reads and reads[0]["cause"] == causes.HOST_READ and not reads[0]["every_step"]
 
 
 @pytest.mark.slow
@@ -248,7 +248,7 @@ def test_the_checkers_dump_on_cpu_takes_the_classic_emitters_out_of_torch_xlas_h
 def test_graph_watch_fails_at_the_first_recompilation():
     proc = run_watch("fail")
     assert proc.returncode == 1
-    assert (f"recompilation after warm-up at step 2 (train): {records.NEW_INPUT_SHAPE} at "
+    assert (f"recompilation after warm-up at step 2 (train): {causes.NEW_INPUT_SHAPE} at "
             f"{line_of('watch_api.py', 'TRAIN_LOADER')}") in proc.stderr
 
 
@@ -260,7 +260,7 @@ def test_assert_graph_stable_in_a_users_test():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 passed" in proc.stdout
     line = line_of("user_step_check.py", "USER_BATCH").rpartition("/")[2]  # printed relative to cwd
-    assert f"step 4 (test): {records.NEW_INPUT_SHAPE} at {line}" in proc.stdout
+    assert f"step 4 (test): {causes.NEW_INPUT_SHAPE} at {line}" in proc.stdout
 
 
 # ----- parsers, on recorded torch_xla output --------------------------------------------------
@@ -409,7 +409,7 @@ def test_a_site_first_seen_when_steady_compiles_late_graphs():
         events = ran(graph, 20) if graph not in analyzer.graphs else [sync_event("execute", graph, 20)]
         assert analyzer.observe(window(step, *events, phase="eval")) == []
     assert [analyzer.graphs[g].kind for g in "AEF"] == ["warmup", "late", "late"]
-    assert analyzer.graphs["E"].cause == records.NEW_CALL_SITE and analyzer.summary().stable
+    assert analyzer.graphs["E"].cause == causes.NEW_CALL_SITE and analyzer.summary().stable
 
 
 def test_library_frames_tell_two_syncs_on_one_line_apart():
@@ -428,7 +428,7 @@ def test_a_read_that_splits_the_step_is_reported_once():
                   *ran("B"), reads=[records.HostRead("bool", "/u/t.py:12", "train")])
     assert analyzer.observe(read) == []
     split = analyzer.graphs["B"]
-    assert (split.kind, split.cause, split.where) == ("late", records.VALUE_BRANCH, "/u/t.py:12")
+    assert (split.kind, split.cause, split.where) == ("late", causes.VALUE_BRANCH, "/u/t.py:12")
 
 
 def test_reads_in_a_step_closure_are_not_host_syncs():
@@ -453,7 +453,7 @@ def test_a_new_batch_shape_names_its_dataloader_and_the_shapes_by_step():
                             batches=[records.Batch("L1", ["f32[48,784]"]), records.Batch("L1", ["f32[32,784]"])]))
     run_site(analyzer, "A", "A", start=2)
     [recompile] = analyzer.observe(window(4, *ran("R"), hlo={0: ragged}))
-    assert (recompile.cause, recompile.where) == (records.NEW_INPUT_SHAPE, "/u/t.py:5")
+    assert (recompile.cause, recompile.where) == (causes.NEW_INPUT_SHAPE, "/u/t.py:5")
     assert "DataLoader at /u/t.py:5 (batch_size 48, drop_last=False, 1280 samples: each pass ends " \
            "with a batch of 32)" in recompile.detail
     assert recompile.detail.endswith("input 0 by step: 1-3 f32[48,784], 4 f32[32,784]")
@@ -495,7 +495,7 @@ def test_an_unlogged_compile_says_why_it_has_no_hash():
     assert blind.detail.startswith("no hash: torch_xla compiled it for the read at /u/t.py:9")
     assert "no hash: torch_xla compiled it" in format_report(summary)
     [problem] = summary.problems
-    assert problem.startswith(f"{records.HOST_ACCESS}: .item() at /u/t.py:9 inside torch_xla.compile")
+    assert problem.startswith(f"{causes.HOST_ACCESS}: .item() at /u/t.py:9 inside torch_xla.compile")
 
 
 def test_a_failed_commands_last_line_is_its_error():
@@ -547,7 +547,7 @@ def test_analyzer_late_graph_then_recompilation():
                                    phase="eval"))
     assert late == [] and analyzer.graphs["e"].kind == "late"
     [again] = analyzer.observe(window(4, sync_event("compile", "b", 10)))
-    assert (again.kind, again.cause, again.where) == ("recompile", records.UNKNOWN, "/u/t.py:10")
+    assert (again.kind, again.cause, again.where) == ("recompile", causes.UNKNOWN, "/u/t.py:10")
     summary = analyzer.summary()
     assert not summary.stable and len(summary.graphs) == 3
 
@@ -591,8 +591,8 @@ def test_dynamo_recompilations_after_the_warmup_and_the_recompile_limit_are_defe
                                 dynamo=notes))
     summary = analyzer.summary()
     assert [(d.cause, d.defect) for d in summary.dynamo] == [
-        (records.GRAPH_BREAK, False), (records.DYNAMO_RECOMPILE, False), (records.DYNAMO_RECOMPILE, True),
-        (records.DYNAMO_EAGER, True)]
+        (causes.GRAPH_BREAK, False), (causes.DYNAMO_RECOMPILE, False), (causes.DYNAMO_RECOMPILE, True),
+        (causes.DYNAMO_EAGER, True)]
     assert summary.problems == [
         f"dynamo recompilation of step (torch/optim/sgd.py:105) once, at step 3 (train): {lr} at /u/t.py:7",
         "dynamo fell back to eager of step (torch/optim/sgd.py:105) once, at step 4 (train): "
@@ -632,8 +632,9 @@ def test_a_library_frame_is_named_package_relative_below_the_users_line():
               Frame("train", "/u/t.py", 56), Frame("run", "/lib/other/x.py", 3)]
     assert log.library_frame(frames, LIBS, name) == "transformers/masking_utils.py:369"
     assert log.library_frame(frames[2:], LIBS, name) == ""  # the user's own line comes first
-    assert records.fix_for(records.VALUE_BRANCH, "transformers/masking_utils.py:369").startswith("transformers asks")
-    assert records.fix_for(records.VALUE_BRANCH, "") == records.FIXES[records.VALUE_BRANCH]
+    assert causes.fix_for(causes.VALUE_BRANCH, "transformers/masking_utils.py:369",
+                           function="_ignore_bidirectional_mask_sdpa").startswith("transformers asks")
+    assert causes.fix_for(causes.VALUE_BRANCH, "") == causes.FIXES[causes.VALUE_BRANCH]
 
 
 def test_a_one_file_mechanism_module_names_nothing():

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from neuron_train.graphs import hlo_diff, records, source
+from neuron_train.graphs import causes, hlo_diff, records, source
 from neuron_train.graphs.analyzer import Analyzer
 from tests.graphs.test_graphs import LIBS, check_script, line_of, ran, window
 
 CASES = [  # script, cause, label, recompilations, words of the fix
-    ("stochastic_depth.py", records.PYTHON_BRANCH, "BRANCH", 1, "torch.where"),
-    ("accum_remainder.py", records.PYTHON_BRANCH, "BRANCH", 1, "accumulation remainder"),
-    ("seq_warmup.py", records.SLICE_SHAPE, "SLICE", 3, "pad to one fixed length"),
+    ("stochastic_depth.py", causes.PYTHON_BRANCH, "BRANCH", 1, "torch.where"),
+    ("accum_remainder.py", causes.PYTHON_BRANCH, "BRANCH", 1, "accumulation remainder"),
+    ("seq_warmup.py", causes.SLICE_SHAPE, "SLICE", 3, "pad to one fixed length"),
     # the slice's graph and the step's graph it feeds, at 16, 24 and 32 tokens: not a line of step_fn
-    ("seq_warmup_compiled.py", records.SLICE_SHAPE, "SLICE", 6, "pad to one fixed length"),
+    ("seq_warmup_compiled.py", causes.SLICE_SHAPE, "SLICE", 6, "pad to one fixed length"),
 ]
 
 
@@ -125,8 +125,8 @@ def shapes_at(where: str, *shapes: str) -> hlo_diff.HloSummary:
 
 
 @pytest.mark.parametrize("line,recompiled,cause", [
-    (8, "BCD", records.SLICE_SHAPE),     # the slice made each shape: every new one counts
-    (14, "D", records.NEW_INPUT_SHAPE),  # no slice there: warm after three graphs, as before
+    (8, "BCD", causes.SLICE_SHAPE),     # the slice made each shape: every new one counts
+    (14, "D", causes.NEW_INPUT_SHAPE),  # no slice there: warm after three graphs, as before
 ])
 def test_every_shape_a_slice_makes_counts_during_the_warm_up(script, line, recompiled, cause):
     analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
@@ -144,12 +144,12 @@ def test_a_ragged_last_batch_through_a_slice_is_named_at_its_loader(script):
         analyzer.observe(window(step, *ran(graph), hlo={0: shapes_at(f"{script}:8", "s64[4,8]")}, loaders=[loader]))
     [ragged] = analyzer.observe(window(3, *ran("R"), hlo={0: shapes_at(f"{script}:8", "s64[2,8]")},
                                        batches=[records.Batch("L1", ["s64[2,8]"])]))
-    assert (ragged.cause, ragged.where) == (records.NEW_INPUT_SHAPE, "/u/t.py:5")
+    assert (ragged.cause, ragged.where) == (causes.NEW_INPUT_SHAPE, "/u/t.py:5")
 
 
 @pytest.mark.parametrize("extra,cause,line", [
-    (1, records.PYTHON_BRANCH, 6),     # other ops: the `if` around the line chose them
-    (0, records.SLICE_SHAPE, 7),       # the same ops with another length at a computed slice: the slice
+    (1, causes.PYTHON_BRANCH, 6),     # other ops: the `if` around the line chose them
+    (0, causes.SLICE_SHAPE, 7),       # the same ops with another length at a computed slice: the slice
 ])
 def test_a_branch_is_named_only_when_the_ops_differ(script, extra, cause, line):
     analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)

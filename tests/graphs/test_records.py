@@ -26,7 +26,7 @@ from tests.graphs.test_graphs import ACCESS, LIBS, sync_event, window
 
 KNOWN = ROOT / "tests" / "fixtures" / "graphs" / "known_report.json"
 LOOP = ROOT / "tests" / "fixtures" / "graphs" / "dynamo_loop.py"  # writes g["lr"] at its LR_WRITE line
-MASK = Frame("_ignore_causal_mask_sdpa", "/lib/site-packages/transformers/masking_utils.py", 369)
+MASK = Frame("_ignore_bidirectional_mask_sdpa", "/lib/site-packages/transformers/masking_utils.py", 369)
 
 
 def _library_of(path: str) -> str:
@@ -52,7 +52,7 @@ def _process(pid: int) -> records.GraphReport:
                 for k in (("compile", "execute") if new else ("execute",))]
         extra: dict = {"reads": [records.HostRead("item", "/u/t.py:20", "train"),
                                  records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369",
-                                                  answer=step % 2 == 0),
+                                                  answer=step % 2 == 0, function=MASK.function),
                                  *([records.HostRead("fallback", "/u/t.py:40", "train")] if step >= 3 else [])],
                        "fallbacks": {"aten::nonzero": 2} if step >= 3 else {},
                        "dynamo": [broke] + ([guard] if step in (2, 4) else []) + ([limit] if step == 5 else [])

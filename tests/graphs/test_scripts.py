@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from neuron_train.graphs import records
+from neuron_train.graphs import causes
 from tests.conftest import ROOT, cpu_env
 from tests.graphs.test_graphs import FIXTURES, check_graphs, check_script, line_of
 from tests.instrument.test_byos import nt
@@ -59,7 +59,7 @@ def test_a_read_inside_a_compiled_step_is_a_host_sync_every_step_at_the_users_li
     assert code == 1, output
     [read] = report["host_syncs"]
     assert (read["cause"], read["where"], read["every_step"], read["executes_graph"]) == (
-        records.COMPILED_READ, line_of("dynamo_loop.py", "ITEM"), True, True), output
+        causes.COMPILED_READ, line_of("dynamo_loop.py", "ITEM"), True, True), output
     assert "return the tensor from the compiled function" in read["fix"]
     assert read["count"] >= 8  # every compiled call after the warm-up, not 0
     assert "neuron_train/graphs" not in json.dumps(report["dynamo"]), output
@@ -69,7 +69,7 @@ def dynamo_recompiles(tmp_path, case: str) -> tuple[list[dict], dict, str]:
     """A dynamo_loop.py case that fails: its dynamo recompilations past the warm-up, report, output."""
     code, report, output = check_script(tmp_path, "dynamo_loop.py", case)
     assert code == 1, output
-    return [d for d in report["dynamo"] if d["cause"] == records.DYNAMO_RECOMPILE and d["defect"]], report, output
+    return [d for d in report["dynamo"] if d["cause"] == causes.DYNAMO_RECOMPILE and d["defect"]], report, output
 
 
 def test_a_float_lr_schedule_under_dynamo_is_named_with_dynamos_reason(tmp_path):
@@ -81,7 +81,7 @@ def test_a_float_lr_schedule_under_dynamo_is_named_with_dynamos_reason(tmp_path)
     assert "lr=torch.tensor" in recompiles[0]["fix"]
     # the optimizer state appearing (its first guard failure) is warm-up, not a defect
     assert not any("len(self.state" in d["reason"] for d in recompiles)
-    [eager] = [d for d in report["dynamo"] if d["cause"] == records.DYNAMO_EAGER]
+    [eager] = [d for d in report["dynamo"] if d["cause"] == causes.DYNAMO_EAGER]
     assert eager["where"] == step and "recompile_limit" in eager["reason"]
     assert "dynamo recompilation of step (torch/optim/sgd.py:" in output
 
@@ -118,9 +118,9 @@ def test_a_ragged_batch_under_dynamo_is_named_at_its_loader(tmp_path):
     assert code == 1, output
     assert report["recompiles"], output
     for graph in report["recompiles"]:
-        assert (graph["cause"], graph["where"]) == (records.NEW_INPUT_SHAPE, line_of("dynamo_loop.py", "LOADER"))
+        assert (graph["cause"], graph["where"]) == (causes.NEW_INPUT_SHAPE, line_of("dynamo_loop.py", "LOADER"))
         assert "size mismatch at index 0. expected 8, actual 6" in graph["detail"]
-    assert all(g["cause"] != records.UNKNOWN for g in report["graphs"]) and "--xla_dump_to" not in output
+    assert all(g["cause"] != causes.UNKNOWN for g in report["graphs"]) and "--xla_dump_to" not in output
 
 
 # ----- a loop that never syncs (timm's train.py on an XLA device) --------------------------------------
@@ -134,7 +134,7 @@ def test_a_loop_that_never_syncs_is_named_with_its_growing_graph_and_the_sync_fi
     sync goes, with the ops by step. With `torch_xla.sync()` there (the fix) the run is stable."""
     code, report, output = check_script(tmp_path, NO_SYNC, "nosync", "24")
     assert code == 1, output
-    grown = [g for g in report["recompiles"] if g["cause"] == records.GROWING_GRAPH]
+    grown = [g for g in report["recompiles"] if g["cause"] == causes.GROWING_GRAPH]
     assert grown and all(g["where"] == line_of(NO_SYNC, "OPT_STEP") for g in grown), output
     assert grown[0]["detail"].startswith("ops by step: 1: "), output
     assert "torch_xla.sync()" in grown[0]["fix"]
@@ -164,7 +164,7 @@ def test_a_check_whose_process_is_killed_mid_compile_reports_what_it_saw(tmp_pat
     assert proc.returncode == 1, output
     result = json.loads(report.read_text())
     assert result["killed_by"] == "SIGKILL", output
-    assert any(g["cause"] == records.GROWING_GRAPH for g in result["recompiles"]), output
+    assert any(g["cause"] == causes.GROWING_GRAPH for g in result["recompiles"]), output
     assert any(f"process {pid} (" in p and "ended without writing its record" in p and "until step" in p
                for p in result["problems"]), output
 
@@ -215,7 +215,7 @@ def test_an_accelerate_loop_is_stable_and_its_ragged_batch_is_named(tmp_path):
     code, report, output = check_graphs(tmp_path, sys.executable, str(ACCELERATE), "--samples", "30")
     assert code == 1, output
     [ragged] = report["recompiles"]
-    assert (ragged["cause"], ragged["where"]) == (records.NEW_INPUT_SHAPE, label(ACCELERATE, "LOADER"))
+    assert (ragged["cause"], ragged["where"]) == (causes.NEW_INPUT_SHAPE, label(ACCELERATE, "LOADER"))
     assert ragged["library"].startswith("accelerate/data_loader.py:")  # accelerator.prepare re-made it
     assert "30 samples: each pass ends with a batch of 6" in ragged["detail"]
     assert "drop_last=True on the DataLoader you hand to accelerator.prepare" in ragged["fix"]
@@ -253,11 +253,11 @@ def test_a_trainer_run_names_transformers_lines_and_the_users_line(tmp_path):
     assert code == 1 and "nothing was checked" not in output, output
     train = label(HF, "TRAIN")
     [ragged] = report["recompiles"]
-    assert (ragged["cause"], ragged["where"]) == (records.NEW_INPUT_SHAPE, train)
+    assert (ragged["cause"], ragged["where"]) == (causes.NEW_INPUT_SHAPE, train)
     assert re.fullmatch(r"transformers/trainer\.py:\d+", ragged["library"])  # where the Trainer makes its loader
     assert "dataloader_drop_last=True" in ragged["fix"]
     [mask] = [h for h in report["host_syncs"] if h["executes_graph"]]
-    assert (mask["cause"], mask["where"]) == (records.VALUE_BRANCH, train) and mask["every_step"]
+    assert (mask["cause"], mask["where"]) == (causes.VALUE_BRANCH, train) and mask["every_step"]
     assert re.fullmatch(r"transformers/masking_utils\.py:\d+", mask["library"])
     assert "leave `attention_mask` out" in mask["fix"]
     assert "transformers/masking_utils.py:" in output and "from tests/fixtures/scripts/hf_trainer.py:" in output
@@ -275,7 +275,7 @@ def test_the_masking_read_on_padded_batches_gets_a_fix_that_keeps_the_mask_and_p
     code, report, output = check_graphs(tmp_path, *command, "--output-dir", str(tmp_path / "o"))
     assert code == 1, output
     [mask] = [h for h in report["host_syncs"] if h["executes_graph"]]
-    assert (mask["cause"], mask["where"]) == (records.VALUE_BRANCH, label(HF, "TRAIN")) and mask["every_step"]
+    assert (mask["cause"], mask["where"]) == (causes.VALUE_BRANCH, label(HF, "TRAIN")) and mask["every_step"]
     assert "keep `attention_mask`" in mask["fix"] and "4D mask" in mask["fix"], mask["fix"]
     assert "leave `attention_mask` out" not in output
     code, report, output = check_graphs(tmp_path, *command, "--mask-4d", "--output-dir", str(tmp_path / "o2"))
@@ -291,7 +291,7 @@ def test_a_trainers_dynamic_padding_is_named_at_the_collator_and_its_fix_removes
     code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding", "--output-dir", str(tmp_path / "o"))
     assert code == 1, output
     found = report["recompiles"]
-    assert found and all((g["cause"], g["where"]) == (records.NEW_INPUT_SHAPE, label(HF, "TRAIN")) for g in found)
+    assert found and all((g["cause"], g["where"]) == (causes.NEW_INPUT_SHAPE, label(HF, "TRAIN")) for g in found)
     assert all(re.fullmatch(r"transformers/data/data_collator\.py:\d+", g["library"]) for g in found), output
     assert 'padding="max_length"' in found[0]["fix"] and "DataCollatorWithPadding" in found[0]["detail"]
     code, report, output = check_graphs(tmp_path, *command, "--dynamic-padding", "max_length",
@@ -314,7 +314,7 @@ def test_a_trainer_callbacks_read_in_every_optimizer_step_fails_and_its_fix_pass
     code, report, output = check_graphs(tmp_path, *command, "--read-every-step", "--output-dir", str(tmp_path / "o"))
     assert code == 1, output
     [read] = [h for h in report["host_syncs"] if h["executes_graph"]]
-    assert (read["cause"], read["where"], read["every_step"]) == (records.HOST_ACCESS, label(HF, "READ"), True)
+    assert (read["cause"], read["where"], read["every_step"]) == (causes.HOST_ACCESS, label(HF, "READ"), True)
     assert "xm.add_step_closure" in read["fix"]
     code, report, output = check_graphs(tmp_path, *command, "--read-every-step", "closure",
                                         "--output-dir", str(tmp_path / "o2"))
@@ -332,7 +332,7 @@ def test_the_trainers_eval_loop_growing_its_outputs_is_named_with_its_fix(tmp_pa
     grown = report["recompiles"]
     assert len(grown) == 6, output  # 3 tensors x (batches 3 and 4): every longer one, no warm-up allowance
     for graph in grown:
-        assert (graph["cause"], graph["where"]) == (records.GROWING_CONCAT, label(HF, "TRAIN")), output
+        assert (graph["cause"], graph["where"]) == (causes.GROWING_CONCAT, label(HF, "TRAIN")), output
         assert re.fullmatch(r"transformers/trainer_pt_utils\.py:\d+", graph["library"])  # nested_concat's torch.cat
         assert "eval_accumulation_steps=1" in graph["fix"]
     assert {g["detail"].split(":")[1].strip() for g in grown} >= {"f32[8] -> f32[16]", "f32[16] -> f32[24]"}

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from neuron_train.graphs import records
+from neuron_train.graphs import causes
 from tests.graphs.test_graphs import check_graphs
 from tests.graphs.test_scripts import HF, label
 from tests.instrument.test_byos import nt
@@ -28,7 +28,7 @@ def test_a_gradient_accumulation_remainder_names_the_setting_the_arithmetic_and_
     first fix printed: 9 batches) every window has 3 and that graph is gone."""
     command = (sys.executable, str(HF), "--no-mask", "--arg", "gradient_accumulation_steps=3")
     code, report, output = check_graphs(tmp_path, *command, "--samples", "80", "--output-dir", str(tmp_path / "o"))
-    [remainder] = [g for g in report["late_graphs"] if g["cause"] == records.ACCUMULATION_REMAINDER]
+    [remainder] = [g for g in report["late_graphs"] if g["cause"] == causes.ACCUMULATION_REMAINDER]
     assert remainder["where"] == label(HF, "TRAIN") and remainder["library"].startswith("transformers/trainer.py:")
     assert "gradient_accumulation_steps=3) with 10 batches an epoch" in remainder["detail"]
     assert "windows of 3, 3, 3, 1 batches" in remainder["detail"], output
@@ -46,7 +46,7 @@ def test_a_callbacks_dropout_anneal_to_exactly_0_is_named_at_the_write_and_its_f
     assert code == 1, output
     [written] = report["recompiles"]
     assert (written["cause"], written["where"], written["library"]) == (
-        records.NEW_CONSTANT, label(HF, "DROPOUT"), ""), output
+        causes.NEW_CONSTANT, label(HF, "DROPOUT"), ""), output
     assert "Dropout.p = 0.0 written at" in written["detail"] and "max(1e-6, ...)" in written["fix"]
     code, report, output = check_graphs(tmp_path, *command, "--anneal-dropout", "1e-6",
                                         "--output-dir", str(tmp_path / "o2"))
