@@ -33,6 +33,13 @@ if TYPE_CHECKING:
     from neuron_train.training.data import Datasets
     from neuron_train.training.step import StepPath
 
+# The fields training/config.py marks `graph=` whose change leaves plan's counted facts as they are, and
+# why. Every other graph= field moves them (tests/test_plan_fields.py checks both ways).
+SAME_COST: dict[str, str] = {
+    "data.batches_per_execution": "N lazily traced steps joined into one execution: the same ops per step; "
+                                  "plan counts one graph launch per step (at most the host's dispatches)",
+}
+
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_STATES = 2              # AdamW's two moments per parameter (SGD with momentum: 1)
 
