@@ -28,7 +28,7 @@ from neuron_train.cost import bench_result, instance
 from neuron_train.cost import sweep as bench_sweep
 from neuron_train.precompile import maintenance, store
 from neuron_train.precompile.manifest import Manifest, ManifestError, is_cache_file_path
-from neuron_train.training import data as training_data
+from neuron_train.training import build as training_build
 
 MODULE = "neuronxcc-2.0.0.22266a0+a69f71e55/MODULE_9219523464496887986+abb26765"
 
@@ -342,7 +342,7 @@ def no_measuring(monkeypatch):
         raise AssertionError("bench started measuring before refusing its --output")
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    for module, name in ((training_data, "build_datasets"), (bench_sweep, "measure_train"),
+    for module, name in ((training_build, "build_data"), (bench_sweep, "measure_train"),
                          (bench_sweep, "InferBench"), (instance, "detect_instance_type")):
         monkeypatch.setattr(module, name, measuring)
 
