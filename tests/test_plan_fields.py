@@ -100,3 +100,15 @@ def test_plans_counted_facts_move_with_every_graph_field_unless_declared_not_to(
     else:
         assert moved, (f"{field} changes the graphs but not what plan counts: make plan trace it "
                        "(training/build.py), or declare it in plan_measure.SAME_COST with the reason")
+
+
+@pytest.mark.slow
+def test_an_optimizer_step_of_two_micro_batches_counts_twice_their_matmuls_and_samples(teacher):
+    """The update has no matrix multiply (clipping and AdamW are element-wise): two micro-batches are
+    exactly twice one's dot FLOPs, for twice the samples, and one update's weights and state."""
+    one, two = facts(configured({}, teacher)), facts(configured({"train.grad_accum": 2}, teacher))
+    assert two["flops_per_step"] == 2 * one["flops_per_step"] > 0
+    assert two["samples_per_step"] == 2 * one["samples_per_step"] == 2 * BASE["train.batch_size"]
+    assert two["input_bytes"] == 2 * one["input_bytes"]
+    assert (two["param_bytes"], two["optimizer_bytes"], two["grad_accumulation"]) == (
+        one["param_bytes"], one["optimizer_bytes"], 1)

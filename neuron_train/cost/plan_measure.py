@@ -75,13 +75,19 @@ def _saved_bytes(model: torch.nn.Module, run_forward: Callable[[], Any]) -> tupl
     return float(sum(seen.values())), out
 
 
-def decoded_images(cfg: RunConfig) -> int:
-    """Images the host decodes and preprocesses per optimizer step (every micro-batch): a folder's every
-    sample (read, decode, resize);
+def decoded_images(cfg: RunConfig, mode: str = "train") -> int:
+    """Images the host decodes and preprocesses per step (training: an optimizer step's every micro-batch):
+    a folder's every sample (read, decode, resize);
     none for the in-memory datasets (digits, synthetic: a sample is a slice of tensors made once, and the
     batch's one copy is counted as its copy to the device). A count of the workload, never a timing of
     this machine, whose load would move it (the target's cost per image: the calibration's)."""
-    return cfg.train.batch_size * cfg.train.grad_accum if cfg.data.dataset == "folder" else 0
+    return samples_per_step(cfg, mode) if cfg.data.dataset == "folder" else 0
+
+
+def samples_per_step(cfg: RunConfig, mode: str) -> int:
+    """One process's samples in the step plan traces: an optimizer step's --grad-accum micro-batches
+    (training), one batch (inference)."""
+    return cfg.train.batch_size * (cfg.train.grad_accum if mode == "train" else 1)
 
 
 def graphs_per_step(execution: str, mode: str) -> int:
@@ -184,10 +190,9 @@ def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = No
     figures = WorkloadFigures(
         name=cfg.model.name, mode=mode, flops_per_step=hlo.flops, conv_flops=hlo.conv_flops, input_bytes=copied,
         precision=matmul_precision(cfg.train.precision), bytes_per_step=hlo.bytes_in + hlo.bytes_out,
-        samples_per_step=cfg.train.batch_size * (cfg.train.grad_accum if train else 1), param_bytes=weights,
-        grad_bytes=weights if train else 0.0,
+        samples_per_step=samples_per_step(cfg, mode), param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
-        activation_bytes=activations, host_input_s=0.0, decoded_images=decoded_images(cfg) if train else 0,
+        activation_bytes=activations, host_input_s=0.0, decoded_images=decoded_images(cfg, mode),
         loader_workers=cfg.data.workers(),
         execution=execution, hlo_instructions=hlo.instructions, graphs_per_step=graphs_per_step(execution, mode),
         measured_by="counted on the CPU XLA device of this machine (one step traced, not run)")
@@ -259,6 +264,8 @@ def from_shapes(cfg: RunConfig, mode: str = "train", execution: str | None = Non
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
         activation_bytes=activations if train else 0.0,
+        # one micro-batch counted: --grad-accum of them share an update's all-reduce
+        grad_accumulation=cfg.train.grad_accum if train else 1,
         execution=execution or default_execution(mode, cfg.train.step_compiler),
         measured_by="estimated from shapes on the meta device (nothing allocated; traced instructions not counted)")
     return figures, {"parameters": n, "num_classes": classes, "train_samples": None}

@@ -55,9 +55,8 @@ def steps_per_epoch(cfg: RunConfig, train_samples: int, world: int) -> int:
     return per_epoch
 
 
-def total_steps(cfg: RunConfig, train_samples: int, world: int) -> int:
-    """The run's optimizer steps: --max-steps, else --epochs epochs."""
-    per_epoch = steps_per_epoch(cfg, train_samples, world)
+def total_steps(cfg: RunConfig, per_epoch: int) -> int:
+    """The run's optimizer steps: --max-steps, else --epochs epochs of `per_epoch` (`steps_per_epoch`)."""
     return cfg.train.max_steps or cfg.train.epochs * per_epoch
 
 

@@ -30,7 +30,7 @@ from neuron_train.common.fileio import write_json_atomic
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.graphs import GraphWatch
 from neuron_train.training import zero1
-from neuron_train.training.build import build_data, build_run, steps_per_epoch
+from neuron_train.training.build import build_data, build_run, steps_per_epoch, total_steps
 from neuron_train.training.cache_hook import CompileCacheHook
 from neuron_train.training.checkpoint import write_failed_in_run
 from neuron_train.training.checkpointer import Checkpointer, Position
@@ -73,7 +73,7 @@ class Trainer:
         self.input_dtype = self.step_path.input_dtype
         self.optimizer = self.step_path.optimizer
         self.steps_per_epoch = steps_per_epoch(cfg, len(self.data.train), backend.world_size)
-        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.total_steps = total_steps(cfg, self.steps_per_epoch)
         if self.extracting:
             self.total_steps = min(self.total_steps, t.precompile_steps)
         self.evaluator = Evaluator(cfg, self.data.val, backend, self.model, self.watch, ema=self.ema,

@@ -30,7 +30,7 @@ from neuron_train.common import writer
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.training import checkpoint as ckpt
-from neuron_train.training.build import build_data, total_steps
+from neuron_train.training.build import build_data, steps_per_epoch, total_steps
 from neuron_train.training.config import RunConfig
 from neuron_train.training.data import check_images
 from neuron_train.training.device import Backend, check_launch, env_int
@@ -111,7 +111,7 @@ def _target_steps(cfg: RunConfig, world: int, *, images: bool) -> int:
     data = build_data(cfg)
     if images and cfg.data.dataset == "folder" and cfg.data.check_images and cfg.data.data_dir:
         check_images(data, Path(cfg.data.data_dir))  # (a folder dataset always has its --data-dir)
-    return total_steps(cfg, len(data.train), world)
+    return total_steps(cfg, steps_per_epoch(cfg, len(data.train), world))
 
 
 def _run_files(run_dir: Path) -> list[str]:
