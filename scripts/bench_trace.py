@@ -51,14 +51,9 @@ FIGURES = ("trace_ms", "sync_ms", "ir_nodes", "hlo_instructions", "device_ms")
 
 
 def _live_outputs(trainer) -> list:
-    """The tensors a step leaves pending: weights, optimizer state, the logged loss and norm."""
-    import torch
-
-    state = (trainer.optimizer.state_tensors() if hasattr(trainer.optimizer, "state_tensors")
-             else [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)])
+    """The tensors a step leaves pending: what the step writes (StepPath.state), the logged loss and norm."""
     losses, grad_norm = trainer.live
-    return [*trainer.model.parameters(), *[t for t in state if t.device.type == "xla"],
-            *losses.values(), grad_norm]
+    return [*trainer.step_path.state(), *losses.values(), grad_norm]
 
 
 def one(model: str, impl: str, precision: str, steps: int, warmup: int) -> dict:

@@ -217,6 +217,15 @@ def check_world(world: int, joined: int, xla_world: int, gloo_bridge: bool) -> N
                        "independent replicas")
 
 
+def local_backend() -> Backend:
+    """This process alone on its XLA device (world size 1): what `plan` traces a step on."""
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    return Backend(kind=str(xr.device_type()), device=torch_xla.device(), world_size=1, rank=0, local_rank=0,
+                   gloo_bridge=False, host_group=None)
+
+
 def init_backend() -> Backend:
     """Join the torchrun world (if any) and pick the XLA device. Call after prepare_environment."""
     import torch_xla

@@ -100,6 +100,10 @@ class ModelEma:
         for e, m in self.copies.values():
             e.copy_(m)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The averages and copied buffers a step writes (outputs of its graph)."""
+        return [*self.flat.values(), *(e for e, _ in self.copies.values())]
+
     def _averages(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """(name, EMA module tensor, model tensor, current average on the host) for every float weight."""
         for dtype, group in self.groups.items():

@@ -25,29 +25,25 @@ import torch
 import torch_xla.core.xla_model as xm
 import torch_xla.debug.metrics as met
 
-from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.errors import RunError
 from neuron_train.common.fileio import write_json_atomic
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.graphs import GraphWatch
 from neuron_train.training import zero1
-from neuron_train.training.augment import AugmentedTensors, recipe_training_set
+from neuron_train.training.build import build_data, build_run, steps_per_epoch, total_steps
 from neuron_train.training.cache_hook import CompileCacheHook
 from neuron_train.training.checkpoint import write_failed_in_run
 from neuron_train.training.checkpointer import Checkpointer, Position
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import save_config
-from neuron_train.training.data import Batch, build_datasets, to_device, train_batches_per_epoch, train_loader
+from neuron_train.training.data import Batch, to_device
 from neuron_train.training.device import Backend
-from neuron_train.training.ema import ModelEma, build_ema
 from neuron_train.training.evaluator import Evaluator
 from neuron_train.training.metrics import MetricsWriter, Progress
-from neuron_train.training.models import build_model, count_parameters
-from neuron_train.training.optim import lr_at, set_lr
+from neuron_train.training.optim import lr_at
 from neuron_train.training.profiler import build_profiler
 from neuron_train.training.rundir import open_run_dir
-from neuron_train.training.step import StepPath, autocast
 from neuron_train.training.summary import RunSummary
-from neuron_train.training.tasks import build_task
 from neuron_train.training.throughput import Throughput
 
 
@@ -64,22 +60,20 @@ class Trainer:
         # training/rundir.py: lock, clean-up; the config to run (a restarted run resumes nothing)
         self.run_dir, self.cfg = open_run_dir(cfg, backend, self.extracting)
         cfg = self.cfg
-        self.data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, t.seed)
-        self.train_set, self.collate = recipe_training_set(cfg, self.data)  # --aa, --reprob, --mixup ...
+        self.data = build_data(cfg)
         # --compile-cache: records the graph manifest (graph tour) or checks against it; set up before
         # anything reaches the XLA device (torch_xla's cache must be initialised first)
         self.cache = CompileCacheHook(cfg, backend, num_classes=self.data.num_classes)
-        self.ema: ModelEma | None = None  # --model-ema: made by _build_model (ema.py)
-        self.model, self.params = self._build_model()
-        self.input_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
         self.pos = Position()
         self.watch = GraphWatch(cfg.compile.graph_warmup_steps, cfg.compile.check_graphs)
-        self.task = build_task(cfg, self.model, backend.device, step=lambda: self.pos.step,
-                               mark_phase=self.watch.phase)
-        self.step_path = StepPath(cfg, self.task, self.model, backend, ema=self.ema)  # --step-compiler
+        # build.py: the recipe's training set, the model (and --model-ema), the task, the step (--step-compiler)
+        self.built = build_run(cfg, backend, self.data, step=lambda: self.pos.step, mark_phase=self.watch.phase)
+        self.model, self.params, self.ema = self.built.model, self.built.params, self.built.ema
+        self.task, self.step_path = self.built.task, self.built.path
+        self.input_dtype = self.step_path.input_dtype
         self.optimizer = self.step_path.optimizer
-        self.steps_per_epoch = self._steps_per_epoch()
-        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.steps_per_epoch = steps_per_epoch(cfg, len(self.data.train), backend.world_size)
+        self.total_steps = total_steps(cfg, self.steps_per_epoch)
         if self.extracting:
             self.total_steps = min(self.total_steps, t.precompile_steps)
         self.evaluator = Evaluator(cfg, self.data.val, backend, self.model, self.watch, ema=self.ema,
@@ -95,59 +89,15 @@ class Trainer:
         self.nan_step: int | None = None
         self.stop_signal: int | None = None
 
-    def _build_model(self) -> tuple[torch.nn.Module, int]:
-        cfg, t = self.cfg, self.cfg.train
-        model = build_model(cfg.model.name, num_classes=self.data.num_classes,
-                            img_size=cfg.model.img_size, drop_path=cfg.model.drop_path,
-                            pretrained=cfg.model.pretrained)
-        params = count_parameters(model)
-        if t.precision == "bf16":
-            model = model.to(torch.bfloat16)  # pure bf16 weights; Neuron rounds stochastically
-        timm_ema = build_ema(cfg, model)  # before the move: timm's EMA cannot be made on XLA (ema.py)
-        model = model.to(self.backend.device)
-        self.backend.broadcast_parameters(model)
-        if timm_ema is not None:
-            timm_ema.module.to(self.backend.device)
-            self.ema = ModelEma(timm_ema, model)  # from the broadcast weights: every rank's EMA starts the same
-        return model, params
-
-    def _steps_per_epoch(self) -> int:
-        t, cfg = self.cfg.train, self.cfg
-        batches = train_batches_per_epoch(len(self.data.train), self.backend.world_size, t.batch_size)
-        if batches // t.grad_accum == 0:
-            raise UsageError(f"the {cfg.data.dataset} training set ({len(self.data.train)} samples) "
-                             f"has less than one step of {t.batch_size} x {t.grad_accum} x "
-                             f"{self.backend.world_size} ranks")
-        return batches // t.grad_accum
-
     def _global_batch(self) -> int:
         return self.checkpointer.global_batch
 
     # ----- one optimizer step ----------------------------------------------------------------
     def train_step(self, batches: Iterator[Batch]) -> None:
-        accum = self.cfg.train.grad_accum
         prof = self.profiler  # phase marks; a no-op object without --profile
-        for _ in range(accum):
-            images, labels = prof.next(batches)  # graph boundary: the previous step starts executing
-            images = images.to(self.input_dtype)
-            with autocast(self.cfg.train.precision):
-                losses = self.step_path.forward(images, labels)
-            prof.mark("forward")
-            (losses["loss"] / accum).backward()
-            prof.mark("backward")
-        lr = lr_at(self.pos.step, self.cfg.optim, self.total_steps)
-        set_lr(self.optimizer, lr)
-        if self.cfg.optim.zero1:  # reduce-scatter, global-norm clip, shard update, all-gather
-            self.optimizer.step()
-            if self.ema is not None:
-                self.ema.update()  # traced into this step's graph: no sync, no read
-            grad_norm = zero1.grad_norm(self.optimizer)
-            prof.mark("grad_sync")
-        else:
-            self.backend.reduce_gradients(self.optimizer)  # xm.optimizer_step, split to clip in between
-            prof.mark("grad_sync")
-            grad_norm = self.step_path.update()  # clip + optimizer.step(), captured or traced
-        self.optimizer.zero_grad(set_to_none=True)
+        lr = lr_at(self.pos.step, self.cfg.optim, self.total_steps)  # host arithmetic: no graph
+        # prof.next: the graph boundary, the previous step starts executing (step.py's StepPath.step)
+        losses, grad_norm = self.step_path.step(lambda: prof.next(batches), lr, prof.mark)
         self._after_step(losses, grad_norm, lr)
         prof.mark("optimizer")
 
@@ -231,15 +181,9 @@ class Trainer:
 
     def _epoch_batches(self) -> Iterator[Batch]:
         """This rank's batches for the rest of the current epoch, on the device (MpDeviceLoader)."""
-        t, b = self.cfg.train, self.backend
-        train_set = self.train_set  # --aa/--reprob: this epoch's, its samples' draws seeded (augment.py)
-        if isinstance(train_set, AugmentedTensors):
-            train_set = train_set.at(self.pos.epoch)
-        loader = train_loader(train_set, self.cfg.data, batch_size=t.batch_size, accum=t.grad_accum,
-                              world=b.world_size, rank=b.rank, seed=t.seed, epoch=self.pos.epoch,
-                              start_batch=self.pos.batch,
-                              collate=self.collate and self.collate.at(rank=b.rank, epoch=self.pos.epoch,
-                                                                       first_batch=self.pos.batch))
+        b = self.backend
+        loader = self.built.epoch_loader(world=b.world_size, rank=b.rank, epoch=self.pos.epoch,
+                                         start_batch=self.pos.batch)
         return iter(to_device(loader, b.device, self.cfg.data.batches_per_execution))
 
     def run(self) -> RunSummary:

@@ -23,7 +23,6 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sized
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -31,8 +30,9 @@ from neuron_train.common import writer
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import extracting_graphs
 from neuron_train.training import checkpoint as ckpt
+from neuron_train.training.build import build_data, steps_per_epoch, total_steps
 from neuron_train.training.config import RunConfig
-from neuron_train.training.data import build_datasets, check_images, train_batches_per_epoch
+from neuron_train.training.data import check_images
 from neuron_train.training.device import Backend, check_launch, env_int
 from neuron_train.training.models import check_model_name
 
@@ -108,18 +108,10 @@ def check_run_files(run_dir: Path) -> None:
 
 def _target_steps(cfg: RunConfig, world: int, *, images: bool) -> int:
     """The run's total optimizer steps; the data is checked on the way (images on rank 0 only)."""
-    data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, cfg.train.seed)
+    data = build_data(cfg)
     if images and cfg.data.dataset == "folder" and cfg.data.check_images and cfg.data.data_dir:
         check_images(data, Path(cfg.data.data_dir))  # (a folder dataset always has its --data-dir)
-    assert isinstance(data.train, Sized)  # every dataset build_datasets makes has a length
-    t, n = cfg.train, len(data.train)
-    per_epoch = train_batches_per_epoch(n, world, t.batch_size) // t.grad_accum
-    if per_epoch == 0:
-        most = n // (world * t.grad_accum)
-        fix = f"use --batch-size {most} or less" if most else "use fewer ranks or a larger dataset"
-        raise UsageError(f"the {cfg.data.dataset} training set ({n} samples) has less than one step of "
-                         f"{t.batch_size} x {t.grad_accum} x {world} ranks: {fix}")
-    return t.max_steps or t.epochs * per_epoch
+    return total_steps(cfg, steps_per_epoch(cfg, len(data.train), world))
 
 
 def _run_files(run_dir: Path) -> list[str]:

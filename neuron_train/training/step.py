@@ -15,7 +15,7 @@ and precompile's graph tour reaches them all (tests/precompile/test_precompile.p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
@@ -24,10 +24,11 @@ import torch_xla.core.xla_model as xm
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from neuron_train.training import zero1
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
 from neuron_train.training.device import Backend
 from neuron_train.training.flat_optim import FlatOptimizer
-from neuron_train.training.optim import build_optimizer, clip_grad_norm
+from neuron_train.training.optim import build_optimizer, clip_grad_norm, set_lr
 from neuron_train.training.tasks import Task
 
 if TYPE_CHECKING:
@@ -73,24 +74,57 @@ def _captured(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 class StepPath:
-    """`forward(images, labels)` -> losses, and `update()` -> gradient norm (clip + optimizer step)."""
+    """One optimizer step of the loop (`step`): `forward(images, labels)` -> losses per micro-batch,
+    then `update()` -> gradient norm (clip + optimizer step, and the EMA). The loop runs it; `plan`
+    traces the same step lazily (`capture=False`: the captured graphs' ops, read before they run)."""
 
     def __init__(self, cfg: RunConfig, task: Task, model: torch.nn.Module, backend: Backend, *,
-                 ema: ModelEma | None = None) -> None:
+                 ema: ModelEma | None = None, capture: bool = True) -> None:
         compiler, optim = cfg.train.step_compiler, cfg.optim
         # ZeRO-1 updates its own way. The legacy XLA_USE_BF16 / XLA_DOWNCAST_BF16 modes make every f32
         # tensor bf16 on the device, where a captured AdamW's bias correction 1 - 0.999**t rounds to 0
         # (NaN weights): there the update is traced lazily, its corrections computed on the host.
         # The flat update keeps its step counter on the host (as torch's lazy AdamW does): a captured
         # graph would guard on it, so it is traced lazily too.
-        captured_update = (compiler == "dynamo-full" and not optim.zero1 and optim.optimizer_impl != "flat"
-                           and cfg.train.precision not in LEGACY_BF16_PRECISIONS)
-        self.model, self.clip = model, optim.grad_clip
-        self.ema = ema
+        # Traced for plan (capture=False), the update is the lazy one: a capturable AdamW refuses to run
+        # outside a graph on XLA, and its device-side bias correction is a few scalar ops.
+        captured_update = (capture and compiler == "dynamo-full" and not optim.zero1
+                           and optim.optimizer_impl != "flat" and cfg.train.precision not in LEGACY_BF16_PRECISIONS)
+        self.model, self.clip, self.task = model, optim.grad_clip, task
+        self.ema, self.backend, self.zero1 = ema, backend, optim.zero1
+        self.accum, self.precision = cfg.train.grad_accum, cfg.train.precision
+        self.input_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
         self.foreach = optim.optimizer_impl == "foreach"
         self.optimizer = build_optimizer(model, optim, backend, captured=captured_update)
-        self.forward = _captured(task) if compiler in ("dynamo", "dynamo-full") else task
+        dynamo = capture and compiler in ("dynamo", "dynamo-full")
+        self.forward = _captured(task) if dynamo else task
         self.update = _captured(self._update) if captured_update else self._update
+
+    def step(self, next_batch: Callable[[], Sequence[torch.Tensor]], lr: float,
+             mark: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """`accum` micro-batches (each from `next_batch()`) forward and backward, then the update at
+        `lr`; `mark(phase)` after each phase (the profiler's). Returns the last losses and the norm."""
+        for _ in range(self.accum):
+            images, labels = next_batch()  # the loop's: a graph boundary, the previous step starts executing
+            images = images.to(self.input_dtype)
+            with autocast(self.precision):
+                losses = self.forward(images, labels)
+            mark("forward")
+            (losses["loss"] / self.accum).backward()
+            mark("backward")
+        set_lr(self.optimizer, lr)
+        if self.zero1:  # reduce-scatter, global-norm clip, shard update, all-gather
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()  # traced into this step's graph: no sync, no read
+            grad_norm = zero1.grad_norm(self.optimizer)
+            mark("grad_sync")
+        else:
+            self.backend.reduce_gradients(self.optimizer)  # xm.optimizer_step, split to clip in between
+            mark("grad_sync")
+            grad_norm = self.update()  # clip + optimizer.step(), captured or traced
+        self.optimizer.zero_grad(set_to_none=True)
+        return losses, grad_norm
 
     def _update(self) -> torch.Tensor:
         if isinstance(self.optimizer, FlatOptimizer):  # clipping is part of the flat update
@@ -105,3 +139,17 @@ class StepPath:
         if self.ema is not None:  # --model-ema: one lerp of the flat average, no host read (ema.py)
             self.ema.update()
         return grad_norm
+
+    def state(self) -> list[torch.Tensor]:
+        """The device tensors a step writes, besides its losses and norm: weights and buffers, the
+        optimizer's state (and a ZeRO-1 shard's weights, a captured LR), the EMA's, the task's."""
+        opt = self.optimizer
+        inner: torch.optim.Optimizer = getattr(opt, "base_optimizer", opt)  # ZeRO-1: the shard's optimizer
+        state = opt.state_tensors() if isinstance(opt, FlatOptimizer) else [
+            t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
+        groups = [t for g in inner.param_groups for v in g.values()
+                  for t in (v if isinstance(v, list) else [v]) if torch.is_tensor(t)]
+        ema = self.ema.state_tensors() if self.ema is not None else []
+        found = [*self.model.state_dict(keep_vars=True).values(), *state, *groups, *ema, *self.task.state_tensors()]
+        unique = {id(t): t for t in found if t.device.type == "xla"}
+        return list(unique.values())

@@ -15,7 +15,7 @@ from neuron_train.common.errors import RunError
 from neuron_train.cost.bench import instance
 from neuron_train.cost.bench import result as bench_result
 from neuron_train.cost.bench import sweep as bench_sweep
-from neuron_train.training import data as training_data
+from neuron_train.training import build as training_build
 from tests.precompile.test_reliability_cache import one_line, run
 
 
@@ -26,7 +26,7 @@ def no_measuring(monkeypatch):
         raise AssertionError("bench started measuring before refusing its --output")
 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    for module, name in ((training_data, "build_datasets"), (bench_sweep, "measure_train"),
+    for module, name in ((training_build, "build_data"), (bench_sweep, "measure_train"),
                          (bench_sweep, "InferBench"), (instance, "detect_instance_type")):
         monkeypatch.setattr(module, name, measuring)
 

@@ -131,13 +131,10 @@ class InferBench:
         import torch
 
         from neuron_train.common.neuron_env import neuron_device_present
-        from neuron_train.training.models import build_model
+        from neuron_train.training.build import inference_model
 
         self.cfg, self.torch = cfg, torch
-        model = build_model(cfg.model.name, num_classes=num_classes, img_size=cfg.model.img_size,
-                            pretrained=cfg.model.pretrained).eval()
-        self.dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
-        self.model = model.to(self.dtype)
+        self.model, self.dtype = inference_model(cfg, num_classes)  # the one plan's inference traces
         self.on_neuron = neuron_device_present()
         # trn1/inf2 only: inf1 (torch-neuron, torch 1.13) is refused before this, see scripts/inf1_bench.py
         self.tracer = "torch-neuronx" if self.on_neuron else "torch-xla"
@@ -178,7 +175,7 @@ class InferBench:
         import torch_xla.debug.metrics as met
         import torch_xla.runtime as xr
 
-        from neuron_train.training.step import autocast
+        from neuron_train.training.build import inference_forward
 
         device = torch_xla.device()
         model = self.model.to(device)
@@ -189,8 +186,7 @@ class InferBench:
         def run_once() -> Tensor:
             # What a server does, and what the Neuron SDK's harness times when it calls a traced
             # model with host tensors: batch in from the host, logits back to the host.
-            with self.torch.no_grad(), autocast(self.cfg.train.precision):
-                out = model(x.to(device))
+            out = inference_forward(model, x.to(device), self.cfg.train.precision)
             torch_xla.sync()
             return out.cpu()  # a host read: waits until the device has run the step
 

@@ -33,11 +33,11 @@ _VERSIONED = ("neuron-train", "torch", "torch-xla", "torchvision", "timm", "torc
 
 def workload_facts(cfg: RunConfig) -> tuple[int, int, int]:
     """(parameters, classes, training samples) of the configured model and dataset."""
-    from neuron_train.training.data import build_datasets
-    from neuron_train.training.models import build_model, count_parameters
+    from neuron_train.training.build import build_data, host_model
+    from neuron_train.training.models import count_parameters
 
-    data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, cfg.train.seed)
-    model = build_model(cfg.model.name, num_classes=data.num_classes, img_size=cfg.model.img_size)
+    data = build_data(cfg)
+    model = host_model(cfg, data.num_classes, weights=False)
     return count_parameters(model), data.num_classes, len(data.train)
 
 

@@ -1,8 +1,9 @@
 """What `neuron-train plan` measures on this machine: one process's steady training (or inference)
 step of our loop or of any script, as `WorkloadFigures` for the estimate (plan_model.py).
 
-- our loop (`measure_loop`): one steady step traced on the CPU XLA device in this process and read as
-  HLO before it would run (FLOPs, bytes, instructions; never executed); the input pipeline as the
+- our loop (`measure_loop`): the loop's own steady optimizer step (training/build.py's: its micro-batches,
+  task, clipping, update, EMA, as the configuration says) traced on the CPU XLA device in this process and
+  read as HLO before it would run (FLOPs, bytes, instructions; never executed); the input pipeline as the
   images it decodes per step; activations = the bytes autograd saves for the backward. No time of this
   machine is taken (wall or CPU): the host terms are computed from the counts (plan_model).
 - a model too large for this machine (`from_shapes`): the same figures counted on the meta device
@@ -17,9 +18,9 @@ import math
 import os
 import signal
 import tempfile
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from neuron_train.common.errors import RunError
 from neuron_train.cost.plan.hlo import HloFigures, hlo_figures
@@ -30,8 +31,14 @@ if TYPE_CHECKING:
     import torch
 
     from neuron_train.training.data import Datasets
+    from neuron_train.training.step import StepPath
 
-StepFn = Callable[["torch.Tensor", "torch.Tensor", "torch.optim.Optimizer | None"], tuple[list[Any], float]]
+# The fields training/config.py marks `graph=` whose change leaves plan's counted facts as they are, and
+# why. Every other graph= field moves them (tests/cost/test_plan_fields.py checks both ways).
+SAME_COST: dict[str, str] = {
+    "data.batches_per_execution": "N lazily traced steps joined into one execution: the same ops per step; "
+                                  "plan counts one graph launch per step (at most the host's dispatches)",
+}
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_STATES = 2              # AdamW's two moments per parameter (SGD with momentum: 1)
@@ -68,46 +75,19 @@ def _saved_bytes(model: torch.nn.Module, run_forward: Callable[[], Any]) -> tupl
     return float(sum(seen.values())), out
 
 
-def _train_loader(cfg: RunConfig, data: Datasets) -> Iterable[Any]:
-    """The loop's train loader (its first batch gives the step's input shapes)."""
-    from neuron_train.training.data import train_loader
-
-    return train_loader(data.train, cfg.data, batch_size=cfg.train.batch_size, accum=1, world=1, rank=0,
-                        seed=cfg.train.seed, epoch=0)
-
-
-def decoded_images(cfg: RunConfig) -> int:
-    """Images the host decodes and preprocesses per step: a folder's every sample (read, decode, resize);
+def decoded_images(cfg: RunConfig, mode: str = "train") -> int:
+    """Images the host decodes and preprocesses per step (training: an optimizer step's every micro-batch):
+    a folder's every sample (read, decode, resize);
     none for the in-memory datasets (digits, synthetic: a sample is a slice of tensors made once, and the
     batch's one copy is counted as its copy to the device). A count of the workload, never a timing of
     this machine, whose load would move it (the target's cost per image: the calibration's)."""
-    return cfg.train.batch_size if cfg.data.dataset == "folder" else 0
+    return samples_per_step(cfg, mode) if cfg.data.dataset == "folder" else 0
 
 
-def _step_fn(model: torch.nn.Module, mode: str, precision: str) -> StepFn:
-    """One step as our loop traces it (train: forward, loss, backward, AdamW/SGD update; infer: a
-    forward without gradients), returning (output tensors of the step, activation bytes)."""
-    import torch
-
-    from neuron_train.training.step import autocast
-
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(images: torch.Tensor, labels: torch.Tensor,
-             optimizer: torch.optim.Optimizer | None) -> tuple[list[Any], float]:
-        if mode == "infer":
-            with torch.no_grad(), autocast(precision):
-                return [model(images)], 0.0
-        with autocast(precision):
-            activations, logits = _saved_bytes(model, lambda: model(images))
-            loss = loss_fn(logits.float(), labels)
-        loss.backward()
-        assert optimizer is not None  # a training step: measure_loop built one
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-        return [loss, *model.parameters(), *state], activations
-    return step
+def samples_per_step(cfg: RunConfig, mode: str) -> int:
+    """One process's samples in the step plan traces: an optimizer step's --grad-accum micro-batches
+    (training), one batch (inference)."""
+    return cfg.train.batch_size * (cfg.train.grad_accum if mode == "train" else 1)
 
 
 def graphs_per_step(execution: str, mode: str) -> int:
@@ -130,56 +110,93 @@ def default_execution(mode: str, step_compiler: str | None = None) -> str:
     return "replay" if step_compiler not in (None, "lazy") else "lazy"
 
 
-def _warm_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create the optimizer's state with zero gradients (a cheap element-wise graph), so the step traced
-    next is the steady one (its first step would also build the state)."""
+def _warm_optimizer(path: StepPath) -> None:
+    """Create the loop's optimizer state with zero gradients (a cheap element-wise graph), so the step
+    traced next is the steady one (its first step would also build the state)."""
     import torch
     import torch_xla
 
-    for p in model.parameters():
+    for p in path.model.parameters():
         p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    path.optimizer.step()
+    path.optimizer.zero_grad(set_to_none=True)
     # Sync point: runs the state's creation now, apart from the step whose graph is read next.
     torch_xla.sync()
 
 
-def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
-    """Our loop's model, data and optimizer: one steady step traced on the XLA device and read as HLO
-    (FLOPs, bytes, instructions), never executed, and the input pipeline counted (`decoded_images`):
-    nothing here depends on this machine's speed, load or free memory. Returns the figures and details."""
+def steady_step(cfg: RunConfig) -> int:
+    """The optimizer step plan traces: past --sift-delay (its full-batch steps and the switch), so a
+    sifting run's steady step is the sifted one, as it is for most of the run."""
+    return cfg.sift.sift_delay + 1
+
+
+def _traced_step(cfg: RunConfig, data: Datasets) -> tuple[HloFigures, float, float, int]:
+    """The loop's own optimizer step (training/build.py), traced lazily and read as HLO, not run: its
+    figures, the activation bytes of one micro-batch, the batches' bytes copied in, the parameters."""
     import torch_xla
 
-    from neuron_train.training.data import build_datasets
-    from neuron_train.training.models import build_model
-    from neuron_train.training.optim import build_optimizer
+    from neuron_train.training.build import build_run
+    from neuron_train.training.device import local_backend
+    from neuron_train.training.optim import xla_safe
 
-    data = build_datasets(cfg.data, cfg.model.img_size, cfg.model.num_classes, cfg.train.seed)
-    device = torch_xla.device()
-    model = build_model(cfg.model.name, num_classes=data.num_classes, img_size=cfg.model.img_size).to(device)
-    model.train(mode == "train")
-    optimizer = build_optimizer(model, cfg.optim) if mode == "train" else None
-    if optimizer is not None:
-        _warm_optimizer(model, optimizer)
-    images, labels = (t.to(device) for t in next(iter(_train_loader(cfg, data))))
-    outputs, activations = _step_fn(model, mode, cfg.train.precision)(images, labels, optimizer)
+    backend = local_backend()
+    run = build_run(cfg, backend, data, step=lambda: steady_step(cfg), mark_phase=lambda _: None, capture=False)
+    _warm_optimizer(run.path)
+    host = iter(run.epoch_loader(world=1, rank=0, epoch=0))
+    batches = [[t.to(backend.device) for t in next(host)] for _ in range(cfg.train.grad_accum)]
+    fed = iter(batches)
+    run.model.train()
+    # any learning rate but 0 and 1 traces the same graph (optim.py): it reaches the graph as data
+    activations, (losses, grad_norm) = _saved_bytes(
+        run.model, lambda: run.path.step(lambda: next(fed), xla_safe(cfg.optim.lr), lambda _: None))
     # The steady step's pending graph, read and not run: its counts are all the estimate needs.
-    hlo = hlo_figures(torch_xla._XLAC._get_xla_tensors_hlo(outputs))
-    n = sum(p.numel() for p in model.parameters())
+    hlo = hlo_figures(torch_xla._XLAC._get_xla_tensors_hlo([*losses.values(), grad_norm, *run.path.state()]))
+    copied = float(sum(t.numel() * t.element_size() for batch in batches for t in batch))
+    return hlo, activations / cfg.train.grad_accum, copied, run.params
+
+
+def _traced_forward(cfg: RunConfig, data: Datasets) -> tuple[HloFigures, float, int]:
+    """The inference forward bench times (training/build.py's), traced and read as HLO, not run: its
+    figures, the batch's bytes copied in, the parameters."""
+    import torch
+    import torch_xla
+
+    from neuron_train.training.build import inference_forward, inference_model
+
+    device = torch_xla.device()
+    model, dtype = inference_model(cfg, data.num_classes)
+    model = model.to(device)
+    images = torch.zeros(cfg.train.batch_size, 3, cfg.model.img_size, cfg.model.img_size, dtype=dtype)
+    logits = inference_forward(model, images.to(device), cfg.train.precision)
+    hlo = hlo_figures(torch_xla._XLAC._get_xla_tensors_hlo([logits]))
+    return hlo, float(images.numel() * images.element_size()), sum(p.numel() for p in model.parameters())
+
+
+def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = None) -> tuple[WorkloadFigures, dict]:
+    """Our loop's own step (training) or bench's forward (inference), traced on the XLA device and read
+    as HLO (FLOPs, bytes, instructions), never executed, and the input pipeline counted (`decoded_images`):
+    nothing here depends on this machine's speed, load or free memory. Returns the figures and details.
+    A training step is one optimizer step: its --grad-accum micro-batches and one update."""
+    from neuron_train.training.build import build_data
+
+    data = build_data(cfg)
     train = mode == "train"
+    if train:
+        hlo, activations, copied, n = _traced_step(cfg, data)
+    else:
+        (hlo, copied, n), activations = _traced_forward(cfg, data), 0.0
     weights = _weights_bytes(n, cfg.train.precision)
     execution = execution or default_execution(mode, cfg.train.step_compiler)
     figures = WorkloadFigures(
-        name=cfg.model.name, mode=mode, flops_per_step=hlo.flops, conv_flops=hlo.conv_flops,
-        input_bytes=float(images.numel() * images.element_size() + labels.numel() * labels.element_size()),
+        name=cfg.model.name, mode=mode, flops_per_step=hlo.flops, conv_flops=hlo.conv_flops, input_bytes=copied,
         precision=matmul_precision(cfg.train.precision), bytes_per_step=hlo.bytes_in + hlo.bytes_out,
-        samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
+        samples_per_step=samples_per_step(cfg, mode), param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
-        activation_bytes=activations, host_input_s=0.0, decoded_images=decoded_images(cfg),
+        activation_bytes=activations, host_input_s=0.0, decoded_images=decoded_images(cfg, mode),
         loader_workers=cfg.data.workers(),
         execution=execution, hlo_instructions=hlo.instructions, graphs_per_step=graphs_per_step(execution, mode),
         measured_by="counted on the CPU XLA device of this machine (one step traced, not run)")
-    return figures, {"parameters": n, "num_classes": data.num_classes, "train_samples": len(cast(Sized, data.train)),
+    return figures, {"parameters": n, "num_classes": data.num_classes, "train_samples": len(data.train),
                      "hlo": {"dots": hlo.dots, "convolutions": hlo.convolutions, "instructions": hlo.instructions,
                              "flops_by_dtype": hlo.flops_by_dtype}}
 
@@ -187,9 +204,9 @@ def measure_loop(cfg: RunConfig, mode: str = "train", execution: str | None = No
 def model_classes(cfg: RunConfig) -> int:
     """The classes our loop's model is built with: --num-classes, or with 0 (the default) the dataset's.
     A model built with 0 classes has no head (timm): its weights and FLOPs would be missing."""
-    from neuron_train.training.data import build_datasets
+    from neuron_train.training.build import build_data
 
-    return cfg.model.num_classes or build_datasets(cfg.data, cfg.model.img_size, 0, cfg.train.seed).num_classes
+    return cfg.model.num_classes or build_data(cfg).num_classes
 
 
 def too_large(cfg: RunConfig) -> tuple[bool, float]:
@@ -198,11 +215,10 @@ def too_large(cfg: RunConfig) -> tuple[bool, float]:
     memory must not switch the plan to counting from shapes (its figures differ)."""
     import torch
 
-    from neuron_train.training.models import build_model
+    from neuron_train.training.build import host_model
 
     with torch.device("meta"):
-        n = sum(p.numel() for p in build_model(cfg.model.name, num_classes=model_classes(cfg),
-                                                img_size=cfg.model.img_size).parameters())
+        n = sum(p.numel() for p in host_model(cfg, model_classes(cfg), weights=False).parameters())
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return n * 16 > physical / 2, n * 16 / GIB
 
@@ -227,11 +243,11 @@ def from_shapes(cfg: RunConfig, mode: str = "train", execution: str | None = Non
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from neuron_train.training.models import build_model
+    from neuron_train.training.build import host_model
 
     classes = model_classes(cfg)  # the plan file would refuse a head-less model's num_classes
     with torch.device("meta"):
-        model = build_model(cfg.model.name, num_classes=classes, img_size=cfg.model.img_size)
+        model = host_model(cfg, classes, weights=False)
         images = torch.empty(cfg.train.batch_size, 3, cfg.model.img_size, cfg.model.img_size)
     train = mode == "train"
     with FlopCounterMode(display=False) as counter:
@@ -248,6 +264,8 @@ def from_shapes(cfg: RunConfig, mode: str = "train", execution: str | None = Non
         samples_per_step=cfg.train.batch_size, param_bytes=weights, grad_bytes=weights if train else 0.0,
         optimizer_bytes=n * 4 * _optimizer_states(cfg.optim.optimizer) if train else 0.0,
         activation_bytes=activations if train else 0.0,
+        # one micro-batch counted: --grad-accum of them share an update's all-reduce
+        grad_accumulation=cfg.train.grad_accum if train else 1,
         execution=execution or default_execution(mode, cfg.train.step_compiler),
         measured_by="estimated from shapes on the meta device (nothing allocated; traced instructions not counted)")
     return figures, {"parameters": n, "num_classes": classes, "train_samples": None}

@@ -19,6 +19,10 @@ class Task(Protocol):
 
     def info(self) -> dict: ...
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Device state the task writes each step (outputs of the step's graph, beside the losses)."""
+        ...
+
 
 class PerSampleTask(Task, Protocol):
     """A task that also gives its losses per sample: what sifting wraps (classification, distillation)."""
@@ -44,3 +48,6 @@ class ClassificationTask:
 
     def info(self) -> dict:
         return {}
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return []

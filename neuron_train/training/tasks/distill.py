@@ -93,3 +93,6 @@ class DistillationTask:
         return {"teacher_model": self.cfg.teacher_model, "teacher_params": self.teacher_params,
                 "student_params": count_parameters(self.student),
                 "teacher_bf16": self.cfg.teacher_bf16}
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return []  # the teacher is frozen: read, never written

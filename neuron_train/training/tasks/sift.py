@@ -175,3 +175,7 @@ class SiftingTask:
         return {**self.inner.info(), "sift": self.cfg.sift, "sift_kept_per_batch": self.k,
                 "samples_scored_per_rank": seen, "samples_backpropagated_per_rank": backprop,
                 "backprop_fraction": backprop / seen if seen else None}
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        own = [self.losses.history, self.losses.filled] if self.losses is not None else []
+        return [*self.inner.state_tensors(), *own]
