@@ -171,7 +171,7 @@ def calibrated_pairs(facts: dict) -> list[dict]:
     return out
 
 
-BERT_FAMILY = {"bert-base", "bert-large", "distilbert"}
+BERT_FAMILY = {"bert-base", "bert-large", "distilbert", "xlm-roberta-base-mlm"}
 
 
 def loo_summary(errors: list[tuple[Fitted, float]], band: float) -> dict:

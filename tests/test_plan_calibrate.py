@@ -62,6 +62,10 @@ def test_the_batch_copy_to_the_device_is_in_series_with_the_compute():
     w = workload(mode="infer", execution="compiled", flops_per_step=9.5e12, input_bytes=4e6, grad_bytes=0.0,
                  optimizer_bytes=0.0, activation_bytes=0.0, host_input_s=0.0, bytes_per_step=1e6)
     assert estimate(w, t, calib).parts_s["compute"] == pytest.approx(0.201)
+    # an LM head's logits copied back: 8 MB more at 4 GB/s is 2 ms more
+    back = workload(mode="infer", execution="compiled", flops_per_step=9.5e12, input_bytes=4e6, output_bytes=8e6,
+                    grad_bytes=0.0, optimizer_bytes=0.0, activation_bytes=0.0, host_input_s=0.0, bytes_per_step=1e6)
+    assert estimate(back, t, calib).parts_s["compute"] == pytest.approx(0.203)
 
 
 def test_one_all_reduce_per_update_is_shared_by_the_accumulated_microbatches():
@@ -87,8 +91,15 @@ def test_published_rows_are_expressed_as_they_ran():
     rows, _ = plan_data.load_published()
     # the six tensor/pipeline-parallel decoder rows calibrate nothing
     assert len(fitted) == len(rows) - 6 and all(f.row.model_shards == 1 for f in fitted)
-    xlm = [f for f in fitted if f.row.model == "xlm-roberta-base"]
-    assert len(xlm) == 2 and all(f.processes == 2 for f in xlm)   # latency x throughput: 2 batches in flight
+    # every published inference row of a 24- or 32-core type (xlm-roberta-base, gpt2-large at 2.10-2.22) ran
+    # 2 workers (throughput x P50 latency / batch = 2.0), not one per NeuronCore
+    big = [f for f in fitted if f.row.mode == "infer" and f.target.cores >= 24]
+    assert len(big) == 11 and all(f.processes == 2 for f in big)
+    # xlm-roberta-base's masked-LM head: each step copies 8 x 128 tokens x 250,002 f32 logits to the host
+    xlm = next(f for f in fitted if f.row.model == "xlm-roberta-base" and f.row.instance_type == "trn1.32xlarge")
+    assert xlm.workload.output_bytes == 1_024_008_192
+    # and its FLOPs: 8 x (21,743,271,936 body + 603,979,776 attention + 2 x 128 x 768 x 250,002 head)
+    assert xlm.workload.flops_per_step == 8 * (21_743_271_936 + 603_979_776 + 49_152_393_216)
     one_node = next(f for f in fitted if f.row.nodes == 1 and f.row.optimizer == "AdamW" and f.row.arch == "bert-large"
                     and f.row.mode == "train")
     assert one_node.workload.grad_accumulation == 16384 // (16 * 32)

@@ -174,11 +174,13 @@ class PairResult:
 
 def cross_predict(fitted: list[Fitted], source_type: str = "trn1.2xlarge",
                   target_file: str = "inf2_inference_encoder.csv") -> list[PairResult]:
-    """The encoder pairs: the fraction fitted on the trn1 row alone predicts the inf2 row."""
-    trn = {f.row.model: f for f in fitted if f.row.file == "trn1_inference_encoder.csv"}
+    """The encoder pairs: the fraction fitted on the trn1 row alone predicts the inf2 row of the same model
+    and release (the batch may differ: each table's own)."""
+    trn = {(f.row.model, f.row.sdk): f for f in fitted if f.row.file == "trn1_inference_encoder.csv"
+           and f.row.instance_type == source_type}
     out = []
-    for g in (f for f in fitted if f.row.file == target_file and f.row.model in trn):
-        s = trn[g.row.model]
+    for g in (f for f in fitted if f.row.file == target_file and (f.row.model, f.row.sdk) in trn):
+        s = trn[(g.row.model, g.row.sdk)]
         rate = g.rate(s.fraction)
         cost = lambda f, r: f.target.usd_per_hour * f.row.nodes / r  # noqa: E731  ($ per sample/s)
         predicted_cheaper = cost(g, rate) < cost(s, s.row.samples_per_sec)

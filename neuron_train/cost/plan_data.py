@@ -142,7 +142,7 @@ def forward_flops(arch: dict, seq: int | None) -> float:
     attn_proj = 2 * d * d * (1 + arch.get("gqa_kv_fraction", 1.0))
     mlp = (3 if arch.get("gated_ffn") else 2) * d * ffn
     return (2 * tokens * layers * (attn_proj + mlp) + 4 * layers * tokens * tokens * d
-            + arch.get("extra_gflops", 0.0) * 1e9)
+            + 2 * tokens * d * arch.get("output_vocab", 0) + arch.get("extra_gflops", 0.0) * 1e9)
 
 
 def load_published(path: Path = PUBLISHED_PATH) -> tuple[list[PublishedRow], dict[str, dict]]:
@@ -155,7 +155,7 @@ def published_workload(row: PublishedRow, arch: dict, cores: int) -> WorkloadFig
     so a core does 1/shards of a replica's work and holds 1/shards of its weights. A training row traces
     its step lazily (torch-neuronx), the architecture's counted instructions, decodes its images in the
     training process (the examples' default loader) and all-reduces once per global batch; an inference
-    row runs a compiled model on tensors already made."""
+    row runs a compiled model on tensors already made and copies its result back (an LM head's f32 logits)."""
     train = row.mode == "train"
     accumulation = max(1, (row.global_batch or 0) // (row.batch_per_core * processes(row, cores) * row.nodes))
     flops = forward_flops(arch, row.seq) * (3 if train else 1)
@@ -166,6 +166,7 @@ def published_workload(row: PublishedRow, arch: dict, cores: int) -> WorkloadFig
         name=row.model, mode=row.mode, flops_per_step=flops * per_step,
         conv_flops=flops * per_step if arch["kind"] == "cnn" else 0.0,   # a CNN's FLOPs: its convolutions
         input_bytes=per_step * (row.seq * 8 if row.seq else IMAGE_BYTES),  # token ids (int64) or an f32 image
+        output_bytes=0.0 if train else per_step * (row.seq or 0) * arch.get("output_vocab", 0) * BYTES_FP32,  # logits
         precision=row.precision, bytes_per_step=weights * (3 if train else 1), samples_per_step=per_step,
         param_bytes=params * BYTES_FP32 if train else weights, grad_bytes=params * BYTES_FP32 if train else 0.0,
         optimizer_bytes=params * 2 * BYTES_FP32 if train else 0.0, activation_bytes=0.0,
