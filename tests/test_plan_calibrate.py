@@ -112,6 +112,10 @@ def test_published_rows_are_expressed_as_they_ran():
     assert xlm.workload.output_bytes == 1_024_008_192
     # and its FLOPs: 8 x (21,743,271,936 body + 603,979,776 attention + 2 x 128 x 768 x 250,002 head)
     assert xlm.workload.flops_per_step == 8 * (21_743_271_936 + 603_979_776 + 49_152_393_216)
+    # the encoder pairs: one model at one release on both types (13 models at 2.16, gpt2 and gpt2-medium
+    # at 2.10, 2.11, 2.13 and 2.14), whatever batch each table ran
+    pairs = plan_calibrate.cross_predict(fitted)
+    assert len(pairs) == 21 and all(p.source.row.sdk == p.target.row.sdk for p in pairs)
     one_node = next(f for f in fitted if f.row.nodes == 1 and f.row.optimizer == "AdamW" and f.row.arch == "bert-large"
                     and f.row.mode == "train")
     assert one_node.workload.grad_accumulation == 16384 // (16 * 32)
