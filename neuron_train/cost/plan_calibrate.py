@@ -140,8 +140,8 @@ def fit(fitted: list[Fitted]) -> tuple[dict[str, float], HostCosts]:
     device-only fraction of the training rows (a backward and an update run below the inference
     fraction: 0.08-0.30 against 0.27-0.59), and the host costs from the rows below it (`fit_host`);
     without training rows, the inference fractions (docs/plan.md)."""
-    rows = [f.row for f in fitted]
-    fresh = [f for f in fitted if f.row in set(newest(rows))]
+    latest = set(newest([f.row for f in fitted]))
+    fresh = [f for f in fitted if f.row in latest]
     dots, conv = pooled(fresh, "infer", False), pooled(fresh, "infer", True)
     fraction = {"infer": dots or conv or 1.0, "train": dots or conv or 1.0}
     if conv is not None:
