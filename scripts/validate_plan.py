@@ -35,11 +35,14 @@ import tempfile
 from pathlib import Path
 
 from neuron_train.cost.plan.calibrate import (
+    BAND_PERCENTILE,
     MODES,
     Fitted,
     cross_predict,
+    factor_error,
     fitted_rows,
     leave_one_out,
+    percentile,
     published_calibration,
     recalibrated,
 )
@@ -76,6 +79,11 @@ STANDINS: dict[str, tuple[str, list[str], list[tuple[str, str]]]] = {
     "vit-base-train": ("train", ["--model", "vit_base_patch16_224", "--img-size", "224", "--batch-size", "64",
                                  "--dataset", "synthetic", "--precision", "bf16-autocast", "--step-compiler", "lazy"],
                        [("HuggingFace ViT-Base fine-tuning", "trn1.32xlarge")]),
+    # the same at the 2.14 table's microbatch 56
+    "vit-base-train-56": ("train", ["--model", "vit_base_patch16_224", "--img-size", "224", "--batch-size", "56",
+                                    "--dataset", "synthetic", "--precision", "bf16-autocast", "--step-compiler", "lazy"],
+                          [("HuggingFace ViT-Base fine-tuning", "trn1.32xlarge")]),
+    # run, not traced: steps of ~3.8 TFLOP on the CPU (over 15 minutes and 9.7 GB here even at --steps 3: not measured)
     "bert-large-train": ("train", ["--model", "bert-large-pretraining", "--mode", "train", "--batch", "16"],
                          [("HuggingFace BERT-Large Ph1 pre-training", "trn1.32xlarge")]),
 }
@@ -171,7 +179,7 @@ def calibrated_pairs(facts: dict) -> list[dict]:
     return out
 
 
-BERT_FAMILY = {"bert-base", "bert-large", "distilbert"}
+BERT_FAMILY = {"bert-base", "bert-large", "distilbert", "xlm-roberta-base-mlm"}
 
 
 def loo_summary(errors: list[tuple[Fitted, float]], band: float) -> dict:
@@ -179,7 +187,10 @@ def loo_summary(errors: list[tuple[Fitted, float]], band: float) -> dict:
     the printed range (the estimate / (1 + band) .. x (1 + band)) holds the published figure, its width."""
     fresh = set(newest([f.row for f, _ in errors]))
     inside = [1 / (1 + band) <= 1 + e <= 1 + band for _, e in errors]
-    return {"rows": len(errors), "newest_rows": len(fresh),
+    # the range as a held-out architecture would print it: its band from the other architectures' errors
+    nested = [factor_error(e) <= percentile([factor_error(o) for g, o in errors if g.row.arch != f.row.arch] or [band],
+                                            BAND_PERCENTILE) for f, e in errors]
+    return {"rows": len(errors), "newest_rows": len(fresh), "range_contains_own_band": sum(nested) / len(nested),
             "median_abs_error": statistics.median(abs(e) for f, e in errors if f.row in fresh),
             "median_abs_error_every_release": statistics.median(abs(e) for _, e in errors),
             "max_abs_error": max(abs(e) for _, e in errors), "range_contains": sum(inside) / len(inside),
@@ -273,16 +284,18 @@ def report(f: dict, show_rows: bool) -> None:
     print(f"target host, fitted on the newest published training rows: tracing {h['trace_us_per_instruction']:.2f} us "
           f"per HLO instruction, input pipeline {h['image_ms']:.2f} ms per image; release drift: median "
           f"{f['release_spread']:.1%} between a workload's fastest and slowest release")
-    names = {"train": "train", "train-strict": "train, host costs also left out",
+    names = {"train-strict": "train (device fraction and host costs fitted without the architecture)",
+             "train": "train, host costs from every architecture (not a held-out figure)",
              "infer": "infer", "infer-outside-bert": "infer, architectures outside the BERT family"}
     for key, name in names.items():
         loo = f["loo"][key]
-        target = "" if key in ("train-strict",) else (
+        target = "" if key == "train" else (
             f" (target <= 30%: {'met' if loo['median_abs_error'] <= TARGETS['median_abs_error'] else 'NOT met'})")
         print(f"calibration leave-architecture-out, {name}: median absolute error {loo['median_abs_error']:.1%} over "
               f"the newest row of {loo['newest_rows']} workloads{target}, {loo['median_abs_error_every_release']:.1%} "
               f"over all {loo['rows']} rows of every release (max {loo['max_abs_error']:.0%}); the printed range "
-              f"(x{loo['range_width']:.2f} wide) holds {loo['range_contains']:.0%} of them")
+              f"(x{loo['range_width']:.2f} wide) holds {loo['range_contains']:.0%} of them, "
+              f"{loo['range_contains_own_band']:.0%} with the band fitted without their architecture")
     c = f["cross"]
     met = "met" if c["median_abs_error"] <= TARGETS["cross_median_abs_error"] else "NOT met"
     print(f"trn1.2xlarge -> inf2.xlarge cross-prediction: median absolute error {c['median_abs_error']:.1%} over "

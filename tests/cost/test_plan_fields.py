@@ -68,7 +68,7 @@ _COUNTED: dict[RunConfig, dict] = {}  # the base configurations are shared: each
 
 def facts(cfg: RunConfig) -> dict:
     """What plan counts for the configuration's training step (its name and wording left out)."""
-    from neuron_train.cost import plan_measure
+    from neuron_train.cost.plan import measure as plan_measure
 
     if cfg not in _COUNTED:
         figures, details = plan_measure.measure_loop(cfg)

@@ -172,7 +172,8 @@ def test_of_two_types_rated_equal_the_one_with_more_vcpus_per_core_is_named_fast
     inf2, trn1 = (estimate(w, targets[n], CALIB) for n in ("inf2.xlarge", "trn1.2xlarge"))
     assert inf2.samples_per_sec == trn1.samples_per_sec
     assert fastest([inf2, trn1]).instance_type == fastest([trn1, inf2]).instance_type == "trn1.2xlarge"
-    published = {(r.model, r.instance_type): r.samples_per_sec for r in plan_data.load_published()[0]}
+    published = {(r.model, r.instance_type): r.samples_per_sec for r in plan_data.load_published()[0]
+                 if r.sdk == "2.16.0"}   # the 2.16 encoder tables: one release, the same batch on both types
     pairs = [m for m, t in published if t == "trn1.2xlarge" and (m, "inf2.xlarge") in published]
     assert len(pairs) == 13 and all(published[(m, "trn1.2xlarge")] > published[(m, "inf2.xlarge")] for m in pairs)
 

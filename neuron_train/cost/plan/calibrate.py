@@ -95,20 +95,24 @@ def fitted_rows(rows: list[PublishedRow] | None = None) -> list[Fitted]:
     return out
 
 
-def fit_host(fitted: list[Fitted]) -> HostCosts:
-    """The target host's tracing and image costs from the newest published training rows: a step cannot
-    be shorter than its trace, so the tracing cost is the smallest step time per counted instruction of
-    any row (the row that attains it is host-bound); the image cost likewise, from the image rows' step
-    time left after their trace. The defaults (HOST) when no training row has counted instructions."""
-    train = [f for f in fitted if f.row.mode == "train" and f.workload.hlo_instructions]
+def fit_host(train: list[Fitted], device_fraction: float) -> HostCosts:
+    """The target host's tracing and image costs from the training rows the device cannot explain: a row
+    whose device-only fraction of peak is below the training rows' pooled one (`device_fraction`) spends
+    the rest of its step on its host. A step cannot be shorter than its trace, so the tracing cost is the
+    smallest step time per counted instruction of those rows that decode no images (0 when none: no
+    published row shows tracing binding, the device term stands alone); the image cost likewise, from
+    the image rows' step time left after their trace. The defaults (HOST) when no row has counted
+    instructions."""
+    train = [f for f in train if f.workload.hlo_instructions]
     if not train:
         return HOST
     def spare(f: Fitted) -> float:   # the step time left after its all-reduce share
         return f.step_s - allreduce_s(f.workload.grad_bytes, f.processes, f.target) / f.workload.grad_accumulation
-    trace = min(spare(f) / f.workload.hlo_instructions for f in train)
+    bound = [f for f in train if f.fraction < device_fraction]
+    trace = min((spare(f) / f.workload.hlo_instructions for f in bound if not f.workload.decoded_images), default=0.0)
     images = [max(spare(f) - trace * f.workload.hlo_instructions, 0.0) / f.workload.decoded_images
-              for f in train if f.workload.decoded_images]
-    return dataclasses.replace(HOST, trace_s_per_instruction=trace, image_s=min(images, default=HOST.image_s))
+              for f in bound if f.workload.decoded_images]
+    return dataclasses.replace(HOST, trace_s_per_instruction=trace, image_s=min(images, default=0.0))
 
 
 def pooled_fraction(fractions: list[float]) -> float:
@@ -133,24 +137,29 @@ def pooled(fitted: list[Fitted], mode: str, conv: bool) -> float | None:
 
 def fit(fitted: list[Fitted]) -> tuple[dict[str, float], HostCosts]:
     """The device's fractions of peak and the target host's costs, from the newest row of each workload.
-    The fractions come from the inference rows (compiled models: the device is all their step); a
-    training step runs on the same matrix units at the same fraction, and its rows calibrate the host
-    (every published training row is bound by its host at the inference fraction: docs/plan.md)."""
-    rows = [f.row for f in fitted]
-    fresh = [f for f in fitted if f.row in set(newest(rows))]
+    Inference: the inference rows (compiled models: the device is all their step). Training: the pooled
+    device-only fraction of the training rows (a backward and an update run below the inference
+    fraction: 0.08-0.30 against 0.27-0.59), and the host costs from the rows below it (`fit_host`);
+    without training rows, the inference fractions (docs/plan.md)."""
+    latest = set(newest([f.row for f in fitted]))
+    fresh = [f for f in fitted if f.row in latest]
     dots, conv = pooled(fresh, "infer", False), pooled(fresh, "infer", True)
     fraction = {"infer": dots or conv or 1.0, "train": dots or conv or 1.0}
     if conv is not None:
         fraction.update({"infer-conv": conv, "train-conv": conv})
-    return fraction, fit_host(fresh)
+    train = [f for f in fresh if f.row.mode == "train" and f.workload.hlo_instructions]
+    if not train:
+        return fraction, HOST
+    fraction["train"] = pooled_fraction([f.fraction for f in train])
+    return fraction, fit_host(train, fraction["train"])
 
 
 def leave_one_out(fitted: list[Fitted], mode: str, strict: bool = False) -> list[tuple[Fitted, float]]:
     """Each row of the mode, every release, predicted from the fractions fitted on the rows of other
     architectures only (a user's model is not in the calibration: its architecture's other rows, of
-    either mode, must not be either): (row, error). The host costs are those of every row, as a user's
-    new model gets them; `strict` fits them without the row's architecture too (the tracing cost is
-    then unknown when the left-out architecture is the only host-bound one: docs/plan.md)."""
+    either mode, must not be either): (row, error). The host costs are those of every row unless `strict`,
+    which fits them without the row's architecture too, as a user's new model meets them (the tracing
+    cost is 0 when no other architecture's row shows it: docs/plan.md)."""
     out, shipped = [], fit(fitted)[1]
     for f in (f for f in fitted if f.row.mode == mode):
         fraction, host = fit([o for o in fitted if o.row.arch != f.row.arch])
@@ -175,11 +184,13 @@ class PairResult:
 
 def cross_predict(fitted: list[Fitted], source_type: str = "trn1.2xlarge",
                   target_file: str = "inf2_inference_encoder.csv") -> list[PairResult]:
-    """The encoder pairs: the fraction fitted on the trn1 row alone predicts the inf2 row."""
-    trn = {f.row.model: f for f in fitted if f.row.file == "trn1_inference_encoder.csv"}
+    """The encoder pairs: the fraction fitted on the trn1 row alone predicts the inf2 row of the same model
+    and release (the batch may differ: each table's own)."""
+    trn = {(f.row.model, f.row.sdk): f for f in fitted if f.row.file == "trn1_inference_encoder.csv"
+           and f.row.instance_type == source_type}
     out = []
-    for g in (f for f in fitted if f.row.file == target_file and f.row.model in trn):
-        s = trn[g.row.model]
+    for g in (f for f in fitted if f.row.file == target_file and (f.row.model, f.row.sdk) in trn):
+        s = trn[(g.row.model, g.row.sdk)]
         rate = g.rate(s.fraction)
         cost = lambda f, r: f.target.usd_per_hour * f.row.nodes / r  # noqa: E731  ($ per sample/s)
         predicted_cheaper = cost(g, rate) < cost(s, s.row.samples_per_sec)
@@ -200,8 +211,10 @@ def published_calibration(fitted: list[Fitted] | None = None) -> Calibration:
     (so it holds the release drift too)."""
     fitted = fitted if fitted is not None else fitted_rows()
     fraction, host = fit(fitted)
-    band = {mode: percentile([factor_error(e) for _, e in leave_one_out(fitted, mode)], BAND_PERCENTILE)
-            for mode in MODES}
+    # training's band from the strict leave-out (host costs fitted without the architecture too): a new
+    # model's tracing and image costs are not in the calibration either
+    band = {mode: percentile([factor_error(e) for _, e in leave_one_out(fitted, mode, strict=mode == "train")],
+                             BAND_PERCENTILE) for mode in MODES}
     count = {m: sum(f.row.mode == m for f in fitted) for m in MODES}
     return Calibration(fraction, band, f"published Neuron rows ({count['train']} training, {count['infer']} "
                                        "inference; neuron_train/data/plan_published.yaml)", host)

@@ -178,6 +178,7 @@ class Architecture:
     gqa_kv_fraction: float = 1.0
     gated_ffn: bool = False
     extra_gflops: float = 0.0
+    output_vocab: int = 0           # an LM head's vocabulary: its logits are counted and copied back
     train_instructions: int = 0     # the counted instructions of its training step's graph
 
     @classmethod
@@ -187,7 +188,7 @@ class Architecture:
         f.check("params_m", "number>0")
         for name in ("gmacs", "train_gflops", "gqa_kv_fraction", "extra_gflops"):
             f.check(name, "number>=0", required=False)
-        f.count("hidden", "ffn", "layers", "tokens", "train_instructions", least=0, required=False)
+        f.count("hidden", "ffn", "layers", "tokens", "output_vocab", "train_instructions", least=0, required=False)
         if not isinstance(f.data.get("gated_ffn", False), bool):
             raise UsageError(f"{where}: field 'gated_ffn' must be true or false, got {shown(f.data['gated_ffn'])}")
         f.only(field.name for field in dataclasses.fields(cls))
@@ -206,7 +207,7 @@ def forward_flops(arch: Architecture, seq: int | None) -> float:
     attn_proj = 2 * d * d * (1 + arch.gqa_kv_fraction)
     mlp = (3 if arch.gated_ffn else 2) * d * ffn
     return (2 * tokens * layers * (attn_proj + mlp) + 4 * layers * tokens * tokens * d
-            + arch.extra_gflops * 1e9)
+            + 2 * tokens * d * arch.output_vocab + arch.extra_gflops * 1e9)
 
 
 def load_published(path: Path = PUBLISHED_PATH) -> tuple[list[PublishedRow], dict[str, Architecture]]:
@@ -229,7 +230,7 @@ def published_workload(row: PublishedRow, arch: Architecture, cores: int) -> Wor
     so a core does 1/shards of a replica's work and holds 1/shards of its weights. A training row traces
     its step lazily (torch-neuronx), the architecture's counted instructions, decodes its images in the
     training process (the examples' default loader) and all-reduces once per global batch; an inference
-    row runs a compiled model on tensors already made."""
+    row runs a compiled model on tensors already made and copies its result back (an LM head's f32 logits)."""
     train = row.mode == "train"
     accumulation = max(1, (row.global_batch or 0) // (row.batch_per_core * processes(row, cores) * row.nodes))
     flops = forward_flops(arch, row.seq) * (3 if train else 1)
@@ -240,6 +241,7 @@ def published_workload(row: PublishedRow, arch: Architecture, cores: int) -> Wor
         name=row.model, mode=row.mode, flops_per_step=flops * per_step,
         conv_flops=flops * per_step if arch.kind == "cnn" else 0.0,   # a CNN's FLOPs: its convolutions
         input_bytes=per_step * (row.seq * 8 if row.seq else IMAGE_BYTES),  # token ids (int64) or an f32 image
+        output_bytes=0.0 if train else per_step * (row.seq or 0) * arch.output_vocab * BYTES_FP32,  # logits
         precision=row.precision, bytes_per_step=weights * (3 if train else 1), samples_per_step=per_step,
         param_bytes=params * BYTES_FP32 if train else weights, grad_bytes=params * BYTES_FP32 if train else 0.0,
         optimizer_bytes=params * 2 * BYTES_FP32 if train else 0.0, activation_bytes=0.0,

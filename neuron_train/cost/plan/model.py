@@ -5,7 +5,8 @@ Per process (one NeuronCore, data parallel), step time =
     max(device compute, device memory traffic, host input pipeline, host rest)   (they overlap)
   + gradient all-reduce (training only; not overlapped with the step: an assumption)
 where device compute = dot FLOPs / (peak TFLOPS of the precision x the calibrated fraction of peak)
-+ convolution FLOPs / (the same x the convolutions' fraction) + the batch's copy to the device,
++ convolution FLOPs / (the same x the convolutions' fraction) + the batch's copy to the device and
+the result's back,
 memory traffic = bytes in and out of the step's graph / the core's share of device memory bandwidth,
 the host input pipeline = its CPU-seconds per batch / the data workers a process gets on the target
 (vCPUs / processes - 1 for the process itself, at most the loader's workers, at least 1), the host
@@ -76,6 +77,7 @@ class WorkloadFigures:
     graphs_per_step: int = 1        # graph executions the host dispatches per step
     conv_flops: float = 0.0         # the convolutions' share of flops_per_step (their own fraction of peak)
     input_bytes: float = 0.0        # the batch copied from the host to the device each step
+    output_bytes: float = 0.0       # the step's result copied back to the host (an LM head's logits in inference)
     decoded_images: float = 0.0     # images the host decodes and preprocesses per step (workload-defined input cost)
     grad_accumulation: int = 1      # steps per gradient all-reduce (microbatches accumulated before the update)
     measured_by: str = "measured on the CPU XLA device"
@@ -185,9 +187,9 @@ def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dic
     per_core_bw = t.chip.memory_gib_per_s * GIB / t.chip.cores
     # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
     workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
-    # The batch's copy to the device is in series with the compute of its step (it is the step's input).
+    # The batch's copy to the device and the result's copy back are in series with the step's compute.
     compute = (dots / (per_core_peak * c.fraction[w.mode]) + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode))
-               + w.input_bytes / c.host.copy_bytes_per_s)
+               + (w.input_bytes + w.output_bytes) / c.host.copy_bytes_per_s)
     host_input = (w.host_input_s or 0.0) + w.decoded_images * c.host.image_s
     parts = {"compute": compute, "memory": w.bytes_per_step / per_core_bw, "host_input": host_input / workers,
              "host_rest": host_rest_s(w, processes, t.vcpus, c.host)}
@@ -228,7 +230,7 @@ def estimate(w: WorkloadFigures, t: Target, c: Calibration, processes: int | Non
 def fastest(estimates: list[Estimate]) -> Estimate:
     """The fastest type that fits; of types the model rates equal (the same chip and processes), the one
     with more host vCPUs per NeuronCore: the published encoder rows run 2-10% faster on trn1.2xlarge
-    (8 vCPUs) than on inf2.xlarge (4 vCPUs, the same chip) in 13 of 13 pairs (plan_published.yaml)."""
+    (8 vCPUs) than on inf2.xlarge (4 vCPUs, the same chip) in 13 of 13 pairs of the 2.16 tables (plan_published.yaml)."""
     return max((e for e in estimates if e.fits), key=lambda e: (e.samples_per_sec or 0.0, e.vcpus_per_core))
 
 
