@@ -46,7 +46,7 @@ from neuron_train.graphs.explain import (
     slice_made,
 )
 from neuron_train.graphs.findings import DynamoEntry
-from neuron_train.graphs.fixes import accumulation_remainder, fix_of
+from neuron_train.graphs.fixes import accumulation_remainder, fix_of, ragged_batch
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import ErrorNote, Graph, GraphReport, Window
@@ -250,8 +250,10 @@ class Analyzer:
             graph.cause = read_cause(read.kind if read is not None else None) if event.host_access else NEW_CALL_SITE
             graph.library = (read.library if read is not None else "") or graph.library
             graph.fix = fix_for(graph.cause, graph.library, read.padded, read.function) if read is not None else ""
-        if graph.kind != "warmup" and not growth and not event.host_access:
-            accumulation_remainder(graph, ctx)  # the Trainer's shorter last window: its setting, not the sync
+        if graph.kind != "warmup" and not growth and not event.host_access and not accumulation_remainder(
+                graph, ctx) and graph.cause == NEW_CALL_SITE and ragged_batch(graph, hlo, ctx):
+            # The Trainer's shorter last window (its setting, not the sync), else a ragged last batch at its own sync.
+            self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:

@@ -76,6 +76,19 @@ class Loaders:
                     return origin, batches
         return None
 
+    def ragged_batch(self, shapes: list[str]) -> tuple[LoaderOrigin, str, str] | None:
+        """(loader, its ragged last batch's shape among `shapes`, that shape at the full batch size) of a
+        loader that yielded both: a graph traced on its last batch."""
+        for key, seen in self.shapes.items():
+            origin = self.origins.get(key)
+            if origin is None or not (remainder := _remainder(origin)):
+                continue
+            for shape in sorted(shapes, key=lambda s: -s.count(",")):  # the batch's widest tensor first
+                full = shape.replace(f"[{remainder}", f"[{origin.batch_size}", 1)
+                if _first_dim(shape) == remainder and shape in seen and full in seen:
+                    return origin, shape, full
+        return None
+
     def source_of(self, shapes: list[str]) -> LoaderOrigin | None:
         """The loader whose batches had one of `shapes` (exact type first, then dimensions only:
         XLA_USE_BF16 turns f32 inputs into bf16 ones)."""

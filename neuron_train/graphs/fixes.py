@@ -1,11 +1,19 @@
 """Fixes more precise than a cause's own (pure Python): the optimizer or module scalar that moved, the
-CPU fallback op that ran, and the Trainer's gradient-accumulation remainder with its arithmetic."""
+CPU fallback op that ran, the Trainer's gradient-accumulation remainder and a ragged last batch synced at
+a call site of its own (the Trainer's end of epoch), each with its arithmetic."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from neuron_train.graphs.causes import ACCUMULATION_REMAINDER, DATA_DEPENDENT, FALLBACK_FIXES, NEW_CONSTANT
+from neuron_train.graphs import hlo_diff
+from neuron_train.graphs.causes import (
+    ACCUMULATION_REMAINDER,
+    DATA_DEPENDENT,
+    FALLBACK_FIXES,
+    NEW_CONSTANT,
+    NEW_INPUT_SHAPE,
+)
 from neuron_train.graphs.records import Graph, ScalarChange
 from neuron_train.graphs.report import short
 
@@ -34,6 +42,35 @@ def accumulation_remainder(graph: Graph, ctx: Context) -> bool:
                  f"samples), or a gradient_accumulation_steps that divides {batches}; dataloader_drop_last=True "
                  "helps only when a ragged last batch alone makes the remainder; or accept the one extra graph "
                  "(compiled once, run every epoch) and precompile it")
+    return True
+
+
+def ragged_batch(graph: Graph, hlo: hlo_diff.HloSummary | None, ctx: Context) -> bool:
+    """A graph at a new call site traced on a loader's ragged last batch: a recompilation for that batch's
+    shape, named at the loader with the arithmetic and its fixes. The transformers Trainer lets the loader's
+    next fetch sync each step (MpDeviceLoader), so an epoch's last step is synced by its end-of-epoch
+    mark_step: the ragged batch's graph compiles there, a call site no full batch's step reached."""
+    found = ctx.loaders.ragged_batch([p.shape for p in hlo.params]) if hlo is not None else None
+    if found is None:
+        return False
+    origin, ragged, full = found
+    if ctx.follows is not None and (ctx.follows[0].cause, ctx.follows[0].where) == (NEW_INPUT_SHAPE, origin.where):
+        return False  # this batch's recompilation was just reported (a read ran part of its step first): one report
+    samples, size = origin.samples or 0, origin.batch_size or 1  # both known: the loader has a ragged batch
+    batches, remainder = divmod(samples, size)
+    synced = f" (the sync at {graph.library})" if graph.library else ""
+    graph.kind, graph.cause = "recompile", NEW_INPUT_SHAPE
+    graph.detail = (f"a ragged last batch: {samples} samples in batches of {size} (drop_last=False) from the "
+                    f"DataLoader at {short(origin.where)}: {batches} full batches and a last one of {samples} mod "
+                    f"{size} = {remainder}; its input {full} -> {ragged} traces another step graph, compiled at the "
+                    f"epoch's end{synced} and run at every epoch's end")
+    graph.where, graph.library = origin.where, origin.library
+    divisible = " or ".join(str(n * size) for n in (batches, batches + 1) if n)
+    drop = ("TrainingArguments(dataloader_drop_last=True)" if origin.library.startswith("transformers/trainer.py")
+            else f"drop_last=True on the DataLoader at {short(origin.where)}")
+    graph.fix = (f"{drop} (leaves out the last {remainder} samples of each epoch), or a dataset that is a "
+                 f"multiple of {size} ({divisible} samples), or accept the one extra graph (compiled once, run every "
+                 "epoch) and precompile it")
     return True
 
 

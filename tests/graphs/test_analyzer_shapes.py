@@ -11,7 +11,7 @@ from neuron_train.graphs.analyzer import Analyzer
 from neuron_train.graphs.causes import FIXES
 from neuron_train.graphs.log import internal_file_predicate, library_namer
 from tests.graphs.test_analyzer_rules import SITE_PACKAGES, analyzer_of, through
-from tests.graphs.test_graphs import CLEAR, STEP, ran, run_site, summary_of_shapes, window
+from tests.graphs.test_graphs import CLEAR, LIBS, STEP, ran, run_site, summary_of_shapes, window
 
 
 def sliced(rows: int, length: int, at: str, full: int = 32) -> hlo_diff.HloSummary:
@@ -114,3 +114,41 @@ def test_a_trainers_loader_is_known_by_the_collator_it_wraps_and_its_batchencodi
     grouped = torch.utils.data.BatchSampler(LengthGroupedSampler(2, lengths=[3, 4]), batch_size=2, drop_last=False)
     assert loaders.origin(torch.utils.data.DataLoader([1, 2], batch_sampler=grouped), "/u/t.py:50").grouped
     assert made.collate_where.endswith(f"transformers/data/data_collator.py:{type(padder).__call__.__code__.co_firstlineno}")
+
+
+@pytest.mark.parametrize("library,drop", [
+    ("transformers/trainer.py:1051", "TrainingArguments(dataloader_drop_last=True)"),
+    ("", "drop_last=True on the DataLoader at /u/t.py:5"),
+], ids=["trainer", "torch"])
+def test_a_ragged_last_batch_synced_at_a_new_call_site_is_a_recompilation_with_its_arithmetic(library, drop):
+    """The Trainer syncs an epoch's last step at its end-of-epoch mark_step (line 20 here), not at the loader's
+    next fetch (line 10): 30 samples in batches of 8 end each epoch with a batch of 6, whose graph is new at
+    a new call site. Not a late graph: the ragged batch's recompilation, at the loader."""
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    loader = records.LoaderOrigin("L1", "/u/t.py:5", batch_size=8, drop_last=False, samples=30, library=library)
+    full, ragged = ["s64[8,8]", "s64[8]"], ["s64[6,8]", "s64[6]"]
+    run_site(analyzer, "A", "A", "A", loaders=[loader], batches=[records.Batch("L1", full)])
+    [graph] = analyzer.observe(window(4, *ran("R", line=20), hlo={0: summary_of_shapes("s64[6]", "s64[6,8]")},
+                                      batches=[records.Batch("L1", ragged)]))
+    assert (graph.kind, graph.cause, graph.where, graph.library) == ("recompile", causes.NEW_INPUT_SHAPE,
+                                                                     "/u/t.py:5", library)
+    assert graph.detail == ("a ragged last batch: 30 samples in batches of 8 (drop_last=False) from the DataLoader "
+                            "at /u/t.py:5: 3 full batches and a last one of 30 mod 8 = 6; its input s64[8,8] -> "
+                            "s64[6,8] traces another step graph, compiled at the epoch's end and run at every "
+                            "epoch's end")
+    assert graph.fix == (f"{drop} (leaves out the last 6 samples of each epoch), or a dataset that is a "
+                         "multiple of 8 (24 or 32 samples), or accept the one extra graph (compiled once, run every "
+                         "epoch) and precompile it")
+
+
+@pytest.mark.parametrize("batches", [
+    [["s64[6,8]"]],                # the loader never yielded a full batch of that tensor: no ragged pair
+    [["s64[8,8]"], ["s64[8,8]"]],  # it never yielded the ragged one: the new site's input is another tensor
+], ids=["only-ragged", "only-full"])
+def test_a_new_call_site_without_a_ragged_pair_stays_a_late_graph(batches):
+    analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
+    loader = records.LoaderOrigin("L1", "/u/t.py:5", batch_size=8, drop_last=False, samples=30)
+    run_site(analyzer, "A", "A", "A", loaders=[loader], batches=[records.Batch("L1", b) for b in batches])
+    assert analyzer.observe(window(4, *ran("R", line=20), hlo={0: summary_of_shapes("s64[6,8]")})) == []
+    graph = analyzer.graphs["R"]  # not a recompilation: observe returns only those
+    assert (graph.kind, graph.cause, graph.where) == ("late", causes.NEW_CALL_SITE, "/u/t.py:20")

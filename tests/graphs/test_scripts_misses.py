@@ -37,6 +37,26 @@ def test_a_gradient_accumulation_remainder_names_the_setting_the_arithmetic_and_
     assert code == 0 and late_causes(report) == [] and report["recompiles"] == [], output
 
 
+def test_a_trainers_ragged_last_batch_is_a_recompilation_with_its_arithmetic_and_a_fix_that_removes_it(tmp_path):
+    """30 samples in batches of 8, dataloader_drop_last=False: each epoch ends with a batch of 6, whose step
+    graph the Trainer syncs at its end-of-epoch mark_step (a new call site: every full batch's step is synced
+    by the loader's next fetch). Named a ragged-batch recompilation at the DataLoader the Trainer made, not a
+    late graph; with --drop-last (dataloader_drop_last=True, the first fix printed) nothing new compiles."""
+    command = (sys.executable, str(HF), "--no-mask", "--samples", "30")
+    code, report, output = check_graphs(tmp_path, *command, "--output-dir", str(tmp_path / "o"))
+    assert code == 1 and late_causes(report) == [], output
+    [ragged] = report["recompiles"]
+    assert (ragged["cause"], ragged["where"]) == (causes.NEW_INPUT_SHAPE, label(HF, "TRAIN")), output
+    assert ragged["library"].startswith("transformers/trainer.py:"), output
+    assert "a ragged last batch: 30 samples in batches of 8 (drop_last=False)" in ragged["detail"], output
+    assert "3 full batches and a last one of 30 mod 8 = 6" in ragged["detail"], output
+    assert "s64[8,8] -> s64[6,8]" in ragged["detail"], output
+    assert ragged["fix"].startswith("TrainingArguments(dataloader_drop_last=True)"), output
+    assert "a multiple of 8 (24 or 32 samples)" in ragged["fix"] and "precompile it" in ragged["fix"], output
+    code, report, output = check_graphs(tmp_path, *command, "--drop-last", "--output-dir", str(tmp_path / "o2"))
+    assert code == 0 and late_causes(report) == [] and report["recompiles"] == [], output
+
+
 def test_a_callbacks_dropout_anneal_to_exactly_0_is_named_at_the_write_and_its_fix_passes(tmp_path):
     """A TrainerCallback anneals every nn.Dropout.p to exactly 0 by optimizer step 4: the step after is a
     new graph, named at the callback's write (not the Trainer's batch fetch from trainer.train()), with
