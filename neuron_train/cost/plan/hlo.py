@@ -6,7 +6,7 @@ output elements x the kernel's elements per output feature (divided by the input
 transposed convolution, whose inserted zeros are not multiplied). Bytes in and out: the entry
 computation's parameters and results, i.e. what the graph reads from and writes to device memory.
 Instructions: every instruction of every computation of the unoptimized module, what lazy tracing
-builds op by op on the host (the unit of the host term of a lazy step, plan_model.host_rest_s).
+builds op by op on the host (the unit of the host term of a lazy step, plan/model.host_rest_s).
 """
 
 from __future__ import annotations

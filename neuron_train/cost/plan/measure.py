@@ -1,5 +1,5 @@
 """What `neuron-train plan` measures on this machine: one process's steady training (or inference)
-step of our loop or of any script, as `WorkloadFigures` for the estimate (plan_model.py).
+step of our loop or of any script, as `WorkloadFigures` for the estimate (plan/model.py).
 
 - our loop (`measure_loop`): the loop's own steady optimizer step (training/build.py's: its micro-batches,
   task, clipping, update, EMA, as the configuration says) traced on the CPU XLA device in this process and

@@ -87,7 +87,7 @@ class WorkloadFigures:
 class HostCosts:
     """Per-unit costs of the target's host, never the planning machine's (whose wall time moves with its
     load). The shipped tracing and image costs are fitted on the published training rows
-    (plan_calibrate.fit_host); these defaults stand only where no training row with counted
+    (plan/calibrate.fit_host); these defaults stand only where no training row with counted
     instructions is given (12 us: thread CPU time per instruction measured on a quiet planning machine,
     an upper bound of the target's). docs/plan.md."""
 

@@ -97,7 +97,7 @@ def table(w: WorkloadFigures, estimates: list[Estimate], unit: str) -> list[str]
         if not e.fits:
             rows.append([e.instance_type, str(e.processes), "-", "-", "-", "-", e.note])
             continue
-        assert e.band is not None  # set for every instance type that fits (plan_model.estimate)
+        assert e.band is not None  # set for every instance type that fits (plan/model.estimate)
         rate = f"{e.samples_per_sec:,.1f} ({e.band[0]:,.0f}-{e.band[1]:,.0f})"
         epoch = money(e.usd_per_epoch) if e.usd_per_epoch else "-"
         rows.append([e.instance_type, str(e.processes), rate, money(e.usd_per_million), epoch, str(e.rank or "-"),
