@@ -5,7 +5,7 @@ step of our loop or of any script, as `WorkloadFigures` for the estimate (plan/m
   task, clipping, update, EMA, as the configuration says) traced on the CPU XLA device in this process and
   read as HLO before it would run (FLOPs, bytes, instructions; never executed); the input pipeline as the
   images it decodes per step; activations = the bytes autograd saves for the backward. No time of this
-  machine is taken (wall or CPU): the host terms are computed from the counts (plan_model).
+  machine is taken (wall or CPU): the host terms are computed from the counts (plan/model.py).
 - a model too large for this machine (`from_shapes`): the same figures counted on the meta device
   (torch's FLOP counter, nothing allocated, no host time): an estimate from shapes.
 - any script (`measure_script`): the command runs under bench's probe with XLA's HLO dump on; the
