@@ -366,7 +366,9 @@ def gpg_keys(tmp_path_factory):
     (home / "both.asc").write_text(gpg("--armor", "--export", fprs[0], fprs[1]))
     (home / "file.tar.gz").write_bytes(b"installer bytes")
     gpg("--local-user", fprs[0], "--detach-sign", "-o", str(home / "file.tar.gz.sig"), str(home / "file.tar.gz"))
-    return home, fprs
+    yield home, fprs
+    # gpg started an agent for this home to make the keys; it would outlive the test run
+    subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, check=False, capture_output=True)
 
 
 def test_verify_key_accepts_only_the_pinned_fingerprint(gpg_keys):
