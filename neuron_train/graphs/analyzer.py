@@ -250,10 +250,12 @@ class Analyzer:
             graph.cause = read_cause(read.kind if read is not None else None) if event.host_access else NEW_CALL_SITE
             graph.library = (read.library if read is not None else "") or graph.library
             graph.fix = fix_for(graph.cause, graph.library, read.padded, read.function) if read is not None else ""
-        if graph.kind != "warmup" and not growth and not event.host_access and not accumulation_remainder(
-                graph, ctx) and graph.cause == NEW_CALL_SITE and ragged_batch(graph, hlo, ctx):
-            # The Trainer's shorter last window (its setting, not the sync), else a ragged last batch at its own sync.
-            self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
+        if graph.kind != "warmup" and not growth and not event.host_access:
+            # The Trainer's shorter last window is its setting, not the sync; else a graph at a new call site
+            # may be a ragged last batch synced there: then it is a recompilation, the latest one.
+            remainder = accumulation_remainder(graph, ctx)
+            if not remainder and graph.cause == NEW_CALL_SITE and ragged_batch(graph, hlo, ctx):
+                self.last_recompile = (index, graph, hlo.outputs if hlo is not None else [])
         if graph.kind != "warmup" and not graph.fix:  # a dynamo recompilation's is set: the compiled library's
             graph.fix = fix_for(graph.cause, graph.library)
         if hlo is not None:
