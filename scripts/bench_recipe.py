@@ -129,7 +129,8 @@ def accuracy(args: argparse.Namespace) -> None:
                 runs[kind].append(train(out, [*flags, "--seed", str(seed), *extra], f"{name} {kind} {seed}",
                                         nproc=nproc).summary)
         plain, recipe = runs["plain"], runs["recipe"]
-        print(f"\n{name}: final validation accuracy, {epochs} epochs, {nproc} processes, seeds {args.seeds} (mean ± sd [each])")
+        print(f"\n{name}: final validation accuracy, {epochs} epochs, {nproc} processes, "
+              f"seeds {args.seeds} (mean ± sd [each])")
         print(f"  plain          {_mean_sd([r['eval_accuracy'] for r in plain])}")
         print(f"  recipe (raw)   {_mean_sd([r['eval_accuracy'] for r in recipe])}")
         print(f"  recipe (EMA)   {_mean_sd([r['eval_ema_accuracy'] for r in recipe])}")

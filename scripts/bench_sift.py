@@ -6,8 +6,8 @@ Trains the same model with the same seed on the digits data twice, without and w
 (--sift topk --sift-keep KEEP, after --sift-delay steps), evaluating every --eval-every steps, and
 prints side by side: the first evaluation at or above the target (its step, the wall time since
 launch, the training time without compilation = steps x median step time (full-batch steps at
-the unsifted run's), the samples back-propagated until then) and the final accuracy. Pass --relative BETA to add a run with the
-relative-probabilistic rule.
+the unsifted run's), the samples back-propagated until then) and the final accuracy. Pass
+--relative BETA to add a run with the relative-probabilistic rule.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ and reports, per step:
 
 Models: ViT-Tiny/16, ViT-B/16 (also at width 96: the same ops, see MODELS) and a BERT-Large-like
 encoder (24 pre-norm blocks of 16 heads, width 64: the op count of BERT-Large's layers, not its
-FLOPs) at 32 px (the op count does not depend on the image size). Every configuration runs in a fresh process (clean metrics and caches); repeats are
-interleaved and the table shows medians, so a busy machine slows every row alike.
+FLOPs) at 32 px (the op count does not depend on the image size). Every configuration runs in a
+fresh process (clean metrics and caches); repeats are interleaved and the table shows medians, so a
+busy machine slows every row alike.
 
     python scripts/bench_trace.py                                  # every model, fp32 and bf16-autocast
     python scripts/bench_trace.py --models vit-b16 --impls for-loop,flat --repeats 3

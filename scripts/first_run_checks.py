@@ -104,7 +104,8 @@ def _neffs_reused(log: Path, cache: Path, times: str) -> tuple[str, str]:
     if not hits:
         return "FAIL", f"no '{CACHE_HIT}' line in {log}: the precompiled graphs were not reused ({times})"
     if elsewhere:
-        return "FAIL", f"{seen}: {len(elsewhere)} NEFF(s) from outside {home} (e.g. {elsewhere[0]}): the run's cache is not the one the compiler used ({times})"
+        return "FAIL", (f"{seen}: {len(elsewhere)} NEFF(s) from outside {home} (e.g. {elsewhere[0]}): "
+                        f"the run's cache is not the one the compiler used ({times})")
     if misses:
         return "FAIL", f"{seen}: the precompiled cache missed graphs (first: {misses[0].strip()[:200]}) ({times})"
     return "PASS", f"{len(hits)} cached NEFF(s) used, all under {home}, no compile; {times}"

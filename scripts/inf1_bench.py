@@ -152,7 +152,8 @@ def neuron_api():
 
 def check_driver(version_file: Path) -> str:
     """The loaded Neuron driver's version, if it is one that supports inf1 (2.24.*); else Refused."""
-    pin = f"sudo apt-get install -y --allow-downgrades aws-neuronx-dkms={INF1_DRIVER}* && sudo apt-mark hold aws-neuronx-dkms"
+    pin = (f"sudo apt-get install -y --allow-downgrades aws-neuronx-dkms={INF1_DRIVER}* "
+           "&& sudo apt-mark hold aws-neuronx-dkms")
     try:
         loaded = version_file.read_text().strip()
     except OSError:

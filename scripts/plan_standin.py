@@ -30,8 +30,9 @@ ENCODERS = {
     "roberta-base": ("RobertaConfig", "RobertaModel", {}),
     "albert-base": ("AlbertConfig", "AlbertModel", dict(embedding_size=128, hidden_size=768, num_attention_heads=12,
                                                         intermediate_size=3072)),
-    "bert-large-pretraining": ("BertConfig", "BertForPreTraining", dict(hidden_size=1024, num_hidden_layers=24,
-                                                                        num_attention_heads=16, intermediate_size=4096)),
+    "bert-large-pretraining": ("BertConfig", "BertForPreTraining",
+                               dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                                    intermediate_size=4096)),
     "vit-base-hf": ("ViTConfig", "ViTForImageClassification", {}),
     # openai/clip-vit-base-patch32: both towers, the contrastive loss of the fine-tuning example
     "clip-base-32": ("CLIPConfig", "CLIPModel", dict(vision_config=dict(patch_size=32))),

@@ -81,7 +81,8 @@ STANDINS: dict[str, tuple[str, list[str], list[tuple[str, str]]]] = {
                        [("HuggingFace ViT-Base fine-tuning", "trn1.32xlarge")]),
     # the same at the 2.14 table's microbatch 56
     "vit-base-train-56": ("train", ["--model", "vit_base_patch16_224", "--img-size", "224", "--batch-size", "56",
-                                    "--dataset", "synthetic", "--precision", "bf16-autocast", "--step-compiler", "lazy"],
+                                    "--dataset", "synthetic", "--precision", "bf16-autocast",
+                                    "--step-compiler", "lazy"],
                           [("HuggingFace ViT-Base fine-tuning", "trn1.32xlarge")]),
     # run, not traced: steps of ~3.8 TFLOP on the CPU (over 15 minutes and 9.7 GB here even at --steps 3: not measured)
     "bert-large-train": ("train", ["--model", "bert-large-pretraining", "--mode", "train", "--batch", "16"],
@@ -171,7 +172,8 @@ def calibrated_pairs(facts: dict) -> list[dict]:
         for model in sorted({m for m, t in wanted if t == "trn1.2xlarge" and (m, "inf2.xlarge") in wanted}):
             if key not in facts:
                 continue
-            w, bench, other = workload(facts[key]["workload"]), by_key[(model, "trn1.2xlarge")], by_key[(model, "inf2.xlarge")]
+            w, bench, other = (workload(facts[key]["workload"]), by_key[(model, "trn1.2xlarge")],
+                               by_key[(model, "inf2.xlarge")])
             calib, _, warning = recalibrated(base, w, tgt["trn1.2xlarge"], bench.samples_per_sec, 2, "published row")
             rate = estimate(w, tgt["inf2.xlarge"], calib).samples_per_sec or 0.0
             out.append({"model": model, "bench": bench.samples_per_sec, "published": other.samples_per_sec,
@@ -273,7 +275,8 @@ def report(f: dict, show_rows: bool) -> None:
     if pairs:
         med = statistics.median(abs(p["error"]) for p in pairs)
         print(f"--calibrate on the trn1.2xlarge row -> inf2.xlarge, same model: median absolute error {med:.1%} over "
-              f"{len(pairs)} models (target <= 10%: {'met' if med <= TARGETS['cross_median_abs_error'] else 'NOT met'}); "
+              f"{len(pairs)} models (target <= 10%: "
+              f"{'met' if med <= TARGETS['cross_median_abs_error'] else 'NOT met'}); "
               f"re-fit warnings: {sum(bool(p['warning']) for p in pairs)}")
     print(f"not expressible by plan (never estimated as test rows): {len(e['not_expressible'])} rows")
     for r in e["not_expressible"]:

@@ -191,7 +191,8 @@ def test_docs_state_the_pinned_versions():
     text = DOCS.read_text()
     assert f"Neuron SDK {PINS['neuron_sdk']}" in text
     for component, version in {**PINNED, **PINS["framework"]}.items():
-        assert re.search(rf"\|\s*`?{re.escape(component)}(?:`|\s)[^|]*\|\s*`?{re.escape(version)}`?\s*\|", text), component
+        assert re.search(rf"\|\s*`?{re.escape(component)}(?:`|\s)[^|]*\|\s*`?{re.escape(version)}`?\s*\|",
+                         text), component
 
 
 @pytest.mark.parametrize("doc", ["docs/ami.md", "README.md"])
@@ -299,7 +300,8 @@ def test_check_torch_xla_reads_the_required_version_and_stops_in_one_line(tmp_pa
                  env={"NT_NEURON_SDK": "", "NT_TORCH_NEURONX": "2.9.0.2.13.26312", "PYTHONPATH": str(tmp_path)})
     if message is None:
         assert shown.returncode == 0, shown.stderr
-        assert f"torch-neuronx 2.9.0.2.13.26312 requires {requirement}; torch-xla {xla_version} installed" in shown.stderr
+        assert (f"torch-neuronx 2.9.0.2.13.26312 requires {requirement}; torch-xla {xla_version} installed"
+                in shown.stderr)
     else:
         assert shown.returncode == 1 and message in shown.stderr
         assert len(shown.stderr.strip().splitlines()) == 1, shown.stderr  # one line, no traceback
@@ -471,7 +473,8 @@ def test_sbatch_outside_slurm_is_refused():
 
 def test_sbatch_dry_run_sets_rendezvous_efa_and_per_host_cache(slurm, tmp_path):
     run_dir = str(tmp_path / "run")
-    res = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1"}, "--model", "vit-micro", "--epochs", "2", "--output-dir", run_dir)
+    res = sbatch({**slurm, "NEURON_TRAIN_DRY_RUN": "1"}, "--model", "vit-micro", "--epochs", "2",
+                 "--output-dir", run_dir)
     assert res.returncode == 0, res.stdout + res.stderr
     root = "127.0.0.10"
     assert f"rank 0 on {root}" in res.stdout

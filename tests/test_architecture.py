@@ -140,7 +140,8 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             if mod.startswith("neuron_train.training") and dep.startswith(
                     ("neuron_train.graphs", "neuron_train.precompile", "neuron_train.cost", "neuron_train.ops",
                      "neuron_train.instrument")) \
-                    and dep not in TRAINING_MAY_USE and not (mod == CACHE_HOOK and dep.startswith("neuron_train.precompile")):
+                    and dep not in TRAINING_MAY_USE \
+                    and not (mod == CACHE_HOOK and dep.startswith("neuron_train.precompile")):
                 found.append(f"{mod} (training) imports {dep}: use the hook objects only")
             if (problem := cost_violation(mod, dep)) is not None:
                 found.append(problem)
@@ -325,4 +326,5 @@ def test_a_package_circle_is_caught_even_without_a_module_circle():
     graph = load_graph()
     graph["neuron_train.precompile.listing"] = graph["neuron_train.precompile.listing"] | {"neuron_train.training.data"}
     assert not any("import circle" in v for v in violations(graph))  # no module imports back...
-    assert any("package circle" in v and "neuron_train.training" in v for v in violations(graph))  # ...but a package does
+    # ...but a package does
+    assert any("package circle" in v and "neuron_train.training" in v for v in violations(graph))

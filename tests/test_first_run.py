@@ -28,8 +28,8 @@ from tests.conftest import ROOT, cpu_env
 SCRIPT = ROOT / "scripts" / "neuron_first_run.sh"
 EVIDENCE = ROOT / "scripts" / "first_run_checks.py"
 NPC_HELP = "usage: neuron_parallel_compile [-h] [--num_parallel NUM_PARALLEL] [--command {compile,analyze}]\n"
-ORDER = ["npc-num-parallel", "torch-xla-requires", "neuron-cores", "lazy", "cache-module-files", "hlo-dump", "bench-train",
-         "bench-infer", "dynamo-full"]
+ORDER = ["npc-num-parallel", "torch-xla-requires", "neuron-cores", "lazy", "cache-module-files", "hlo-dump",
+         "bench-train", "bench-infer", "dynamo-full"]
 NEURON_LS = ROOT / "tests" / "fixtures" / "doctor"  # recorded `neuron-ls --json-output` of real instances
 SMALL = "--model vit-nano --max-steps 4 --warmup-measure-steps 1 --num-workers 0"
 
@@ -178,7 +178,8 @@ def test_num_parallel_check_reads_the_help_one_line_and_into_the_json(tmp_path, 
 @pytest.mark.slow
 def test_a_hanging_check_is_stopped_at_its_limit_and_the_next_checks_run(tmp_path):
     pids = tmp_path / "pids"
-    standin(tmp_path / "bin", "neuron_parallel_compile", f'echo $$ >> "{pids}"\nsleep 600 &\necho $! >> "{pids}"\nwait\n')
+    standin(tmp_path / "bin", "neuron_parallel_compile",
+            f'echo $$ >> "{pids}"\nsleep 600 &\necho $! >> "{pids}"\nwait\n')
     start = time.monotonic()
     proc = first_run(tmp_path, "--timeout", "45", "--only", "npc-num-parallel,hlo-dump",
                      env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"})
@@ -225,10 +226,11 @@ def test_every_check_runs_end_to_end_on_cpu_without_a_traceback_or_a_pass_withou
     """The whole script as the first Neuron hour runs it, here: a moved import, a flag the commands
     lost, a Python snippet this Python rejects or a check that cannot answer fails this test."""
     standin(tmp_path / "bin", "neuron_parallel_compile", f"cat <<'EOF'\n{NPC_HELP}EOF\n")
-    standin(tmp_path / "bin", "neuron-ls", f'[[ $1 == --json-output ]] && cat "{NEURON_LS / "neuron_ls_trn1_2xlarge.json"}"\n')
+    standin(tmp_path / "bin", "neuron-ls",
+            f'[[ $1 == --json-output ]] && cat "{NEURON_LS / "neuron_ls_trn1_2xlarge.json"}"\n')
     site = fake_torch_neuronx(tmp_path / "site", "torch-xla ==2.9.0")
-    proc = first_run(tmp_path, "--timeout", "900", "--instance-type", "trn1.2xlarge", env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-                                                        "PYTHONPATH": f"{ROOT}:{site}"})
+    proc = first_run(tmp_path, "--timeout", "900", "--instance-type", "trn1.2xlarge",
+                     env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": f"{ROOT}:{site}"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = read_back(tmp_path)
     assert doc["device"] == "CPU" and doc["schema"] == "neuron-train-first-run"
@@ -236,7 +238,8 @@ def test_every_check_runs_end_to_end_on_cpu_without_a_traceback_or_a_pass_withou
     assert [c["name"] for c in doc["checks"]] == ORDER  # dynamo-full last
     assert {n: c["status"] for n, c in checks.items() if c["status"] != "INFO"} == {
         "npc-num-parallel": "PASS", "torch-xla-requires": "PASS", "neuron-cores": "PASS", "hlo-dump": "PASS"}
-    assert checks["neuron-cores"]["detail"] == "neuron-ls: 2 NeuronCore(s) on 1 device(s); the catalog's trn1.2xlarge: 2"
+    assert checks["neuron-cores"]["detail"] == (
+        "neuron-ls: 2 NeuronCore(s) on 1 device(s); the catalog's trn1.2xlarge: 2")
     for name in ("lazy", "dynamo-full", "bench-train", "bench-infer", "cache-module-files"):
         assert checks[name]["detail"].endswith("only a Neuron device can tell"), checks[name]
     assert re.match(r"compile [\d.]+ s in \d+ graph\(s\) from a cold cache, [\d.]+ s in \d+ from the precompiled",

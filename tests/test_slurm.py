@@ -204,7 +204,8 @@ def test_a_job_cancelled_or_on_a_lost_node_leaves_a_run_a_new_job_finishes(slurm
         lose_the_node(env)
     assert wait_gone(job, env) in ("CANCELLED", "NODE_FAIL", "FAILED"), output(tmp_path, job)[-3000:]
     if how == "scancel":  # the loop's SIGTERM path: a checkpoint at the step boundary, and how to go on
-        assert "stopped by SIGTERM at step" in output(tmp_path, job) and "continue with --resume" in output(tmp_path, job)
+        assert ("stopped by SIGTERM at step" in output(tmp_path, job)
+                and "continue with --resume" in output(tmp_path, job))
     # Slurm ends the job at once, but on a node that is still up its processes may take a while to
     # stop (SIGTERM: a checkpoint at the step boundary). Until then the run is theirs (its lock) and
     # so is the rendezvous port (the agent's store): a new job would be refused, or meet the old store.
@@ -212,7 +213,8 @@ def test_a_job_cancelled_or_on_a_lost_node_leaves_a_run_a_new_job_finishes(slurm
     newest = max((run / "checkpoints").glob("step-*.pt"))
     step = int(newest.stem.split("-")[1])
     for _ in range(60):  # the node back in service
-        if subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout.strip() == "idle":
+        if subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
+                          text=True).stdout.strip() == "idle":
             break
         time.sleep(1)
     again, proc = submit(env, tmp_path, "--max-steps", str(step + 2), "--output-dir", str(run), "--resume")

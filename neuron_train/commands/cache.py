@@ -42,7 +42,8 @@ from neuron_train.precompile.store import (
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    add_cache_option(common, default=DEFAULT_CACHE_DIR, help=f"the compile cache directory (default: {DEFAULT_CACHE_DIR})")
+    add_cache_option(common, default=DEFAULT_CACHE_DIR,
+                     help=f"the compile cache directory (default: {DEFAULT_CACHE_DIR})")
     common.add_argument(ADOPT_FLAG, action="store_true", help="let verify --quarantine, prune, pack and "
                         "unpack change a folder that has neither our manifest nor the Neuron cache layout")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -25,7 +25,8 @@ from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import add_config_arguments, config_from_args, config_to_argv
 
-_USAGE = "neuron-train plan [options] -- COMMAND [ARGS...]  or  neuron-train plan [options] --model NAME [TRAIN OPTIONS]"
+_USAGE = ("neuron-train plan [options] -- COMMAND [ARGS...]  or  "
+          "neuron-train plan [options] --model NAME [TRAIN OPTIONS]")
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +176,8 @@ def main(args: argparse.Namespace) -> int:
 def _measure_loop(args: argparse.Namespace, cfg: RunConfig) -> tuple[WorkloadFigures, dict]:
     from neuron_train.cost.plan import measure as plan_measure
 
-    return plan_measure.measure_or_count(cfg, args.mode, args.execution, args.from_shapes, functools.partial(print, flush=True))
+    return plan_measure.measure_or_count(cfg, args.mode, args.execution, args.from_shapes,
+                                         functools.partial(print, flush=True))
 
 
 def _script_name(command: list[str]) -> str:

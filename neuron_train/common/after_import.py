@@ -32,7 +32,8 @@ class AfterImport:
         self._looking = False
         self._done = False
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != self.name or self._looking or self._done:
             return None
         self._looking = True  # the search below walks sys.meta_path again, through this finder

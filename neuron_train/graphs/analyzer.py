@@ -223,7 +223,8 @@ class Analyzer:
         if growth:
             graph.cause, graph.detail = GROWING_GRAPH, growth
             graph.where, graph.library = self.optimizer_where or graph.where, ""
-        elif graph.kind == "recompile" and fresh_read is not None and not not_the_read(self.hlo.get(site.last), hlo, ctx):
+        elif (graph.kind == "recompile" and fresh_read is not None
+              and not not_the_read(self.hlo.get(site.last), hlo, ctx)):
             # The read ran part of the step first: the step's graph lost that part. One cause, one report.
             graph.kind, (graph.where, graph.cause, library) = "late", fresh_read
             read = ctx.reads.get(graph.where)

@@ -158,7 +158,8 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
     called = _fallback_call(w, why, where, ctx) if cause in (NEW_INPUT_SHAPE, GRAPH_STRUCTURE, UNKNOWN) else ""
     if called:  # no graph ran for the op (its input was ready): the user's call of it, from the source
         return DATA_DEPENDENT, (f"{', '.join(sorted(w.fallbacks))} ran on the CPU (called at {short(called)}) and "
-                                f"its result's shape, which depends on the data, reached the graph ({why.detail})"), called
+                                "its result's shape, which depends on the data, reached the graph "
+                                f"({why.detail})"), called
     if cause == NEW_INPUT_SHAPE and base and new and slice_made(base, new, ctx.is_internal, ctx.loaders, w):
         return SLICE_SHAPE, (f"{detail}; the slice at {short(why.where)} cut the input to another length; "
                              f"{_per_step(_changed(base, new)[0], new, ctx.step, ctx)}"), why.where

@@ -248,7 +248,8 @@ def _structure(old: HloSummary, new: HloSummary, is_internal: Callable[[str], bo
         what = (f"first difference {named.label.replace(named.shape, a.shape)} -> {b.shape}"
                 if a.opcode == b.opcode else f"first difference {a.label} -> {b.label}")
     else:
-        first = next(x for x in (a, b) if x is not None)  # the longer graph's op at the first index past the shorter one
+        # the longer graph's op at the first index past the shorter one
+        first = next(x for x in (a, b) if x is not None)
         what = f"{len(new.instrs) - len(old.instrs):+d} ops from {first.label}"
     detail = f"{len(old.instrs)} -> {len(new.instrs)} ops; {what}"
     return _explained(GRAPH_STRUCTURE, detail, *([x for x in pair if x is not None] for pair in pairs),

@@ -143,7 +143,8 @@ def _watch_schedulers(recorder: HookSink, made: weakref.WeakKeyDictionary[Any, t
     return lambda: setattr(LRScheduler, "__init__", original)
 
 
-def _watch_optimizers(recorder: HookSink, schedulers: weakref.WeakKeyDictionary[Any, tuple[str, str]]) -> Callable[[], None]:
+def _watch_optimizers(recorder: HookSink,
+                      schedulers: weakref.WeakKeyDictionary[Any, tuple[str, str]]) -> Callable[[], None]:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     special: dict[tuple, bool] = {}

@@ -40,7 +40,8 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
         if event.kind == "execute" and event.host_access and not in_closure(event):
             where = user_frames(event.frames, is_internal)[0].where
             kind = "fallback" if w.fallbacks else "value"
-            lines.setdefault(where, LineReads(kind, phase, library_frame(event.frames, is_internal, library_of))).runs += 1
+            lines.setdefault(where, LineReads(kind, phase,
+                                              library_frame(event.frames, is_internal, library_of))).runs += 1
     return lines
 
 

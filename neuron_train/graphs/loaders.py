@@ -89,8 +89,8 @@ def origin(loader: DataLoader[Any], where: str, library: str = "") -> LoaderOrig
     return LoaderOrigin(key=f"loader-{id(loader)}", where=where,
                         batch_size=loader.batch_size or getattr(sampler, "batch_size", None),
                         drop_last=bool(loader.drop_last or getattr(sampler, "drop_last", False)), samples=samples,
-                        collate=name if custom else "", collate_where=code_line(collate) if custom else "", library=library,
-                        grouped=_grouped(loader))
+                        collate=name if custom else "", collate_where=code_line(collate) if custom else "",
+                        library=library, grouped=_grouped(loader))
 
 
 def _trainer_steps(frame: FrameType | None, depth: int = 4) -> tuple[int, int]:

@@ -2,8 +2,9 @@
 
 One runner for `neuron-train precompile -- CMD` (mode "tour"), `check-graphs --compile-cache DIR
 -- CMD` (mode "check") and `bench -- CMD` (mode "bench"): the checker's instrumentation
-(start.py) writes each process's graphs (`record.<pid>.json`), the probe (probe.py) its step windows and why it stopped (`probe.<pid>.json`). A command that fails,
-never imports torch_xla, or stops for another reason than the one asked for is one clear error.
+(start.py) writes each process's graphs (`record.<pid>.json`), the probe (probe.py) its step
+windows and why it stopped (`probe.<pid>.json`). A command that fails, never imports torch_xla,
+or stops for another reason than the one asked for is one clear error.
 """
 
 from __future__ import annotations
@@ -167,8 +168,9 @@ def parse_compile_summary(log: str) -> CompileSummary | None:
     report = _summary_json(log)
     if graphs is None and compiled is None and failed is None and not report:
         return None
-    return CompileSummary(graphs, compiled, failed, sorted(path for path, r in report.get("compilation_report", {}).items()
-                                                            if not r.get("status")))
+    return CompileSummary(graphs, compiled, failed,
+                          sorted(path for path, r in report.get("compilation_report", {}).items()
+                                 if not r.get("status")))
 
 
 def _summary_json(log: str) -> dict:

@@ -281,7 +281,8 @@ def shape_changes(here: list[str] | None, there: list[str] | None) -> list[str] 
     if here is None or there is None:
         return None
     if len(here) == len(there):
-        return [f"input {i}: {a} here, {b} in the manifest" for i, (a, b) in enumerate(zip(here, there, strict=True)) if a != b]
+        return [f"input {i}: {a} here, {b} in the manifest"
+                for i, (a, b) in enumerate(zip(here, there, strict=True)) if a != b]
     only_here = ", ".join((Counter(here) - Counter(there)).elements())
     only_there = ", ".join((Counter(there) - Counter(here)).elements())
     return [f"{len(here)} inputs here, {len(there)} in the manifest"

@@ -181,8 +181,8 @@ def _check(value: object, kind: str, where: str, what: str) -> Any:
     return value
 
 
-def _fields(cls: Callable[..., _R], raw: object, where: str, what: str, kinds: dict[str, str], required: tuple[str, ...],
-            nested: dict[str, Any] | None = None) -> _R:
+def _fields(cls: Callable[..., _R], raw: object, where: str, what: str, kinds: dict[str, str],
+            required: tuple[str, ...], nested: dict[str, Any] | None = None) -> _R:
     """A record of `cls` from `raw`, each known field checked against `kinds`."""
     raw = _mapping(raw, where, what)
     for key in required:

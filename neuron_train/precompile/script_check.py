@@ -67,7 +67,8 @@ class CoverageCheck:
     def _precompile_command(self, steps: int | None = None) -> str:
         """The precompile command for this run's command line (a tour of `steps` when given)."""
         tour = [] if steps is None else ["--steps", str(steps)]
-        return shlex.join(["neuron-train", "precompile", "--compile-cache", str(self.cache), *tour, "--", *self.command])
+        return shlex.join(["neuron-train", "precompile", "--compile-cache", str(self.cache), *tour,
+                           "--", *self.command])
 
     def env(self, folder: Path) -> dict[str, str]:
         flags, _ = cache_flags(os.environ, self.cache)

@@ -5,9 +5,10 @@ on Neuron under `neuron_parallel_compile` (graph extraction, then a parallel com
 other devices directly, with torch_xla's persistent cache staged privately. The probe
 (instrument/probe.py) fast-forwards each process past the first epoch's end to the script's end (its
 remaining epochs cut short, instrument/epochs.py), or, with --steps N, ends it once every call site it
-has seen is warm and N steps have passed, so a 100-epoch script is not run in full. Every graph the tour compiled goes into the
-manifest with its hash, call site, phase and input shapes (cache_env.record_graphs, the function
-our own loop's tour uses); a failed tour records nothing and leaves no staged file behind.
+has seen is warm and N steps have passed, so a 100-epoch script is not run in full. Every graph the
+tour compiled goes into the manifest with its hash, call site, phase and input shapes
+(cache_env.record_graphs, the function our own loop's tour uses); a failed tour records nothing and
+leaves no staged file behind.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ One directory (`compile_cache/` by default) holds three things:
   devices other than Neuron. Its writer is not atomic and erases files it cannot load, so we never
   point it at `xla/` directly: a precompile writes into a private staging directory and
   `commit_staged` moves the files in, under the manifest lock;
-- `manifest.json`: our graph manifest (typed records in manifest.py). `configs` maps a configuration fingerprint to the settings
-  that determine its graphs and the graphs a precompile of it produced (the hook writes it);
-  `files` holds the SHA-256 and size of every cache file we vouch for, so that a truncated or
-  modified entry is found by `verify` and refused by a run instead of being loaded.
+- `manifest.json`: our graph manifest (typed records in manifest.py). `configs` maps a configuration
+  fingerprint to the settings that determine its graphs and the graphs a precompile of it produced
+  (the hook writes it); `files` holds the SHA-256 and size of every cache file we vouch for, so that
+  a truncated or modified entry is found by `verify` and refused by a run instead of being loaded.
 
 Concurrency: every change to the manifest is a read-merge-write under an exclusive fcntl lock,
 written to a temporary file and renamed over the old one. Precompiles and runs hold a shared

@@ -155,7 +155,8 @@ class CompileCacheHook:
         if not self.require or (record and not record.pruned_files):
             return
         raise RunError(f"--require-precompiled: this configuration is not precompiled in {self._cache}: "
-                       f"{explain(manifest, self.config, str(self._cache), config_labels())}. Precompile it first: {self.hint}")
+                       f"{explain(manifest, self.config, str(self._cache), config_labels())}. "
+                       f"Precompile it first: {self.hint}")
 
     def check(self, watch: GraphWatch) -> None:
         """Step closure: with --require-precompiled, stop at the first graph the manifest lacks.
@@ -181,7 +182,8 @@ class CompileCacheHook:
             if g.hash not in known:
                 raise RunError(f"--require-precompiled: graph {g.hash[:12]} ({g.phase}, step "
                                f"{g.step}) is not in {self.dir}/{store.MANIFEST}: "
-                               f"{explain(manifest, self.config, str(self.dir), config_labels())}. Precompile: {self.hint}")
+                               f"{explain(manifest, self.config, str(self.dir), config_labels())}. "
+                               f"Precompile: {self.hint}")
 
     def finish(self, graph_summary: GraphReport, run_dir: Path | None) -> float | None:
         """At the end of the run: record (graph tour) or report coverage; returns the coverage."""

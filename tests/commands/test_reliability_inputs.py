@@ -92,8 +92,10 @@ def test_an_error_line_is_capped_whatever_the_message():
                                               ("TPU", "this machine has no TPU device"),
                                               ("QUANTUM", "is not a device torch_xla knows"),
                                               ("cpu", "torch_xla reads device names in capitals: set PJRT_DEVICE=CPU"),
-                                              pytest.param("NEURON", "PJRT_DEVICE=NEURON, but ", marks=pytest.mark.skipif(
-                                                  neuron_device_present(), reason="this machine has a Neuron device"))])
+                                              pytest.param("NEURON", "PJRT_DEVICE=NEURON, but ",
+                                                           marks=pytest.mark.skipif(
+                                                               neuron_device_present(),
+                                                               reason="this machine has a Neuron device"))])
 def test_a_pjrt_device_this_machine_lacks_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch,
                                                                               device, expected):
     monkeypatch.setenv("PJRT_DEVICE", device)
@@ -157,7 +159,8 @@ def test_resuming_with_another_seed_is_refused_naming_the_seed(tmp_path):
     from tests.training.test_reliability_train import run_cfg, save_checkpoint
 
     save_checkpoint(tmp_path / "run", 4, "--seed", "7")
-    with pytest.raises(cli.UsageError, match="was trained with --seed 7, this run has --seed 0: .*resume with --seed 7"):
+    with pytest.raises(cli.UsageError,
+                       match="was trained with --seed 7, this run has --seed 0: .*resume with --seed 7"):
         rundir.preflight(run_cfg(tmp_path / "run", "--max-steps", "8", "--resume"))
     rundir.preflight(run_cfg(tmp_path / "run", "--max-steps", "8", "--resume", "--seed", "7"))
 

@@ -280,7 +280,8 @@ def test_a_failed_swap_puts_the_old_folder_back_and_says_so(tmp_path, monkeypatc
 
     monkeypatch.setattr(fileio.os, "rename", failing)
     renames = []
-    monkeypatch.setattr(fileio.os, "rename", lambda src, dst: (renames.append((Path(src), Path(dst))), failing(src, dst)))
+    monkeypatch.setattr(fileio.os, "rename",
+                        lambda src, dst: (renames.append((Path(src), Path(dst))), failing(src, dst)))
     with pytest.raises(RunError, match=rf"^cannot write {out}: Input/output error \(the previous folder, if any, is "
                                        r"kept as it was\)$"):
         fileio.publish_folder(out, {"a.html": b"new"})

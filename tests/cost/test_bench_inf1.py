@@ -164,7 +164,8 @@ def test_bench_infer_on_inf1_refuses_in_one_line_naming_the_inf1_path(tmp_path):
                           env=no_imds(), timeout=120)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "inf1.xlarge" in line and "scripts/inf1_bench.py" in line and "/opt/aws_neuron_venv_pytorch_1_13_inf1" in line
+    assert ("inf1.xlarge" in line and "scripts/inf1_bench.py" in line
+            and "/opt/aws_neuron_venv_pytorch_1_13_inf1" in line)
     assert not (tmp_path / "r.json").exists()
 
 

@@ -118,7 +118,7 @@ ENTRY %IrToHlo.9 (p0.1: f32[8,16], p1.2: bf16[16,4], p2.3: f32[2,3,8,8], p3.4: f
   %dot.5 = bf16[8,4]{1,0} dot(bf16[8,16]{1,0} %convert.1, bf16[16,4]{1,0} %p1.2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %convolution.7 = f32[2,5,6,6]{3,2,1,0} convolution(f32[2,3,8,8]{3,2,1,0} %p2.3, f32[5,3,3,3]{3,2,1,0} %p3.4), window={size=3x3}, dim_labels=bf01_oi01->bf01
 }
-"""
+"""  # noqa: E501 (HLO text as torch_xla prints it)
 
 
 def test_hlo_flops_count_dots_and_convolutions_and_the_entry_bytes():
@@ -163,7 +163,8 @@ def test_hlo_flops_of_a_real_graph_agree_with_torchs_flop_counter():
         "import torch, torch_xla\n"
         "from torch.utils.flop_counter import FlopCounterMode\n"
         "from neuron_train.cost.plan.hlo import hlo_figures\n"
-        "m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, groups=1), torch.nn.Flatten(), torch.nn.Linear(8*30*30, 10))\n"
+        "m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, groups=1), torch.nn.Flatten(), "
+        "torch.nn.Linear(8*30*30, 10))\n"
         "x = torch.randn(4, 3, 32, 32)\n"
         "with FlopCounterMode(display=False) as fc: m(x)\n"
         "d = torch_xla.device(); y = m.to(d)(x.to(d))\n"

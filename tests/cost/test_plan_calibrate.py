@@ -130,7 +130,8 @@ def test_published_rows_are_expressed_as_they_ran():
 def test_the_newest_release_of_each_workload_calibrates():
     rows, _ = plan_data.load_published()
     fresh = plan_data.newest(rows)
-    adamw = [r for r in fresh if r.arch == "bert-large" and r.mode == "train" and r.nodes == 1 and r.optimizer == "AdamW"]
+    adamw = [r for r in fresh
+             if r.arch == "bert-large" and r.mode == "train" and r.nodes == 1 and r.optimizer == "AdamW"]
     assert [(r.sdk, r.samples_per_sec) for r in adamw] == [("2.28.0", 3826.6103)]
 
 

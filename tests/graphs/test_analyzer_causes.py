@@ -80,7 +80,8 @@ def test_a_fallback_op_that_ran_no_graph_is_named_at_the_users_call_of_it(tmp_pa
     torch's own (torch/functional.py): the user's `torch.unique(` call in the script is the line, with
     the op's fixed-length fix, and the fallback op carries it."""
     script = tmp_path / "t.py"
-    script.write_text("import torch\n\nfor xb, yb in batches:\n    classes, counts = torch.unique(yb, return_counts=True)\n"
+    script.write_text("import torch\n\nfor xb, yb in batches:\n"
+                      "    classes, counts = torch.unique(yb, return_counts=True)\n"
                       "    loss = step(xb, counts)\n    torch_xla.sync()\n")
     sync = f"{script}:6"
     analyzer = analyzer_of()

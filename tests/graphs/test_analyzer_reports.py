@@ -229,9 +229,10 @@ def test_a_compile_with_no_log_record_says_why_it_has_no_hash(extra, why):
                             phase="eval", **extra))
     blind = dict(hash="", trigger="", where="", site=[], inputs=-1, outputs=-1, detail=why, executions=0)
     summary = analyzer.summary()
-    assert summary.graphs[1:] == [Graph(phase="train", step=1, compile_time_s=0.25, kind="warmup", cause=WARMUP, **blind),
-                                  Graph(phase="train", step=1, compile_time_s=0.125, kind="warmup", cause=WARMUP, **blind),
-                                  Graph(phase="eval", step=3, compile_time_s=2.0, kind="late", cause=UNKNOWN, **blind)]
+    assert summary.graphs[1:] == [
+        Graph(phase="train", step=1, compile_time_s=0.25, kind="warmup", cause=WARMUP, **blind),
+        Graph(phase="train", step=1, compile_time_s=0.125, kind="warmup", cause=WARMUP, **blind),
+        Graph(phase="eval", step=3, compile_time_s=2.0, kind="late", cause=UNKNOWN, **blind)]
 
 
 def test_without_logged_executions_a_second_unlogged_compile_is_a_recompilation():
@@ -294,7 +295,8 @@ def test_a_known_error_the_run_ended_with_is_a_typed_note_named_at_its_line_with
     """The hooks' excepthook notes an error it knows (torch_xla under inference_mode, dynamo refusing
     mark_dynamic) as its cause and the user's line; the problem line is written from the cause table."""
     analyzer = Analyzer(0, LIBS)
-    analyzer.notes += [records.ErrorNote(causes.INFERENCE_MODE, "/u/t.py:40"), records.ErrorNote(causes.MARK_DYNAMIC, "")]
+    analyzer.notes += [records.ErrorNote(causes.INFERENCE_MODE, "/u/t.py:40"),
+                       records.ErrorNote(causes.MARK_DYNAMIC, "")]
     assert analyzer.summary().problems == [
         "torch.inference_mode() at /u/t.py:40 on an XLA device: torch_xla cannot run this model under it (Cannot "
         "set version_counter for inference tensor); fix: use torch.no_grad() there",

@@ -50,7 +50,8 @@ def test_a_warmup_graph_is_recorded_with_its_step_compile_time_call_site_and_no_
         hash="A", phase="train", step=1, compile_time_s=0.5, kind="warmup", cause=causes.WARMUP, detail="",
         where="/u/t.py:10", trigger="sync", site=["/u/t.py:10"], inputs=5, outputs=7, library="", fix="")
     # torch_xla logged no Python frame: no line is made up
-    assert (analyzer.graphs["N"].where, analyzer.graphs["N"].site, analyzer.graphs["N"].compile_time_s) == ("", [], 0.25)
+    assert (analyzer.graphs["N"].where, analyzer.graphs["N"].site,
+            analyzer.graphs["N"].compile_time_s) == ("", [], 0.25)
     assert analyzer.summary().source == "pt_xla_debug"
 
 

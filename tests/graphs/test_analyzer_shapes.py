@@ -113,7 +113,8 @@ def test_a_trainers_loader_is_known_by_the_collator_it_wraps_and_its_batchencodi
 
     grouped = torch.utils.data.BatchSampler(LengthGroupedSampler(2, lengths=[3, 4]), batch_size=2, drop_last=False)
     assert loaders.origin(torch.utils.data.DataLoader([1, 2], batch_sampler=grouped), "/u/t.py:50").grouped
-    assert made.collate_where.endswith(f"transformers/data/data_collator.py:{type(padder).__call__.__code__.co_firstlineno}")
+    assert made.collate_where.endswith(
+        f"transformers/data/data_collator.py:{type(padder).__call__.__code__.co_firstlineno}")
 
 
 @pytest.mark.parametrize("library,drop", [

@@ -331,7 +331,8 @@ def test_hlo_same_graph_is_unknown():
 # ----- classification (pure) ------------------------------------------------------------------
 LIBS = internal_file_predicate(("/lib/",))
 SYNC = Frame("sync", "/lib/torch_xla/torch_xla.py", 87)
-CLEAR, STEP = Frame("_compile", "/lib/torch_xla/torch_xla.py", 182), Frame("_compile", "/lib/torch_xla/torch_xla.py", 214)
+CLEAR, STEP = (Frame("_compile", "/lib/torch_xla/torch_xla.py", 182),
+               Frame("_compile", "/lib/torch_xla/torch_xla.py", 214))
 ACCESS = "most likely user code trying to access tensor value before torch_xla.sync"
 
 
@@ -473,7 +474,8 @@ def test_a_collate_fn_is_named_for_the_shape_it_makes():
 def test_an_input_made_by_a_graph_just_recompiled_follows_its_cause():
     """A slice before torch_xla.compile's step: the slice's graph changes, then the step's input."""
     analyzer = Analyzer(warmup_steps=0, is_internal=LIBS)
-    s8, s16 = summary_of_shapes("s64[4,32]", outputs=("s64[4,8]",)), summary_of_shapes("s64[4,32]", outputs=("s64[4,16]",))
+    s8, s16 = (summary_of_shapes("s64[4,32]", outputs=("s64[4,8]",)),
+               summary_of_shapes("s64[4,32]", outputs=("s64[4,16]",)))
     for n, (s, g, hlo_s, hlo_g) in enumerate([("S", "G", s8, summary_of_shapes("s64[4,8]"))] * 2 +
                                              [("T", "H", s16, summary_of_shapes("s64[4,16]"))]):
         analyzer.observe(window(2 * n + 1, *ran(s, inner=CLEAR), hlo={0: hlo_s}))

@@ -48,10 +48,12 @@ def _process(pid: int) -> records.GraphReport:
         events += [sync_event("execute", "A", 10)]
         if step == 4:  # a new graph at the warm site, made by dynamo's recompilation: reported with it
             events += [sync_event("compile", "B", 10), sync_event("execute", "B", 10)]
-        read: list[XlaEvent] = [XlaEvent(kind=k, cause=ACCESS, graph_hash="R", frames=[MASK, Frame("main", "/u/t.py", 12)])
-                for k in (("compile", "execute") if new else ("execute",))]
+        read: list[XlaEvent] = [XlaEvent(kind=k, cause=ACCESS, graph_hash="R",
+                                         frames=[MASK, Frame("main", "/u/t.py", 12)])
+                                for k in (("compile", "execute") if new else ("execute",))]
         extra: dict = {"reads": [records.HostRead("item", "/u/t.py:20", "train"),
-                                 records.HostRead("bool", "/u/t.py:12", "train", library="transformers/masking_utils.py:369",
+                                 records.HostRead("bool", "/u/t.py:12", "train",
+                                                  library="transformers/masking_utils.py:369",
                                                   answer=step % 2 == 0, function=MASK.function),
                                  *([records.HostRead("fallback", "/u/t.py:40", "train")] if step >= 3 else [])],
                        "fallbacks": {"aten::nonzero": 2} if step >= 3 else {},
@@ -136,13 +138,16 @@ OTHER_FORMATS: dict[tuple[str, frozenset[str] | None], str] = {
     ("training/loop.py", frozenset({"bottleneck"})): "profile.json's bottleneck, copied into summary.json",
     ("training/loop.py", frozenset({"eval_accuracy", "eval_loss", "eval_ema_accuracy", "eval_ema_loss"})):
         "the evaluator's figures (training/evaluator.py), named as summary.json names them",
-    ("precompile/coverage.py", frozenset({"where", "input_shapes"})): "a manifest graph's free-form details (GraphRecord.extra)",
+    ("precompile/coverage.py", frozenset({"where", "input_shapes"})):
+        "a manifest graph's free-form details (GraphRecord.extra)",
     ("precompile/coverage.py", frozenset({"versions"})): "a manifest's library versions (precompile/manifest.py)",
     ("precompile/listing.py", frozenset({"model", "batch_size", "precision", "world_size", "device", "img_size"})):
         "a precompiled run's configuration (the manifest's JSON dict)",
-    ("ops/checks.py", frozenset({"pid", "command", "instance_type"})): "neuron-ls --json-output's processes and devices",
+    ("ops/checks.py", frozenset({"pid", "command", "instance_type"})):
+        "neuron-ls --json-output's processes and devices",
     ("ops/checks.py", frozenset({"python"})): "the torch-neuronx pins (ops/facts.py)",
-    ("instrument/script.py", frozenset({"status"})): "neuron_parallel_compile's summary JSON (its compilation_report entries)",
+    ("instrument/script.py", frozenset({"status"})):
+        "neuron_parallel_compile's summary JSON (its compilation_report entries)",
     ("cost/catalog.py", frozenset({"source", "kind", "name", "instance_type"})):
         "instances.yaml and a --prices file, catalog's own formats",
     ("cost/plan/data.py", frozenset({"source"})): "instances.yaml's plan_hardware chips (plan/data.py's _chip)",

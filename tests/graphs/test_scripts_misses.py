@@ -78,14 +78,16 @@ def test_the_trainers_loss_log_names_logging_steps_and_a_realistic_interval_pass
     every second optimizer step: half of them, a failure named by the argument the user sets, counted per
     optimizer step. logging_steps=4: reported with the same fix, not a failure."""
     command = (sys.executable, str(HF), "--no-mask", "--drop-last", "--samples", "64")
-    code, report, output = check_graphs(tmp_path, *command, "--arg", "logging_steps=2", "--output-dir", str(tmp_path / "o"))
+    code, report, output = check_graphs(tmp_path, *command, "--arg", "logging_steps=2",
+                                        "--output-dir", str(tmp_path / "o"))
     assert code == 1, output
     [log] = [h for h in report["host_syncs"] if h["executes_graph"]]
     assert log["library"].startswith("transformers/") and log["every_step"], output
     assert log["fix"].startswith("TrainingArguments(logging_steps=2) makes the Trainer read the loss")
     [problem] = report["problems"]
     assert "optimizer steps after warm-up: the Trainer's loss log, TrainingArguments(logging_steps=2)" in problem
-    code, report, output = check_graphs(tmp_path, *command, "--arg", "logging_steps=4", "--output-dir", str(tmp_path / "o2"))
+    code, report, output = check_graphs(tmp_path, *command, "--arg", "logging_steps=4",
+                                        "--output-dir", str(tmp_path / "o2"))
     assert code == 0, output
     [log] = [h for h in report["host_syncs"] if h["executes_graph"]]
     assert not log["every_step"] and log["fix"].startswith("TrainingArguments(logging_steps=4)")

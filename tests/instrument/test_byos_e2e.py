@@ -49,7 +49,8 @@ def test_a_loader_loop_precompiled_is_covered_and_another_batch_size_is_named_an
 
     proc = nt(work, "check-graphs", "--compile-cache", "cc", "--require-precompiled", "--", *cmd, "--batch-size", "32")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert FINISHED in proc.stdout and re.match(r"precompile coverage 100% \((\d+)/\1 graphs", coverage_line(proc.stdout))
+    assert FINISHED in proc.stdout and re.match(r"precompile coverage 100% \((\d+)/\1 graphs",
+                                                coverage_line(proc.stdout))
 
     proc = nt(work, "check-graphs", "--compile-cache", "cc", "--", *cmd, "--batch-size", "16")
     assert proc.returncode == 0 and FINISHED in proc.stdout, proc.stdout + proc.stderr  # reported, not stopped
@@ -117,8 +118,8 @@ def test_a_set_up_graph_before_the_first_batch_does_not_cut_the_tour_short(tmp_p
 
 def test_a_fast_forwarded_tour_reaches_the_code_after_the_loop_and_the_real_run_is_fully_covered(tmp_path):
     """Five epochs with an evaluation at each epoch's end: the tour is warm in the second epoch, then
-    every later epoch is cut to one batch (a few steps into the second epoch + 3, not 150), the script ends by itself, and the
-    printed "then run" command passes at 100% coverage."""
+    every later epoch is cut to one batch (a few steps into the second epoch + 3, not 150), the script
+    ends by itself, and the printed "then run" command passes at 100% coverage."""
     work = scripts(tmp_path / "w")
     cmd = [sys.executable, "mp_loader_loop.py", "--eval", "--epochs", "5"]
     proc = nt(work, "precompile", "--cache-dir", "cc", "--", *cmd)

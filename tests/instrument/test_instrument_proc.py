@@ -173,7 +173,8 @@ def test_the_start_up_hook_loads_the_checker_only_when_torch_xla_is_imported(tmp
     loaded = "import sys; print(sorted(m for m in sys.modules if m.startswith('neuron_train')))"
     plain = subprocess.run([sys.executable, "-c", loaded], env=env, capture_output=True, text=True, timeout=60)
     assert plain.returncode == 0, plain.stderr
-    assert not [m for m in ast.literal_eval(plain.stdout) if m.startswith(("neuron_train.graphs", "neuron_train.instrument.probe"))]
+    assert not [m for m in ast.literal_eval(plain.stdout)
+                if m.startswith(("neuron_train.graphs", "neuron_train.instrument.probe"))]
     assert "neuron_train.instrument.start" in plain.stdout and not started(tmp_path)  # armed, not loaded
     armed = subprocess.run([sys.executable, "-c", f"import torch_xla; {loaded}"], env=env, capture_output=True,
                            text=True, timeout=300)

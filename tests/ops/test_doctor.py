@@ -197,8 +197,8 @@ def test_check_sdk_recorded_sdk_2_19_packages_are_refused():
 
 
 def test_check_sdk_mixed_releases_fail_and_name_each_release():
-    check = doctor_checks.check_sdk(installed_from("2.29.1", **{"torch-neuronx": PINS["releases"]["2.28.1"]["torch-neuronx"]}),
-                        PINS)
+    check = doctor_checks.check_sdk(
+        installed_from("2.29.1", **{"torch-neuronx": PINS["releases"]["2.28.1"]["torch-neuronx"]}), PINS)
     assert check.status == doctor_checks.FAIL and check.found.startswith("mixed releases")
     assert "SDK 2.28.0/2.28.1" in check.found
 
@@ -235,7 +235,8 @@ def test_check_framework():
     assert doctor_checks.check_framework(good, "3.10", PINS).status == doctor_checks.OK
     assert doctor_checks.check_framework({**good, "torch-xla": None}, "3.10", PINS).status == doctor_checks.FAIL
     assert doctor_checks.check_framework({**good, "torch-xla": "2.8.0"}, "3.10", PINS).status == doctor_checks.FAIL
-    assert doctor_checks.check_framework({**good, "torch": "2.10.0", "torch-xla": "2.10.0"}, "3.10", PINS).status == doctor_checks.FAIL
+    assert doctor_checks.check_framework({**good, "torch": "2.10.0", "torch-xla": "2.10.0"}, "3.10",
+                                         PINS).status == doctor_checks.FAIL
     assert doctor_checks.check_framework(good, "3.13", PINS).status == doctor_checks.WARN
     assert doctor_checks.check_framework({**good, "torchvision": "0.23.0"}, "3.11", PINS).status == doctor_checks.WARN
 
@@ -277,7 +278,8 @@ def test_check_cache_space_and_permissions():
     assert doctor_checks.check_cache(spot_on("/scratch/c"), multi_node=True).status == doctor_checks.OK
     assert doctor_checks.check_cache(spot_on("/scratch/c", free_gib=5), multi_node=False).status == doctor_checks.WARN
     assert doctor_checks.check_cache(spot_on("/scratch/c", free_gib=0.5), multi_node=False).status == doctor_checks.FAIL
-    assert doctor_checks.check_cache(spot_on("/scratch/c", writable=False), multi_node=False).status == doctor_checks.FAIL
+    assert doctor_checks.check_cache(spot_on("/scratch/c", writable=False),
+                                     multi_node=False).status == doctor_checks.FAIL
     fresh = doctor_checks.check_cache(spot_on("/scratch/c", exists=False), multi_node=False)
     assert fresh.status == doctor_checks.OK and "created on first use" in fresh.found
     remote = doctor_facts.CacheSpot("neuron", "NEURON_COMPILE_CACHE_URL", "s3://b/c", None)
@@ -296,7 +298,8 @@ def test_check_efa_on_recorded_fi_info():
     none = doctor_checks.check_efa(doctor_facts.ToolRun(1, "", fixture("fi_info_no_efa.stderr")), True, 16)
     assert none.status == doctor_checks.FAIL and "-61" in none.found and "security" in none.advice
     one = doctor_checks.check_efa(ok_run("fi_info_hpc6a.txt"), True, device_count=1)
-    assert one.status == doctor_checks.OK and one.found.startswith("1 EFA device(s)")  # the DGRAM endpoint is not a device
+    # the DGRAM endpoint is not a device
+    assert one.status == doctor_checks.OK and one.found.startswith("1 EFA device(s)")
     four = doctor_checks.check_efa(ok_run("fi_info_p4d_rdm.txt"), True, device_count=1)
     assert four.status == doctor_checks.OK and four.found.startswith("4 EFA device(s)")
     short = doctor_checks.check_efa(ok_run("fi_info_p4d_rdm.txt"), True, device_count=16)  # trn1.32xlarge wants 8

@@ -78,12 +78,14 @@ def test_recorded_tool_outputs_reach_the_checks_through_gather_facts(standins, t
 
     by_name = {c.name: c for c in doctor_checks.run_checks(facts, PINS, multi_node=True, require_neuron=True)}
     devices = by_name["devices"]
-    assert (devices.status, devices.found) == (doctor_checks.OK, "16 Neuron device(s), 32 NeuronCore(s), 32 GiB per device")
+    assert (devices.status, devices.found) == (doctor_checks.OK,
+                                               "16 Neuron device(s), 32 NeuronCore(s), 32 GiB per device")
     driver = by_name["driver"]
     assert (driver.status, driver.found) == (doctor_checks.OK, f"neuron module {PINNED['aws-neuronx-dkms']} loaded")
     # The hpc6a recording has one EFA device; 16 Neuron devices (trn1.32xlarge) want 8.
     efa = by_name["efa"]
-    assert efa.status == doctor_checks.WARN and efa.found.startswith("1 EFA device(s)") and "8 EFA interfaces" in efa.advice
+    assert (efa.status == doctor_checks.WARN and efa.found.startswith("1 EFA device(s)")
+            and "8 EFA interfaces" in efa.advice)
 
 
 def test_a_failing_neuron_ls_is_reported_with_its_own_message(standins, tmp_path, monkeypatch):

@@ -96,7 +96,9 @@ def test_unpack_never_replaces_a_different_file_the_cache_has(cache, tmp_path):
     archive.unpack(str(dest), other)
     (other / "xla" / XLA_A).write_bytes(b"someone else's")
     before = files_of(other)
-    with pytest.raises(UsageError, match=r"refusing to unpack: 1 file\(s\) already in .* differ from the archive \(e.g. xla/\d+\); unpack into an empty directory or prune those entries first$"):
+    with pytest.raises(UsageError, match=r"refusing to unpack: 1 file\(s\) already in .* differ from the archive "
+                                         r"\(e.g. xla/\d+\); unpack into an empty directory or prune those "
+                                         r"entries first$"):
         archive.unpack(str(dest), other)
     assert files_of(other) == before
 
@@ -139,15 +141,18 @@ def _as_dir(member):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda m, d: [(m, d[:-1] if m.name.startswith("xla/") else d)], r"is damaged: member xla/\S+ is \d+ bytes, its manifest says"),
+    (lambda m, d: [(m, d[:-1] if m.name.startswith("xla/") else d)],
+     r"is damaged: member xla/\S+ is \d+ bytes, its manifest says"),
     (lambda m, d: [(m, d)] + ([(tarfile.TarInfo("xla/unlisted"), b"abc")] if m.name == store.MANIFEST else []),
      "member xla/unlisted is not listed in its manifest"),
     (lambda m, d: [] if m.name == store.MANIFEST else [(m, d)], "has no manifest.json: not made by"),
     (lambda m, d: [(m, b"{not json" if m.name == store.MANIFEST else d)], "its manifest.json is not valid JSON"),
-    (lambda m, d: [(m, b"[]" if m.name == store.MANIFEST else d)], "not a neuron-train graph manifest.*refusing to unpack"),
+    (lambda m, d: [(m, b"[]" if m.name == store.MANIFEST else d)],
+     "not a neuron-train graph manifest.*refusing to unpack"),
     (_manifest_lists("xla/absent"), "is incomplete: xla/absent is listed but absent"),
     (lambda m, d: [(m, bytes([d[0] ^ 1]) + d[1:] if m.name.startswith("xla/") else d)], "damaged"),
-    (lambda m, d: [(_as_dir(m), b"") if m.name == store.MANIFEST else (m, d)], "its manifest.json is not a regular file"),
+    (lambda m, d: [(_as_dir(m), b"") if m.name == store.MANIFEST else (m, d)],
+     "its manifest.json is not a regular file"),
     (lambda m, d: [(m, b"[" * 100000 + b"]" * 100000 if m.name == store.MANIFEST else d)],
      "its manifest.json: nested too deeply .*; refusing to unpack"),
 ])

@@ -159,7 +159,8 @@ def test_cli_verify_exit_codes_and_quarantine(cache):
     assert bad.returncode == 1 and "corrupt" in bad.stdout and "MODULE_8068656800389078395" in bad.stdout
     fixed = cli("verify", "--cache-dir", str(cache), "--quarantine")
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    moved = list((cache / maintenance.QUARANTINE_DIR).glob(f"*/{VERSION_DIR}/MODULE_8068656800389078395+abb26765/model.neff"))
+    moved = list((cache / maintenance.QUARANTINE_DIR).glob(
+        f"*/{VERSION_DIR}/MODULE_8068656800389078395+abb26765/model.neff"))
     assert len(moved) == 1 and moved[0].read_bytes() == b"tampered"  # moved aside, not deleted
     assert store.load_manifest(cache).configs["aaaaaaaaaaaaaaaa"].pruned_files == 4  # no longer warm
     assert cli("verify", "--cache-dir", str(cache)).returncode == 0
@@ -204,7 +205,8 @@ def test_parse_size(text, value):
 
 
 def test_parse_age_and_bad_input():
-    assert maintenance.parse_age("30d") == 30 * 86400 and maintenance.parse_age("12h") == 43200 and maintenance.parse_age("2w") == 14 * 86400
+    assert (maintenance.parse_age("30d") == 30 * 86400 and maintenance.parse_age("12h") == 43200
+            and maintenance.parse_age("2w") == 14 * 86400)
     for bad in ("30", "d", "-3d", "3y"):
         with pytest.raises(UsageError):
             maintenance.parse_age(bad)
@@ -235,7 +237,8 @@ def test_prune_refuses_while_the_cache_is_in_use(cache):
         assert proc.returncode == 1 and "in use" in proc.stderr, proc.stderr
         assert old.exists()
         with pytest.raises(store.CacheInUse):
-            maintenance.quarantine(cache, [maintenance.Finding("xla/67939951107342009493273238831484768838", "corrupt", "")])
+            maintenance.quarantine(cache,
+                                   [maintenance.Finding("xla/67939951107342009493273238831484768838", "corrupt", "")])
     finally:
         use.release()
     assert cli("prune", "--cache-dir", str(cache), "--older-than", "30d").returncode == 0

@@ -88,7 +88,7 @@ def test_our_lock_files_alone_are_an_empty_cache(tmp_path, capsys):
     assert code == 0, err
 
 
-# ----------------------------------------------------------------------------- EDQUOT (the writers': tests/common/test_fileio.py)
+# ----------------------------------------------------------------- EDQUOT (the writers': tests/common/test_fileio.py)
 
 
 def test_a_quota_exceeded_while_unpacking_is_a_full_disk(tmp_path, capsys, monkeypatch):

@@ -82,7 +82,8 @@ def test_the_settings_are_named_with_their_labels():
     here, there = config(optim={"zero1": True}, train={"grad_accum": 2}), config()
     report = coverage.coverage_report([graph(B)], manifest_with((there, [A])), here, "cc", config_labels())
     assert report.explanation == ("ZeRO-1 on here, off in the manifest; gradient accumulation 2 here, 1 in the "
-                                     f"manifest (compared with precompiled configuration {coverage.fingerprint(there)})")
+                                  "manifest (compared with precompiled configuration "
+                                  f"{coverage.fingerprint(there)})")
     assert coverage.differences(there, here, config_labels())[0] == "ZeRO-1 off here, on in the manifest"
 
 
@@ -129,7 +130,8 @@ def test_a_precompiled_command_line_whose_script_changed_says_so():
     # Another command line: its options are named, not a changed script (though its graphs have a nearest).
     other = coverage.coverage_report([graph(B, "steady", 2, "/w/train.py:51")], m, script("train.py", "-v"), "cc")
     assert other.missing[0].nearest == A and other.explanation == (
-        f"-v given here, not given in the manifest (compared with precompiled configuration {coverage.fingerprint(conf)})")
+        "-v given here, not given in the manifest (compared with precompiled configuration "
+        f"{coverage.fingerprint(conf)})")
     # A line the tour never reached is not a changed script: the tour missed it.
     unreached = coverage.coverage_report([graph(B, "late", 40, "/w/train.py:99")], m, conf, "cc")
     assert unreached.explanation.startswith("this configuration was precompiled, but the precompile run did not")
@@ -182,7 +184,8 @@ def test_the_fingerprint_ignores_the_order_of_settings_and_changes_with_any_valu
     ("python t.py --a 1 --b 2", "python t.py --b 2 --a 1", ["the same command with its options in another order"]),
     ("python t.py --a 1", "python t.py --a 1", []),
     ("python t.py --lr -0.1 --bs 8", "python t.py --lr -0.2 --bs 8", ["--lr -0.1 here, -0.2 in the manifest"]),
-    ("python t.py --shift -3 --wd 1e-4", "python t.py --shift -3 --wd -1e-4", ["--wd 1e-4 here, -1e-4 in the manifest"]),
+    ("python t.py --shift -3 --wd 1e-4", "python t.py --shift -3 --wd -1e-4",
+     ["--wd 1e-4 here, -1e-4 in the manifest"]),
     ("python t.py --input -", "python t.py --input data.txt", ["--input - here, data.txt in the manifest"]),
 ])
 def test_a_command_line_is_compared_option_by_option(here, there, named):
@@ -211,7 +214,8 @@ def test_another_number_of_inputs_names_the_inputs_on_each_side():
         B, "3 inputs here, 4 in the manifest (none here, f32[4] in the manifest)")
     assert nearest(["f32[3]", "f32[4]", "f32[5]"], {A: {"where": "/w/train.py:51", "input_shapes": ["f32[1]"]}})[1] == (
         "3 inputs here, 1 in the manifest (f32[3], f32[4], f32[5] here, f32[1] in the manifest)")
-    assert nearest(["f32[3]"], {A: far})[1] == "1 inputs here, 2 in the manifest (f32[3] here, f32[10], f32[99] in the manifest)"
+    assert nearest(["f32[3]"], {A: far})[1] == (
+        "1 inputs here, 2 in the manifest (f32[3] here, f32[10], f32[99] in the manifest)")
 
 
 def test_more_than_three_shape_changes_are_cut_to_three():

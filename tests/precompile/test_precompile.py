@@ -97,8 +97,10 @@ def test_a_profiled_run_is_another_configuration_and_says_which_variable():
     assert "xla_env" not in plain  # nothing set: the fingerprints of existing caches stay as they were
     assert coverage.fingerprint(plain) != coverage.fingerprint(profiled)
     assert coverage.differences(profiled, plain) == [
-        "XLA_HLO_DEBUG=1 here, unset in the precompile run: set the same for both (torch_xla hashes it into every graph)",
-        "XLA_IR_DEBUG=1 here, unset in the precompile run: set the same for both (torch_xla hashes it into every graph)"]
+        "XLA_HLO_DEBUG=1 here, unset in the precompile run: set the same for both "
+        "(torch_xla hashes it into every graph)",
+        "XLA_IR_DEBUG=1 here, unset in the precompile run: set the same for both "
+        "(torch_xla hashes it into every graph)"]
     flagged = hashed_config({"XLA_FLAGS": "--xla_foo=1"})
     assert coverage.differences(plain, flagged) == [
         "XLA_FLAGS unset here, --xla_foo=1 in the precompile run: set the same for both (torch_xla hashes it into "
@@ -228,7 +230,8 @@ def test_precompile_hint_is_the_documented_command_and_parses_back_to_the_runs_c
     for split in ("train", "val"):
         (images / split / "cat").mkdir(parents=True)
     cfg = build_config({"model": {"name": "vit-nano"}, "data": {"dataset": "folder", "data_dir": str(images)},
-                        "train": {"batch_size": 64, "precision": "bf16-autocast", "output_dir": str(tmp_path / "a run")},
+                        "train": {"batch_size": 64, "precision": "bf16-autocast",
+                                  "output_dir": str(tmp_path / "a run")},
                         "optim": {"lr": 0.02, "zero1": True}, "log": {"tensorboard": False},
                         "checkpoint": {"resume": "latest"},
                         "compile": {"compile_cache": str(cache), "require_precompiled": True}})
@@ -270,7 +273,8 @@ def test_dry_run_prints_the_neuron_parallel_compile_command(tmp_path):
     rest = argv[4:]
     assert rest[:3] == ["neuron_parallel_compile", "--num_parallel", "8"]
     launcher = rest[3:rest.index(str(RUN_PY))]
-    assert launcher[-1] == "--nproc_per_node=2" and ("torchrun" in launcher[0] or launcher[1:3] == ["-m", "torch.distributed.run"])
+    assert launcher[-1] == "--nproc_per_node=2" and ("torchrun" in launcher[0]
+                                                     or launcher[1:3] == ["-m", "torch.distributed.run"])
     assert "--standalone" in launcher  # one node: a free rendezvous port, never a collision on 29500
     assert rest[rest.index(str(RUN_PY)) + 1:] == ["--model", "vit-digits", "--batch-size", "64", "--precision",
                                                   "bf16-autocast", "--compile-cache", str(cache)]
@@ -296,7 +300,8 @@ def test_dry_run_through_the_script_with_retry_failed(tmp_path):
     (["--", "--batch-size", "0"], {}, "--batch-size must be >= 1"),
     (["--nproc-per-node", "0", "--"], {}, "--nproc-per-node must be >= 1"),
     (["--cache-dir", "s3://bucket/cache", "--"], {}, "local directory"),
-    (["--cache-dir", "/tmp/a", "--"], {"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"}, "another cache"),
+    (["--cache-dir", "/tmp/a", "--"], {"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"},
+     "another cache"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, env, message):
     proc = precompile("--dry-run", *args, env=cpu_env(**env))

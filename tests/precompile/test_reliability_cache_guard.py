@@ -70,8 +70,10 @@ def test_prune_keeps_unrecorded_files_and_foreign_files_in_module_folders(tmp_pa
     compiled = {f"{MODULE}/model.neff": b"neff", f"{MODULE}/model.done": b"",
                 f"{MODULE}/model.hlo_module.pb": b"hlo"}
     other = MODULE.replace("MODULE_9", "MODULE_7")
-    cache = make_cache(tmp_path / "c", {"xla/recorded": b"g", **compiled}, manifest_json({"xla/recorded": record(b"g")}))
-    for rel, data in {"xla/unrecorded": b"mine", f"{other}/model.neff": b"n", f"{other}/notes.txt": b"my notes"}.items():
+    cache = make_cache(tmp_path / "c", {"xla/recorded": b"g", **compiled},
+                       manifest_json({"xla/recorded": record(b"g")}))
+    for rel, data in {"xla/unrecorded": b"mine", f"{other}/model.neff": b"n",
+                      f"{other}/notes.txt": b"my notes"}.items():
         (cache / rel).parent.mkdir(parents=True, exist_ok=True)
         (cache / rel).write_bytes(data)
     for p in cache.rglob("*"):
@@ -127,7 +129,8 @@ def test_an_oversized_member_is_refused_before_it_is_extracted(tmp_path, capsys,
     import tarfile
     extracted = []
     real = tarfile.TarFile.extract
-    monkeypatch.setattr(tarfile.TarFile, "extract", lambda self, m, *a, **k: extracted.append(m.name) or real(self, m, *a, **k))
+    monkeypatch.setattr(tarfile.TarFile, "extract",
+                        lambda self, m, *a, **k: extracted.append(m.name) or real(self, m, *a, **k))
     code, _, err = run(capsys, "cache", "unpack", "--cache-dir", tmp_path / "c", archive)
     assert code == 1 and "member xla/big is 300000 bytes, its manifest says 10" in one_line(err)
     assert extracted == []

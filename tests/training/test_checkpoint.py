@@ -254,8 +254,9 @@ def test_a_state_dict_that_is_not_ours_is_refused_naming_pretrained(tmp_path):
     for i, content in enumerate(({"w": torch.zeros(2)}, {"format": 2}, [1, 2])):
         path = tmp_path / f"other{i}.pt"
         torch.save(content, path)
-        with pytest.raises(UsageError, match=rf"^{path} is not a neuron_train checkpoint \(format 1\): to start from its "
-                                             r"weights, pass it as --pretrained instead of --resume$"):
+        with pytest.raises(UsageError, match=rf"^{path} is not a neuron_train checkpoint \(format 1\): "
+                                             r"to start from its weights, pass it as --pretrained instead of "
+                                             r"--resume$"):
             ckpt.load(path)
 
 
@@ -336,7 +337,8 @@ def test_the_rng_states_saved_are_the_ones_a_resume_restores():
 def test_a_damaged_rng_state_is_one_line(tmp_path):
     bad = {"torch": torch.zeros(3, dtype=torch.uint8), "python": random.getstate(), "xla": 0}
     with pytest.raises(UsageError, match=r"^the checkpoint's RNG state is damaged \(Expected a CPUGeneratorImplState "
-                                         r"of size \d+ but found the input RNG state size to be 3\): resume from another"):
+                                         r"of size \d+ but found the input RNG state size to be 3\): "
+                                         r"resume from another"):
         ckpt.set_rng_state(bad)
 
 

@@ -54,7 +54,8 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_whole_and_no_par
     assert ckpt.list_checkpoints(run) == [first]
     state = ckpt.load(first)
     assert state["step"] == 1 and torch.equal(state["model"]["w"], torch.arange(10.0))
-    assert ckpt.remove_stale_temps(run) == partial and sorted(os.listdir(ckpt.checkpoint_dir(run))) == [first.name, first.name + ".sha256"]
+    assert (ckpt.remove_stale_temps(run) == partial
+            and sorted(os.listdir(ckpt.checkpoint_dir(run))) == [first.name, first.name + ".sha256"])
 
 
 SGD = ["--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--grad-clip", "0",
@@ -76,7 +77,7 @@ def test_resume_restores_the_random_state_drop_path_draws_from(tmp_path):
     """M27. With drop-path (stochastic depth) each step's weights depend on the random masks: a run
     resumed from step 4 ends with the uninterrupted run's weights only if the RNG came back too.
     vit-digits: 4 blocks (timm spreads the rate over the depth; vit-nano's single block gets 0)."""
-    args = ["--model", "vit-digits", "--drop-path", "0.5", "--max-steps", "8", "--checkpoint-every", "4", "--eval-every", "100",
-            "--warmup-steps", "2"]
+    args = ["--model", "vit-digits", "--drop-path", "0.5", "--max-steps", "8", "--checkpoint-every", "4",
+            "--eval-every", "100", "--warmup-steps", "2"]
     resumed = resume_ends_like_the_full_run(tmp_path, args, at_step=4)
     assert summary_of(resumed)["resumed_from"].endswith("step-00000004.pt")

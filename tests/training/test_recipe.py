@@ -409,7 +409,8 @@ def test_a_config_files_recipe_section_holds_the_same_keys():
     from neuron_train.training.config_io import build_config
 
     cfg = build_config({"recipe": {"aa": "original", "cutmix": 1, "smoothing": 0.1, "model_ema": True}})
-    assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.smoothing, cfg.recipe.model_ema) == ("original", 1.0, 0.1, True)
+    assert (cfg.recipe.aa, cfg.recipe.cutmix, cfg.recipe.smoothing,
+            cfg.recipe.model_ema) == ("original", 1.0, 0.1, True)
     with pytest.raises(UsageError, match="--smoothing must be in"):
         build_config({"recipe": {"smoothing": 1.5}})
 

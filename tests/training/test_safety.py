@@ -178,7 +178,8 @@ def test_resolve_precision_gives_the_config_the_precision_the_run_uses(monkeypat
     fp32 = RunConfig(train=TrainConfig(batch_size=8))
     resolved = resolve_precision(fp32)
     assert resolved.train == TrainConfig(batch_size=8, precision="xla-use-bf16") and fp32.train.precision == "fp32"
-    with pytest.raises(UsageError, match="XLA_USE_BF16=1 is set in the environment, which conflicts with --precision bf16"):
+    with pytest.raises(UsageError,
+                       match="XLA_USE_BF16=1 is set in the environment, which conflicts with --precision bf16"):
         resolve_precision(RunConfig(train=TrainConfig(precision="bf16")))
 
 

@@ -45,7 +45,8 @@ def sweep(plan: SweepPlan, measure: Measure, log: Log) -> tuple[list[SweepRow], 
             except MeasureFailed as exc:
                 log(f"  batch {bs} x {nproc} process(es): {exc.status}: {exc.reason}")
                 last = exc.status == "oom"
-                rows.append(SweepRow(bs, nproc, exc.status, exc.reason + (" (larger batch sizes not tried)" if last else "")))
+                rows.append(SweepRow(bs, nproc, exc.status,
+                                     exc.reason + (" (larger batch sizes not tried)" if last else "")))
                 if last:
                     break
                 continue

@@ -230,7 +230,8 @@ def estimate(w: WorkloadFigures, t: Target, c: Calibration, processes: int | Non
 def fastest(estimates: list[Estimate]) -> Estimate:
     """The fastest type that fits; of types the model rates equal (the same chip and processes), the one
     with more host vCPUs per NeuronCore: the published encoder rows run 2-10% faster on trn1.2xlarge
-    (8 vCPUs) than on inf2.xlarge (4 vCPUs, the same chip) in 13 of 13 pairs of the 2.16 tables (plan_published.yaml)."""
+    (8 vCPUs) than on inf2.xlarge (4 vCPUs, the same chip) in 13 of 13 pairs of the 2.16 tables
+    (plan_published.yaml)."""
     return max((e for e in estimates if e.fits), key=lambda e: (e.samples_per_sec or 0.0, e.vcpus_per_core))
 
 

@@ -78,8 +78,9 @@ def write_csv(groups: list[Group]) -> str:
     for g in groups:
         for r in g.rows:
             p = r.price
-            writer.writerow([_cell(c) for c in [g.title, r.instance_type, r.origin, r.device, r.mode, r.model, r.img_size or "",
-                             r.precision, r.framework, r.batch_size or "", r.world_size or "", r.nodes,
+            writer.writerow([_cell(c) for c in [g.title, r.instance_type, r.origin, r.device, r.mode, r.model,
+                             r.img_size or "", r.precision, r.framework, r.batch_size or "", r.world_size or "",
+                             r.nodes,
                              _num(r.samples_per_sec), _num(r.spread), r.unit, _num(r.compile_time_s),
                              r.graph_count if r.graph_count is not None else "",
                              _num(r.usd_per_hour), p.kind if p else "", p.region if p else "",

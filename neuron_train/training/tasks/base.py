@@ -2,8 +2,9 @@
 
 A task is what a training step computes from a batch: `task(images, labels)` returns a dict of
 scalar losses; 'loss' is back-propagated, every other entry is logged. `per_sample(...)` (a
-`PerSampleTask`) gives the same losses one value per sample (sifting ranks them) and `info()` gives figures merged into the
-run summary. Distillation and sifting are tasks built around another task, by composition.
+`PerSampleTask`) gives the same losses one value per sample (sifting ranks them) and `info()` gives
+figures merged into the run summary. Distillation and sifting are tasks built around another task,
+by composition.
 """
 
 from __future__ import annotations
