@@ -61,12 +61,25 @@ class LibraryFix:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A library setting whose value makes the findings of its cause, named by a rule that recognizes it
+    (graphs/hostsync.py for the Trainer's `logging_steps`): the finding keeps the value in the field of this
+    name, and the report says the setting and gives its fix, both with that value."""
+
+    name: str      # the setting: "logging_steps" (its value: the finding's field of that name, HostSync's)
+    library: str   # the library whose reads it makes (a package-relative prefix)
+    problem: str   # what the problem line adds: {value} the setting's value
+    fix: str       # the fix for it, replacing the cause's own: {value} the setting's value
+
+
+@dataclass(frozen=True)
 class Cause:
     name: str                                    # as the report prints it (Graph.cause, HostSync.cause)
     fix: str                                     # its own fix, when nothing more precise is known
     library_fixes: tuple[LibraryFix, ...] = ()
     op_fixes: tuple[tuple[str, str], ...] = ()   # (CPU fallback op, the fixed-length way to its values)
     reads: tuple[ReadKind, ...] = ()             # host reads that are this cause when they run a graph
+    settings: tuple[Setting, ...] = ()           # library settings that make it
     error: str = ""      # the text of an uncaught error that is this cause (the hooks' excepthook matches it)
     problem: str = ""    # that error's problem line: {where} the user's line that led to it, {error} the text
 
@@ -111,7 +124,13 @@ CAUSES = (
         ReadKind("item", ".item()", ("item",)), ReadKind("print", "printing a tensor", ("__repr__", "__format__")),
         ReadKind("tolist", ".tolist()", ("tolist",)), ReadKind("cpu", ".cpu()", ("cpu",)),
         ReadKind("numpy", ".numpy()", ("numpy",)), ReadKind("float", "float()", ("__float__",)),
-        ReadKind("int", "int()", ("__int__",)), ReadKind("value", "a tensor value read"))),
+        ReadKind("int", "int()", ("__int__",)), ReadKind("value", "a tensor value read")), settings=(
+        Setting("logging_steps", "transformers/trainer",
+                problem="the Trainer's loss log, TrainingArguments(logging_steps={value})",
+                fix="TrainingArguments(logging_steps={value}) makes the Trainer read the loss (.item()) every "
+                    "{value} optimizer steps: each read runs the pending step as a graph of its own and waits for "
+                    "the device before the step's sync, 1 in {value} steps; raise logging_steps (a read every 3 or "
+                    "more optimizer steps is reported, not a failure; the default is 500)"),)),
     Cause(VALUE_BRANCH, "compute both branches and pick with torch.where instead of a Python `if` on a tensor",
           library_fixes=MASKING, reads=(ReadKind("bool", "Python if/bool() on a tensor", ("__bool__",)),)),
     Cause(DATA_DEPENDENT, "keep shapes static: mask (torch.where, multiply by a 0/1 mask) instead of "
@@ -222,6 +241,11 @@ def read_cause(kind: str | None) -> str:
 def read_what(kind: str) -> str:
     """How the report names a host read of this kind (".item()")."""
     return _READ_KINDS[kind][0].what
+
+
+def setting(name: str) -> Setting:
+    """The library setting of this name (a rule that recognizes it fills its value into the finding)."""
+    return next(entry for cause in CAUSES for entry in cause.settings if entry.name == name)
 
 
 def error_problem(cause: str, where: str) -> str:
