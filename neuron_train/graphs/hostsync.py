@@ -15,7 +15,7 @@ from neuron_train.graphs.causes import COMPILED_READ, HOST_READ, fix_for, read_c
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import LineReads, Window
+from neuron_train.graphs.records import HostRead, LineReads, Refused, Window
 from neuron_train.graphs.report import at, short
 
 
@@ -28,7 +28,7 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
                   library_of: Callable[[str], str] = lambda path: "") -> dict[str, LineReads]:
     """Host reads of a window by line: from the hooks and from the log's host-access runs."""
     lines: dict[str, LineReads] = {}
-    for read in w.reads:
+    for read in w.of(HostRead):
         entry = lines.setdefault(read.where, LineReads(read.kind, read.phase, read.library, function=read.function))
         entry.hooked += 1
         entry.padded = entry.padded or read.answer is False
@@ -85,7 +85,7 @@ class HostSyncs:
                 if len(entry.steps) < 10 and step not in entry.steps:
                     entry.steps.append(step)
             self.scalar_reads += w.scalar_reads
-        for refused in w.refused:
+        for refused in w.of(Refused):
             entry = self._tally(refused.read.where, refused.read.kind, refused.read.phase).sync
             entry.count += 1
             entry.executes_graph, entry.refused = True, refused.message

@@ -8,11 +8,13 @@ keeps each graph's fields by name (`dataclasses.asdict`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.findings import DynamoEntry, FallbackOp, HostSync, ProcessSummary
 from neuron_train.graphs.log import XlaEvent
+
+T = TypeVar("T")
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"  # the merged report's "format" (check-graphs --json)
 SCALAR_READ = "aten::_local_scalar_dense"  # a host read of one value, counted like a fallback op
@@ -83,6 +85,13 @@ class LoaderOrigin:
 
 
 @dataclass
+class OptimizerStep:
+    """An optimizer's n-th step() began (the first ones create its state: warm-up)."""
+
+    n: int
+
+
+@dataclass
 class Batch:
     loader: str                    # LoaderOrigin.key
     shapes: list[str]              # each tensor in the batch as HLO names it: "f32[32,784]"
@@ -110,7 +119,9 @@ class DynamoNote:
 
 @dataclass
 class Window:
-    """Everything that happened between two step ends (or after the last one)."""
+    """Everything that happened between two step ends (or after the last one): the log's events and the
+    counters' deltas, and the records the hooks noted (`noted`, read by type with `of`: a new record the
+    hooks note needs no field here, nor anything in the sink or the recorder)."""
 
     step: int | None                          # the step label; None: after the last step
     is_step: bool
@@ -118,18 +129,23 @@ class Window:
     unlogged_compiles: int                    # compiles the counters saw and the log did not
     compile_times: list[float | None]         # seconds, per compile, log order
     hlo: dict[int, hlo_diff.HloSummary]       # index into events -> the compiled graph
-    reads: list[HostRead]
-    fallbacks: dict[str, int]                 # CPU fallback op -> new executions
-    scalar_reads: int                         # new aten::_local_scalar_dense
-    scalars: list[ScalarChange]               # optimizer scalars that became / stopped being 0 or 1
+    fallbacks: dict[str, int]                 # CPU fallback op -> new executions (counters)
+    scalar_reads: int                         # new aten::_local_scalar_dense (counters)
     phase: str
-    optimizer_steps: list[int] = field(default_factory=list)    # n for an optimizer's n-th step()
-    loaders: list[LoaderOrigin] = field(default_factory=list)   # DataLoaders made in this window
-    batches: list[Batch] = field(default_factory=list)          # batches those loaders produced
-    refused: list[Refused] = field(default_factory=list)
-    dynamo: list[DynamoNote] = field(default_factory=list)      # dynamo recompiles, limits, graph breaks
+    # what the hooks noted, in order: HostRead, Refused, ScalarChange, OptimizerStep, LoaderOrigin, Batch,
+    # DynamoNote (each kind read with `of`)
+    noted: list[object] = field(default_factory=list)
     eager: bool = False                       # torch_xla's eager mode was on (each op compiles and runs)
     compiled_at: str = ""                     # the user's line of the last torch.compile'd call (hooks)
+
+    def of(self, kind: type[T]) -> list[T]:
+        """The records of this kind the hooks noted in the window, in order."""
+        return [note for note in self.noted if isinstance(note, kind)]
+
+    @property
+    def optimizer_steps(self) -> list[int]:
+        """n for each optimizer's n-th step() in the window."""
+        return [s.n for s in self.of(OptimizerStep)]
 
 
 @dataclass

@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -335,10 +336,15 @@ CLEAR, STEP = Frame("_compile", "/lib/torch_xla/torch_xla.py", 182), Frame("_com
 ACCESS = "most likely user code trying to access tensor value before torch_xla.sync"
 
 
-def window(step: int, *events: XlaEvent, phase: str = "train", **extra) -> records.Window:
-    fields = dict(unlogged_compiles=0, compile_times=[], hlo={}, reads=[], fallbacks={}, scalar_reads=0,
-                  scalars=[])
-    return records.Window(step=step, is_step=True, events=[(e, phase) for e in events], phase=phase,
+NOTED = ("reads", "scalars", "loaders", "batches", "refused", "dynamo")  # lists of what the hooks note
+
+
+def window(step: int, *events: XlaEvent, phase: str = "train", optimizer_steps: Iterable[int] = (),
+           **extra) -> records.Window:
+    """A window with the hooks' records given by kind (`reads=[...]`, `scalars=[...]`, ...)."""
+    noted = [note for key in NOTED for note in extra.pop(key, [])] + [records.OptimizerStep(n) for n in optimizer_steps]
+    fields = dict(unlogged_compiles=0, compile_times=[], hlo={}, fallbacks={}, scalar_reads=0)
+    return records.Window(step=step, is_step=True, events=[(e, phase) for e in events], phase=phase, noted=noted,
                           **{**fields, **extra})
 
 
