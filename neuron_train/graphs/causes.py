@@ -209,38 +209,72 @@ CAUSES = (
                   "specialized the marked dimension and refused the mark (ConstraintViolationError)"),
 )
 
-_BY_NAME = {cause.name: cause for cause in CAUSES}
-FIXES = {cause.name: cause.fix for cause in CAUSES}  # each cause's own fix, by name (a view of the table)
-_READ_KINDS = {read.kind: (read, cause.name) for cause in CAUSES for read in cause.reads}
-# Every library fix with its cause, and every fallback op's fix: the tables the fix-tests run over.
+# Views of the table as imported, for the tests that run over every entry (tests/graphs/test_library_fixes.py).
+FIXES = {cause.name: cause.fix for cause in CAUSES}  # each cause's own fix, by name
 LIBRARY_FIXES = tuple((cause.name, entry) for cause in CAUSES for entry in cause.library_fixes)
 FALLBACK_FIXES = {op: fix for cause in CAUSES for op, fix in cause.op_fixes}
-ERRORS = tuple(cause for cause in CAUSES if cause.error)  # what the hooks' excepthook looks for
-# torch.Tensor method -> the kind of host read it is: what the hooks wrap.
-TENSOR_READS = {method: read.kind for cause in CAUSES for read in cause.reads for method in read.methods}
+
+
+@dataclass(frozen=True)
+class _Views:
+    """The lookups the checker makes in one table (`_views`)."""
+
+    table: tuple[Cause, ...]
+    by_name: dict[str, Cause]
+    reads: dict[str, tuple[ReadKind, str]]  # read kind -> (its entry, its cause's name)
+
+
+_BUILT: list[_Views] = []  # the views of the table last looked up
+
+
+def _views() -> _Views:
+    """Every lookup reads `CAUSES` when it runs, so a table extended later (a test plants an entry) is the
+    one every lookup, and the hooks installed after it, use; its views are built once per table."""
+    if not _BUILT or _BUILT[0].table is not CAUSES:
+        _BUILT[:] = [_Views(CAUSES, {cause.name: cause for cause in CAUSES},
+                            {read.kind: (read, cause.name) for cause in CAUSES for read in cause.reads})]
+    return _BUILT[0]
+
+
+def tensor_reads() -> dict[str, str]:
+    """torch.Tensor method -> the kind of host read it is: what the hooks wrap."""
+    return {method: read.kind for cause in CAUSES for read in cause.reads for method in read.methods}
+
+
+def errors() -> tuple[Cause, ...]:
+    """The causes with an `error`: what the hooks' excepthook looks for."""
+    return tuple(cause for cause in CAUSES if cause.error)
 
 
 def own_fix(cause: str) -> str:
     """The cause's own fix (the unknown cause's for a name the table lacks)."""
-    return FIXES.get(cause, FIXES[UNKNOWN])
+    by_name = _views().by_name
+    return (by_name[cause] if cause in by_name else by_name[UNKNOWN]).fix
 
 
 def fix_for(cause: str, library: str, padded: bool = False, function: str = "") -> str:
     """The fix for a finding: the library-aware one when the library line matches a known pattern
     (`padded`: the library's bool() read answered False; `function`: the library function that read)."""
-    known = _BY_NAME[cause].library_fixes if cause in _BY_NAME else ()
+    by_name = _views().by_name
+    known = by_name[cause].library_fixes if cause in by_name else ()
     entry = next((e for e in known if e.matches(library, padded, function)), None)
     return entry.fix if entry is not None else own_fix(cause)
 
 
+def fallback_fix(op: str) -> str:
+    """The fix for a CPU fallback op that makes its cause, "" for an op the table has none for."""
+    return next((fix for cause in CAUSES for known, fix in cause.op_fixes if known == op), "")
+
+
 def read_cause(kind: str | None) -> str:
     """The cause of a host read of this kind that runs a graph before the step's sync."""
-    return _READ_KINDS[kind][1] if kind is not None and kind in _READ_KINDS else HOST_ACCESS
+    reads = _views().reads
+    return reads[kind][1] if kind is not None and kind in reads else HOST_ACCESS
 
 
 def read_what(kind: str) -> str:
     """How the report names a host read of this kind (".item()")."""
-    return _READ_KINDS[kind][0].what
+    return _views().reads[kind][0].what
 
 
 def setting(name: str) -> Setting:
@@ -250,5 +284,5 @@ def setting(name: str) -> Setting:
 
 def error_problem(cause: str, where: str) -> str:
     """The problem line of a known error the run ended with, at the user's line shown as `where`."""
-    known = _BY_NAME[cause]
+    known = _views().by_name[cause]
     return f"{known.problem.format(where=where, error=known.error)}; fix: {known.fix}"

@@ -10,9 +10,9 @@ from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.causes import (
     ACCUMULATION_REMAINDER,
     DATA_DEPENDENT,
-    FALLBACK_FIXES,
     NEW_CONSTANT,
     NEW_INPUT_SHAPE,
+    fallback_fix,
 )
 from neuron_train.graphs.records import Graph, ScalarChange
 from neuron_train.graphs.report import short
@@ -85,7 +85,7 @@ def fix_of(graph: Graph, ctx: Context) -> str:
     if graph.cause == NEW_CONSTANT and changed:
         return _scalar_fix(changed[0])
     if graph.cause == DATA_DEPENDENT:
-        return next((FALLBACK_FIXES[op] for op in sorted(ctx.window.fallbacks) if op in FALLBACK_FIXES), "")
+        return next((fix for op in sorted(ctx.window.fallbacks) if (fix := fallback_fix(op))), "")
     return ""
 
 

@@ -29,7 +29,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from neuron_train.graphs import dynamo, loaders, syncs
-from neuron_train.graphs.causes import ERRORS, INFERENCE_MODE, MARK_DYNAMIC, TENSOR_READS
+from neuron_train.graphs.causes import INFERENCE_MODE, MARK_DYNAMIC, errors, tensor_reads
 from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_caller
 from neuron_train.graphs.records import ErrorNote, OptimizerStep, ScalarChange
 from neuron_train.graphs.sink import HookSink
@@ -76,7 +76,7 @@ def _wrap_reads(recorder: HookSink) -> list[Callable[[], None]]:
     import torch
 
     undo = []
-    for name, kind in TENSOR_READS.items():
+    for name, kind in tensor_reads().items():
         own = torch.Tensor.__dict__.get(name)
         original = getattr(torch.Tensor, name)
         setattr(torch.Tensor, name, _read_wrapper(recorder, original, kind))
@@ -316,7 +316,7 @@ def _own_errors_only(recorder: HookSink) -> Callable[[], None]:
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         recorder.analyzer.notes += [ErrorNote(cause.name, recorder.error_lines.get(cause.name, ""))
-                                    for cause in ERRORS if cause.error in str(value)]
+                                    for cause in errors() if cause.error in str(value)]
         previous(kind, value, _strip(value, tb))
 
     sys.excepthook = excepthook
