@@ -115,6 +115,21 @@ def test_host_read_before_the_sync_is_reported_with_line(tmp_path, script, cause
 
 
 @pytest.mark.slow
+def test_a_host_read_kind_planted_in_the_cause_table_alone_is_reported_with_its_cause_and_fix(tmp_path):
+    """The script adds a cause with a read kind on Tensor.__index__ to the table (nothing else: no hook, sink,
+    recorder or window change); its read before the sync is named as that kind, cause and fix."""
+    code, report, output = check_script(tmp_path, "planted_read_kind.py")
+    assert code == 1, output
+    [sync] = report["host_syncs"]
+    assert (sync["kind"], sync["what"], sync["cause"], sync["fix"], sync["where"]) == (
+        "index", "a tensor used as an index", "planted cause", "planted fix", line_of("planted_read_kind.py", "INDEX"))
+    assert sync["executes_graph"] and sync["every_step"] and sync["count"] == 4
+    assert report["problems"] == ["planted cause: a tensor used as an index at tests/fixtures/graphs/"
+                                  "planted_read_kind.py:19 runs a graph before the step's sync in 4 of 4 steps "
+                                  "after warm-up"], output
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["import", "importlib", "lazy"])
 def test_a_process_that_looks_for_torch_xla_first_is_checked(tmp_path, how):
     """find_spec("torch_xla") first (transformers, accelerate), then import it in one of three ways."""
