@@ -357,7 +357,7 @@ class Analyzer:
         return GraphReport(warmup_steps=self.warmup_steps, steps=self.steps, graphs=graphs, host_syncs=host,
                            fallback_ops=self.host.fallback, dynamo=self.dynamo, problems=problems,
                            source="pt_xla_debug" if self.uses_log or not graphs else "counters",
-                           scalar_reads_after_warmup=self.host.scalar_reads)
+                           scalar_reads_after_warmup=self.host.scalar_reads, errors=list(self.notes))
 
     def tracing_lines_wanted(self, lines_after_new_graph: int) -> bool:
         """Python lines on traced ops (IR debug) cost tracing time: wanted while graphs change."""

@@ -205,6 +205,7 @@ class GraphReport:
     local_rank: str | None = None
     input_shapes: dict[str, list[str]] = field(default_factory=dict)  # graph hash -> its input shapes
     run: CommandRun | None = None  # the merged report: the command check-graphs ran
+    errors: list[ErrorNote] = field(default_factory=list)  # known errors the run ended with (a problem each)
 
     @property
     def stable(self) -> bool:
@@ -225,6 +226,7 @@ class GraphReport:
         fallback = {op: f.to_json() for op, f in self.fallback_ops.items()}
         dynamo = [d.to_json() for d in self.dynamo]
         verdict = {"problems": self.problems, "stable": self.stable}
+        errors = {"errors": [asdict(e) for e in self.errors]} if self.errors else {}  # only when there are some
         if self.run is not None:
             r = self.run
             return {"format": REPORT_FORMAT, "command": r.command, "exit_code": r.exit_code,
@@ -233,7 +235,7 @@ class GraphReport:
                     "distinct_graphs": len(graphs), "compile_count": self.compile_count,
                     "compile_time_s": self.compile_time_s, "graphs": graphs, "late_graphs": late,
                     "recompiles": recompiles, "host_syncs": host, "fallback_ops": fallback, "dynamo": dynamo,
-                    "processes": [p.to_json() for p in r.processes], **verdict}
+                    "processes": [p.to_json() for p in r.processes], **verdict, **errors}
         who = ({"pid": self.pid, "argv": self.argv, "rank": self.rank, "local_rank": self.local_rank}
                if self.pid is not None else {})
         return {**who, "warmup_steps": self.warmup_steps, "steps": self.steps, "distinct_graphs": len(graphs),
@@ -241,7 +243,7 @@ class GraphReport:
                 "scalar_reads_after_warmup": self.scalar_reads_after_warmup, "fallback_ops": fallback,
                 "dynamo": dynamo, "source": self.source, **verdict, "compile_count": self.compile_count,
                 "compile_time_s": self.compile_time_s,
-                **({"input_shapes": self.input_shapes} if self.pid is not None else {})}
+                **({"input_shapes": self.input_shapes} if self.pid is not None else {}), **errors}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GraphReport:
@@ -258,4 +260,5 @@ class GraphReport:
                    compile_count=data.get("compile_count", 0), compile_time_s=data.get("compile_time_s", 0.0),
                    source=data.get("source", ""), scalar_reads_after_warmup=data.get("scalar_reads_after_warmup", 0),
                    pid=data.get("pid"), argv=data.get("argv", []), rank=data.get("rank"),
-                   local_rank=data.get("local_rank"), input_shapes=data.get("input_shapes", {}), run=run)
+                   local_rank=data.get("local_rank"), input_shapes=data.get("input_shapes", {}), run=run,
+                   errors=[ErrorNote(**e) for e in data.get("errors", [])])
