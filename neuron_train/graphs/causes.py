@@ -152,7 +152,9 @@ CAUSES = (
         LibraryFix("accelerate/", "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate "
                                   "keeps it), or pad/bucket to fixed sizes"))),
     Cause(NEW_CONSTANT, "avoid the exact values 0 and 1 for Python scalars that change (start a warm-up "
-                        "above 0, or pass the value as a device tensor)"),
+                        "above 0, or pass the value as a device tensor)",
+          # an unmixed batch (prob < 1) has a mixing factor of exactly 1, baked into mixup_target's graph
+          (LibraryFix("timm/data/mixup.py", HOST_MIXUP),)),
     Cause(GRAPH_STRUCTURE, "make slice and loop lengths fixed (pad to the maximum length and mask)"),
     Cause(HOST_READ, "fine once in a while; in every step, move it into xm.add_step_closure(...)"),
     Cause(COMPILED_READ, "return the tensor from the compiled function and read it after the call's sync "

@@ -22,6 +22,7 @@ from neuron_train.graphs.causes import (
     FALLBACK_FIXES,
     GROWING_CONCAT,
     LIBRARY_FIXES,
+    NEW_CONSTANT,
     NEW_INPUT_SHAPE,
     SLICE_SHAPE,
     VALUE_BRANCH,
@@ -78,6 +79,8 @@ CASES: dict[Key, Case] = {
     ("accelerate/", NEW_INPUT_SHAPE, "", None): Case(ACCELERATE, ("--samples", "30"),
                                                     ("--samples", "30", "--drop-last")),
     ("timm/data/mixup.py", SLICE_SHAPE, "", None): Case(FIXTURES / "timm_mixup.py", (), ("--host",)),
+    # an unmixed batch (prob=0.5) first: its mixing factor of exactly 1 is a constant of the target's mixing
+    ("timm/data/mixup.py", NEW_CONSTANT, "", None): Case(FIXTURES / "timm_mixup.py", (), ("--host",)),
     ("torch/optim/", DYNAMO_RECOMPILE, "", None): Case(FIXTURES / "dynamo_loop.py", ("exponential_lr",),
                                                       ("tensor_lr",)),
 }
