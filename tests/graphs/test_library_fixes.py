@@ -117,7 +117,9 @@ def test_a_library_fix_applied_to_its_fixture_removes_its_finding(tmp_path, caus
     code, report, output = run(tmp_path, case, case.before)
     assert code == 1, output
     printed = [f for f in findings(report) if f["fix"] == entry.fix]
-    assert printed and all(f["cause"] == cause for f in printed), output
+    # timm's Mixup has one fix for two causes (a box's slice, an unmixed batch's constant): each its entry's
+    assert any(f["cause"] == cause for f in printed), output
+    assert all((f["cause"], f["fix"]) in {(c, e.fix) for c, e in LIBRARY_FIXES} for f in printed), output
     file = entry.library.partition(":")[0]
     code, report, output = run(tmp_path, case, case.after)
     left = [f for f in findings(report) if f["fix"] == entry.fix or f.get("library", "").startswith(file)]
