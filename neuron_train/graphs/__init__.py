@@ -2,7 +2,7 @@
 
 Modules: `log` parses torch_xla's PT_XLA_DEBUG analysis blocks, `hlo_diff` compares two graphs'
 HLO, `hooks` / `loaders` / `frames` hook into a process (syncs, host reads, optimizer scalars, data
-loaders, call sites; `sink` is the recorder as they see it), `records` holds the causes and typed
+loaders, call sites; `sink` is the recorder as they see it), `causes` the table of causes, `records` the typed
 records (`Graph`, and `GraphReport`: the report, turned into JSON only when written), `findings` the
 report's host syncs, fallback ops, dynamo entries and processes, `process` sets a process up,
 `recorder` reads one process's sources into step windows, `analyzer` classifies them (pure),

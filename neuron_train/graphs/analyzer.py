@@ -49,7 +49,7 @@ from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.fixes import accumulation_remainder, fix_of, ragged_batch
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import ErrorNote, Graph, GraphReport, Window
+from neuron_train.graphs.records import DynamoNote, ErrorNote, Graph, GraphReport, Refused, Window
 from neuron_train.graphs.report import dynamo_problems, recompile_problems, short
 
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
@@ -292,8 +292,8 @@ class Analyzer:
         site = self.sites.setdefault((w.phase,), Site(late=self._steady(index)))
         key = f"unlogged-{len(self.graphs) + 1}"
         kind = self._kind(site, index, w)
-        if w.refused:
-            read = w.refused[0].read
+        if w.of(Refused):
+            read = w.of(Refused)[0].read
             why = (f"no hash: torch_xla compiled it for the read at {short(read.where)} and then refused to "
                    "run it (torch_xla.compile(full_graph=True)), without logging it")
         elif w.eager:
@@ -326,7 +326,7 @@ class Analyzer:
         warm = new_phase or index <= max(OPTIMIZER_WARMUP_STEPS, self.warmup_steps) or any(
             n <= OPTIMIZER_WARMUP_STEPS for n in w.optimizer_steps)
         found = []
-        for note in w.dynamo:
+        for note in w.of(DynamoNote):
             if note.kind == "graph_break":
                 known = next((d for d in self.dynamo if d.kind == "graph_break"
                               and (d.where, d.reason) == (note.where, note.reason)), None)
@@ -358,7 +358,7 @@ class Analyzer:
         return GraphReport(warmup_steps=self.warmup_steps, steps=self.steps, graphs=graphs, host_syncs=host,
                            fallback_ops=self.host.fallback, dynamo=self.dynamo, problems=problems,
                            source="pt_xla_debug" if self.uses_log or not graphs else "counters",
-                           scalar_reads_after_warmup=self.host.scalar_reads)
+                           scalar_reads_after_warmup=self.host.scalar_reads, errors=list(self.notes))
 
     def tracing_lines_wanted(self, lines_after_new_graph: int) -> bool:
         """Python lines on traced ops (IR debug) cost tracing time: wanted while graphs change."""

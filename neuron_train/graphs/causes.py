@@ -61,12 +61,25 @@ class LibraryFix:
 
 
 @dataclass(frozen=True)
+class Setting:
+    """A library setting whose value makes the findings of its cause, named by a rule that recognizes it
+    (graphs/hostsync.py for the Trainer's `logging_steps`): the finding keeps the value in the field of this
+    name, and the report says the setting and gives its fix, both with that value."""
+
+    name: str      # the setting: "logging_steps" (its value: the finding's field of that name, HostSync's)
+    library: str   # the library whose reads it makes (a package-relative prefix)
+    problem: str   # what the problem line adds: {value} the setting's value
+    fix: str       # the fix for it, replacing the cause's own: {value} the setting's value
+
+
+@dataclass(frozen=True)
 class Cause:
     name: str                                    # as the report prints it (Graph.cause, HostSync.cause)
     fix: str                                     # its own fix, when nothing more precise is known
     library_fixes: tuple[LibraryFix, ...] = ()
     op_fixes: tuple[tuple[str, str], ...] = ()   # (CPU fallback op, the fixed-length way to its values)
     reads: tuple[ReadKind, ...] = ()             # host reads that are this cause when they run a graph
+    settings: tuple[Setting, ...] = ()           # library settings that make it
     error: str = ""      # the text of an uncaught error that is this cause (the hooks' excepthook matches it)
     problem: str = ""    # that error's problem line: {where} the user's line that led to it, {error} the text
 
@@ -111,7 +124,13 @@ CAUSES = (
         ReadKind("item", ".item()", ("item",)), ReadKind("print", "printing a tensor", ("__repr__", "__format__")),
         ReadKind("tolist", ".tolist()", ("tolist",)), ReadKind("cpu", ".cpu()", ("cpu",)),
         ReadKind("numpy", ".numpy()", ("numpy",)), ReadKind("float", "float()", ("__float__",)),
-        ReadKind("int", "int()", ("__int__",)), ReadKind("value", "a tensor value read"))),
+        ReadKind("int", "int()", ("__int__",)), ReadKind("value", "a tensor value read")), settings=(
+        Setting("logging_steps", "transformers/trainer",
+                problem="the Trainer's loss log, TrainingArguments(logging_steps={value})",
+                fix="TrainingArguments(logging_steps={value}) makes the Trainer read the loss (.item()) every "
+                    "{value} optimizer steps: each read runs the pending step as a graph of its own and waits for "
+                    "the device before the step's sync, 1 in {value} steps; raise logging_steps (a read every 3 or "
+                    "more optimizer steps is reported, not a failure; the default is 500)"),)),
     Cause(VALUE_BRANCH, "compute both branches and pick with torch.where instead of a Python `if` on a tensor",
           library_fixes=MASKING, reads=(ReadKind("bool", "Python if/bool() on a tensor", ("__bool__",)),)),
     Cause(DATA_DEPENDENT, "keep shapes static: mask (torch.where, multiply by a 0/1 mask) instead of "
@@ -133,7 +152,9 @@ CAUSES = (
         LibraryFix("accelerate/", "drop_last=True on the DataLoader you hand to accelerator.prepare (accelerate "
                                   "keeps it), or pad/bucket to fixed sizes"))),
     Cause(NEW_CONSTANT, "avoid the exact values 0 and 1 for Python scalars that change (start a warm-up "
-                        "above 0, or pass the value as a device tensor)"),
+                        "above 0, or pass the value as a device tensor)",
+          # an unmixed batch (prob < 1) has a mixing factor of exactly 1, baked into mixup_target's graph
+          (LibraryFix("timm/data/mixup.py", HOST_MIXUP),)),
     Cause(GRAPH_STRUCTURE, "make slice and loop lengths fixed (pad to the maximum length and mask)"),
     Cause(HOST_READ, "fine once in a while; in every step, move it into xm.add_step_closure(...)"),
     Cause(COMPILED_READ, "return the tensor from the compiled function and read it after the call's sync "
@@ -190,41 +211,80 @@ CAUSES = (
                   "specialized the marked dimension and refused the mark (ConstraintViolationError)"),
 )
 
-_BY_NAME = {cause.name: cause for cause in CAUSES}
-FIXES = {cause.name: cause.fix for cause in CAUSES}  # each cause's own fix, by name (a view of the table)
-_READ_KINDS = {read.kind: (read, cause.name) for cause in CAUSES for read in cause.reads}
-# Every library fix with its cause, and every fallback op's fix: the tables the fix-tests run over.
+# Views of the table as imported, for the tests that run over every entry (tests/graphs/test_library_fixes.py).
+FIXES = {cause.name: cause.fix for cause in CAUSES}  # each cause's own fix, by name
 LIBRARY_FIXES = tuple((cause.name, entry) for cause in CAUSES for entry in cause.library_fixes)
 FALLBACK_FIXES = {op: fix for cause in CAUSES for op, fix in cause.op_fixes}
-ERRORS = tuple(cause for cause in CAUSES if cause.error)  # what the hooks' excepthook looks for
-# torch.Tensor method -> the kind of host read it is: what the hooks wrap.
-TENSOR_READS = {method: read.kind for cause in CAUSES for read in cause.reads for method in read.methods}
+
+
+@dataclass(frozen=True)
+class _Views:
+    """The lookups the checker makes in one table (`_views`)."""
+
+    table: tuple[Cause, ...]
+    by_name: dict[str, Cause]
+    reads: dict[str, tuple[ReadKind, str]]  # read kind -> (its entry, its cause's name)
+
+
+_BUILT: list[_Views] = []  # the views of the table last looked up
+
+
+def _views() -> _Views:
+    """Every lookup reads `CAUSES` when it runs, so a table extended later (a test plants an entry) is the
+    one every lookup, and the hooks installed after it, use; its views are built once per table."""
+    if not _BUILT or _BUILT[0].table is not CAUSES:
+        _BUILT[:] = [_Views(CAUSES, {cause.name: cause for cause in CAUSES},
+                            {read.kind: (read, cause.name) for cause in CAUSES for read in cause.reads})]
+    return _BUILT[0]
+
+
+def tensor_reads() -> dict[str, str]:
+    """torch.Tensor method -> the kind of host read it is: what the hooks wrap."""
+    return {method: read.kind for cause in CAUSES for read in cause.reads for method in read.methods}
+
+
+def errors() -> tuple[Cause, ...]:
+    """The causes with an `error`: what the hooks' excepthook looks for."""
+    return tuple(cause for cause in CAUSES if cause.error)
 
 
 def own_fix(cause: str) -> str:
     """The cause's own fix (the unknown cause's for a name the table lacks)."""
-    return FIXES.get(cause, FIXES[UNKNOWN])
+    by_name = _views().by_name
+    return (by_name[cause] if cause in by_name else by_name[UNKNOWN]).fix
 
 
 def fix_for(cause: str, library: str, padded: bool = False, function: str = "") -> str:
     """The fix for a finding: the library-aware one when the library line matches a known pattern
     (`padded`: the library's bool() read answered False; `function`: the library function that read)."""
-    known = _BY_NAME[cause].library_fixes if cause in _BY_NAME else ()
+    by_name = _views().by_name
+    known = by_name[cause].library_fixes if cause in by_name else ()
     entry = next((e for e in known if e.matches(library, padded, function)), None)
     return entry.fix if entry is not None else own_fix(cause)
 
 
+def fallback_fix(op: str) -> str:
+    """The fix for a CPU fallback op that makes its cause, "" for an op the table has none for."""
+    return next((fix for cause in CAUSES for known, fix in cause.op_fixes if known == op), "")
+
+
 def read_cause(kind: str | None) -> str:
     """The cause of a host read of this kind that runs a graph before the step's sync."""
-    return _READ_KINDS[kind][1] if kind is not None and kind in _READ_KINDS else HOST_ACCESS
+    reads = _views().reads
+    return reads[kind][1] if kind is not None and kind in reads else HOST_ACCESS
 
 
 def read_what(kind: str) -> str:
     """How the report names a host read of this kind (".item()")."""
-    return _READ_KINDS[kind][0].what
+    return _views().reads[kind][0].what
+
+
+def setting(name: str) -> Setting:
+    """The library setting of this name (a rule that recognizes it fills its value into the finding)."""
+    return next(entry for cause in CAUSES for entry in cause.settings if entry.name == name)
 
 
 def error_problem(cause: str, where: str) -> str:
     """The problem line of a known error the run ended with, at the user's line shown as `where`."""
-    known = _BY_NAME[cause]
+    known = _views().by_name[cause]
     return f"{known.problem.format(where=where, error=known.error)}; fix: {known.fix}"

@@ -72,7 +72,7 @@ def _note(recorder: HookSink, kind: str, code: CodeType, reason: str) -> None:
     where = caller_line(analyzer.is_internal, frame) or ""
     if kind == "recompile" and recorder.compiled_at and _NUMBER_GUARD.match(_first_line(reason)):
         where = recorder.compiled_at
-    recorder.note_dynamo(DynamoNote(kind, _function(recorder, code), _first_line(reason), where,
+    recorder.note(DynamoNote(kind, _function(recorder, code), _first_line(reason), where,
                                     library_line(analyzer.is_internal, analyzer.library_of, frame)))
 
 
@@ -116,6 +116,6 @@ def _graph_break(recorder: HookSink, original: Callable[..., Any]) -> Callable[.
         library = next((f"{analyzer.library_of(f.filename)}:{f.lineno}" for f in reversed(stack)
                         if analyzer.library_of(f.filename)), "")
         function = f"{code_options.get('co_name', '?')} ({code_options.get('co_filename', '?')})"
-        recorder.note_dynamo(DynamoNote("graph_break", function, _first_line(str(reason)), where, library))
+        recorder.note(DynamoNote("graph_break", function, _first_line(str(reason)), where, library))
 
     return log_graph_break

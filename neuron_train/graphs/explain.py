@@ -26,7 +26,7 @@ from neuron_train.graphs.causes import (
     UNKNOWN,
 )
 from neuron_train.graphs.findings import DynamoEntry
-from neuron_train.graphs.records import Graph, LineReads, LoaderOrigin, ScalarChange, Window
+from neuron_train.graphs.records import Batch, Graph, LineReads, LoaderOrigin, ScalarChange, Window
 from neuron_train.graphs.report import short
 
 SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N by step"
@@ -44,9 +44,9 @@ class Loaders:
     shapes: dict[str, set[str]] = field(default_factory=dict)
 
     def observe(self, w: Window) -> None:
-        for origin in w.loaders:
+        for origin in w.of(LoaderOrigin):
             self.origins[origin.key] = origin
-        for batch in w.batches:
+        for batch in w.of(Batch):
             seen = self.shapes.setdefault(batch.loader, set())
             if len(seen) < SHAPES_KEPT:
                 seen.update(batch.shapes)
@@ -58,7 +58,7 @@ class Loaders:
 
     def ragged_in(self, w: Window) -> LoaderOrigin | None:
         """The loader whose ragged last batch was fetched in `w`, if any."""
-        for batch in w.batches:
+        for batch in w.of(Batch):
             origin = self.origins.get(batch.loader)
             remainder = _remainder(origin) if origin is not None else 0
             if remainder and any(_first_dim(s) == remainder for s in batch.shapes):
@@ -171,15 +171,15 @@ def _explain(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | None, 
         return FSDP_AFTER_EVAL, (f"{len(base.params)} -> {len(new.params)} inputs, {detail}: the first training "
                                  "step after an evaluation takes the full parameters the evaluation's forward left "
                                  "gathered (torch_xla FSDP), with fewer optimization barriers"), line
-    written = next((s for s in w.scalars if s.module and s.where), None)
+    written = next((s for s in w.of(ScalarChange) if s.module and s.where), None)
     if written is not None and cause in (NEW_CONSTANT, GRAPH_STRUCTURE, UNKNOWN) and not why.where:
         return NEW_CONSTANT, f"{detail}; {_module_detail(written)}", written.where
     branch = source.branch_at(line, where) if cause == GRAPH_STRUCTURE and _other_program(base, new) else ""
     if branch:
         return PYTHON_BRANCH, f"{detail}; the Python `if` at {short(branch)} chose which ops this step traced", \
             branch
-    if cause == NEW_CONSTANT and not why.where and w.scalars:
-        return cause, detail + _scalar_detail(w.scalars[0]), w.scalars[0].where or line
+    if cause == NEW_CONSTANT and not why.where and w.of(ScalarChange):
+        return cause, detail + _scalar_detail(w.of(ScalarChange)[0]), w.of(ScalarChange)[0].where or line
     if cause == NEW_INPUT_SHAPE and base is not None and new is not None:
         if ctx.follows is not None and _fed_by(base, new, ctx.follows[1]):
             first = ctx.follows[0]
@@ -195,7 +195,7 @@ def not_the_read(base: hlo_diff.HloSummary | None, new: hlo_diff.HloSummary | No
     evaluation left gathered? Then the read (an evaluation's `.item()`) did not split the step."""
     if _barriers_changed(base, new):
         return True
-    if not ctx.window.scalars:
+    if not ctx.window.of(ScalarChange):
         return False
     return base is None or new is None or hlo_diff.explain(base, new, ctx.is_internal).cause == NEW_CONSTANT
 

@@ -27,11 +27,15 @@ class HostSync:
     refused: str | None = None     # torch_xla refused to run it (full_graph=True): its message
     fix: str = ""
     every_step: bool = False       # in most steady steps: part of the step, not an occasional read
+    logging_steps: int = 0         # the Trainer's loss log reads it, every that many optimizer steps (a
+                                   # causes.Setting: the problem line and the fix name it); 0: not the log's
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         if self.refused is None:
             del out["refused"]
+        if not self.logging_steps:
+            del out["logging_steps"]
         return out
 
     @classmethod

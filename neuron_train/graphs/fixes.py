@@ -10,9 +10,9 @@ from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.causes import (
     ACCUMULATION_REMAINDER,
     DATA_DEPENDENT,
-    FALLBACK_FIXES,
     NEW_CONSTANT,
     NEW_INPUT_SHAPE,
+    fallback_fix,
 )
 from neuron_train.graphs.records import Graph, ScalarChange
 from neuron_train.graphs.report import short
@@ -77,7 +77,7 @@ def ragged_batch(graph: Graph, hlo: hlo_diff.HloSummary | None, ctx: Context) ->
 def fix_of(graph: Graph, ctx: Context) -> str:
     """A fix more precise than the cause's: for the optimizer or module scalar that moved, the fallback
     op that ran."""
-    changed = [s for s in ctx.window.scalars if s.where == graph.where]
+    changed = [s for s in ctx.window.of(ScalarChange) if s.where == graph.where]
     if graph.cause == NEW_CONSTANT and changed and changed[0].module:
         return (f"keep {changed[0].module}.{changed[0].key} away from exactly 0 and 1 where it is written: end an "
                 f"anneal just above 0 ({changed[0].key} = max(1e-6, ...)) so every step traces the same op with "
@@ -85,7 +85,7 @@ def fix_of(graph: Graph, ctx: Context) -> str:
     if graph.cause == NEW_CONSTANT and changed:
         return _scalar_fix(changed[0])
     if graph.cause == DATA_DEPENDENT:
-        return next((FALLBACK_FIXES[op] for op in sorted(ctx.window.fallbacks) if op in FALLBACK_FIXES), "")
+        return next((fix for op in sorted(ctx.window.fallbacks) if (fix := fallback_fix(op))), "")
     return ""
 
 

@@ -24,6 +24,7 @@ NEW_CONSTANT = "new constant"
 GRAPH_STRUCTURE = "graph structure changed"
 SLICE_OFFSET = "slice offset"   # the same slice of a device tensor at another offset, baked into the graph
 UNKNOWN = "unknown"
+PYTHON_SCALAR = "prim__Constant"  # the op type of a Python scalar torch_xla baked in as a constant (0 or 1)
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<rest>.*)$")
 _OPCODE = re.compile(r"^(?P<opcode>[\w\-]+)\(")
@@ -211,8 +212,11 @@ def _special_constants(old: HloSummary, new: HloSummary, is_internal: Callable[[
     scalars_new = sum(p.shape.endswith("[]") for p in new.params)
     if len(old.params) - len(new.params) != scalars_old - scalars_new or scalars_old == scalars_new:
         return None  # other inputs changed too: not (only) a scalar turning into a constant
-    added = _minus(new.special_constants, old.special_constants)
-    removed = _minus(old.special_constants, new.special_constants)
+    # Only a Python scalar's constant (prim::Constant) comes from a scalar input or becomes one: of the
+    # constants with one value, those are the ones left unmatched (timm's mixing factor of exactly 1, not
+    # the 1 inside a mean); a graph traced without lines has no op types, and its order is kept.
+    added = _minus(_scalars_last(new.special_constants), old.special_constants)
+    removed = _minus(_scalars_last(old.special_constants), new.special_constants)
     if scalars_new < scalars_old:
         values = sorted({c.value for c in added}) or ["0/1"]
         detail = (f"{scalars_old - scalars_new} scalar input(s) became the constant "
@@ -222,6 +226,11 @@ def _special_constants(old: HloSummary, new: HloSummary, is_internal: Callable[[
         detail = (f"the constant {' and '.join(values)} became {scalars_new - scalars_old} scalar "
                   "input(s): a Python scalar left the special values 0/1")
     return _explained(NEW_CONSTANT, detail, added, removed, is_internal=is_internal)
+
+
+def _scalars_last(constants: list[Instr]) -> list[Instr]:
+    """The constants with a Python scalar's (prim::Constant) after the others, each group in its order."""
+    return sorted(constants, key=lambda c: c.op_type == PYTHON_SCALAR)
 
 
 def _structure(old: HloSummary, new: HloSummary, is_internal: Callable[[str], bool]) -> Explanation | None:

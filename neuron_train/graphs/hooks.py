@@ -29,9 +29,9 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from neuron_train.graphs import dynamo, loaders, syncs
-from neuron_train.graphs.causes import ERRORS, INFERENCE_MODE, MARK_DYNAMIC, TENSOR_READS
+from neuron_train.graphs.causes import INFERENCE_MODE, MARK_DYNAMIC, errors, tensor_reads
 from neuron_train.graphs.frames import HERE, caller_line, in_dynamo, library_caller
-from neuron_train.graphs.records import ErrorNote, ScalarChange
+from neuron_train.graphs.records import ErrorNote, OptimizerStep, ScalarChange
 from neuron_train.graphs.sink import HookSink
 
 __all__ = ["caller_line", "install"]
@@ -76,7 +76,7 @@ def _wrap_reads(recorder: HookSink) -> list[Callable[[], None]]:
     import torch
 
     undo = []
-    for name, kind in TENSOR_READS.items():
+    for name, kind in tensor_reads().items():
         own = torch.Tensor.__dict__.get(name)
         original = getattr(torch.Tensor, name)
         setattr(torch.Tensor, name, _read_wrapper(recorder, original, kind))
@@ -154,7 +154,7 @@ def _watch_optimizers(recorder: HookSink,
         steps[id(optimizer)] = steps.get(id(optimizer), 0) + 1
         if not recorder.analyzer.optimizer_where:  # where a sync goes when the loop has none
             recorder.analyzer.optimizer_where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
-        recorder.note_optimizer_step(steps[id(optimizer)])
+        recorder.note(OptimizerStep(steps[id(optimizer)]))
         for g, group in enumerate(optimizer.param_groups):
             for key, value in group.items():
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -165,7 +165,7 @@ def _watch_optimizers(recorder: HookSink,
                 if was is not None and was != now:
                     where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
                     name, made_at = schedulers.get(optimizer, ("", ""))
-                    recorder.note_scalar(ScalarChange(g, key, value, made_at or where, name))
+                    recorder.note(ScalarChange(g, key, value, made_at or where, name))
 
     return register_optimizer_step_pre_hook(before_step).remove
 
@@ -181,7 +181,7 @@ def _watch_dropout(recorder: HookSink) -> Callable[[], None]:
         old = self.__dict__.get(name) if name == "p" else None
         if isinstance(old, (int, float)) and isinstance(value, (int, float)) and (old in (0, 1)) != (value in (0, 1)):
             where = caller_line(recorder.analyzer.is_internal, sys._getframe(1)) or ""
-            recorder.note_scalar(ScalarChange(-1, name, value, where, "", type(self).__name__))
+            recorder.note(ScalarChange(-1, name, value, where, "", type(self).__name__))
         torch.nn.Module.__setattr__(self, name, value)
 
     setattr(_DropoutNd, "__setattr__", __setattr__)  # noqa: B010  (a deliberate method patch)
@@ -317,7 +317,7 @@ def _own_errors_only(recorder: HookSink) -> Callable[[], None]:
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         recorder.analyzer.notes += [ErrorNote(cause.name, recorder.error_lines.get(cause.name, ""))
-                                    for cause in ERRORS if cause.error in str(value)]
+                                    for cause in errors() if cause.error in str(value)]
         previous(kind, value, _strip(value, tb))
 
     sys.excepthook = excepthook

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from neuron_train.graphs import source
-from neuron_train.graphs.causes import COMPILED_READ, HOST_READ, fix_for, read_cause, read_what
+from neuron_train.graphs.causes import COMPILED_READ, HOST_READ, fix_for, read_cause, read_what, setting
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
-from neuron_train.graphs.records import LineReads, Window
+from neuron_train.graphs.records import HostRead, LineReads, Refused, Window
 from neuron_train.graphs.report import at, short
 
 
@@ -28,7 +28,7 @@ def reads_by_line(w: Window, is_internal: Callable[[str], bool],
                   library_of: Callable[[str], str] = lambda path: "") -> dict[str, LineReads]:
     """Host reads of a window by line: from the hooks and from the log's host-access runs."""
     lines: dict[str, LineReads] = {}
-    for read in w.reads:
+    for read in w.of(HostRead):
         entry = lines.setdefault(read.where, LineReads(read.kind, read.phase, read.library, function=read.function))
         entry.hooked += 1
         entry.padded = entry.padded or read.answer is False
@@ -86,7 +86,7 @@ class HostSyncs:
                 if len(entry.steps) < 10 and step not in entry.steps:
                     entry.steps.append(step)
             self.scalar_reads += w.scalar_reads
-        for refused in w.refused:
+        for refused in w.of(Refused):
             entry = self._tally(refused.read.where, refused.read.kind, refused.read.phase).sync
             entry.count += 1
             entry.executes_graph, entry.refused = True, refused.message
@@ -122,15 +122,15 @@ class HostSyncs:
             if not h.executes_graph:
                 h.cause = HOST_READ
             h.fix = fix_for(h.cause, h.library, tally.padded, tally.function)
-            logged = _trainer_log(tally, logging_steps)
-            h.fix = logged or h.fix
+            if _trainer_log(tally, logging_steps):
+                h.logging_steps, h.fix = logging_steps, _LOG.fix.format(value=logging_steps)
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
             # A step is what the script repeats: a sync, or an optimizer step (a Trainer syncs more
             # than once per optimizer step), whichever the read is in most of.
             by_sync = (len(tally.windows), steady_steps)
             by_optimizer = (min(len(tally.optimizer_steps), steady_optimizer_steps), steady_optimizer_steps)
             seen, total = max(by_sync, by_optimizer, key=lambda r: r[0] / r[1] if r[1] else 0.0)
-            if logged:  # the Trainer's log syncs (mesh_reduce) and reads several times per log: its unit is
+            if h.logging_steps:  # the Trainer's log syncs (mesh_reduce) and reads several times per log: its unit is
                 seen, total = by_optimizer  # the optimizer step, whose every N-th it logs in
             h.every_step = total > 0 and seen * 2 >= total
             unit = "optimizer steps" if (seen, total) == by_optimizer and by_optimizer != by_sync else "steps"
@@ -141,19 +141,16 @@ class HostSyncs:
             elif h.executes_graph and h.every_step:
                 problems.append(f"{h.cause}: {h.what} at {at(h.where, h.library)} runs a graph before the step's "
                                 f"sync in {min(seen, total)} of {total} {unit} after warm-up"
-                                + (f": the Trainer's loss log, TrainingArguments(logging_steps={logging_steps})"
-                                   if logged else ""))
+                                + (f": {_LOG.problem.format(value=h.logging_steps)}" if h.logging_steps else ""))
         return out, problems
 
 
-def _trainer_log(tally: _Tally, logging_steps: int) -> str:
-    """The fix for a read the Trainer makes to log the loss every `logging_steps` optimizer steps (a read
-    at a transformers trainer line in exactly those steps), or "": the user's lever is that argument."""
+_LOG = setting("logging_steps")  # the Trainer's loss log: its problem line and fix
+
+
+def _trainer_log(tally: _Tally, logging_steps: int) -> bool:
+    """A read the Trainer makes to log the loss every `logging_steps` optimizer steps: at a transformers
+    trainer line in exactly those steps (the user's lever is that argument)."""
     steps = sorted(tally.optimizer_steps)
-    if logging_steps < 1 or len(steps) < 2 or not tally.sync.library.startswith("transformers/trainer") \
-            or any(b - a != logging_steps for a, b in zip(steps, steps[1:], strict=False)):
-        return ""
-    return (f"TrainingArguments(logging_steps={logging_steps}) makes the Trainer read the loss (.item()) every "
-            f"{logging_steps} optimizer steps: each read runs the pending step as a graph of its own and waits for "
-            f"the device before the step's sync, 1 in {logging_steps} steps; raise logging_steps (a read every "
-            "3 or more optimizer steps is reported, not a failure; the default is 500)")
+    return logging_steps >= 1 and len(steps) >= 2 and tally.sync.library.startswith(_LOG.library) \
+        and all(b - a == logging_steps for a, b in zip(steps, steps[1:], strict=False))

@@ -49,7 +49,7 @@ def install(recorder: HookSink) -> list[Callable[[], None]]:
                                 accumulation=first.accumulation or made_here.accumulation,
                                 logging_steps=first.logging_steps or made_here.logging_steps)
         made[self] = made_here.key
-        recorder.note_loader(made_here)
+        recorder.note(made_here)
 
     def __iter__(self: DataLoader[Any]) -> Any:
         it = iterate(self)
@@ -61,7 +61,7 @@ def install(recorder: HookSink) -> list[Callable[[], None]]:
         batch = fetch(self)
         key = running.get(self)
         if key is not None:
-            recorder.note_batch(Batch(key, shapes(batch)))
+            recorder.note(Batch(key, shapes(batch)))
         return batch
 
     _patch(__init__, __iter__, __next__)

@@ -37,18 +37,7 @@ from neuron_train.graphs.process import (
     xla_counter,
     xla_metric,
 )
-from neuron_train.graphs.records import (
-    SCALAR_READ,
-    Batch,
-    DynamoNote,
-    Graph,
-    GraphReport,
-    HostRead,
-    LoaderOrigin,
-    Refused,
-    ScalarChange,
-    Window,
-)
+from neuron_train.graphs.records import SCALAR_READ, Graph, GraphReport, HostRead, Refused, Window
 
 RECORD_EVERY_S = 10.0      # during the run a record is rewritten after a new graph, or after this long
 LINES_AFTER_NEW_GRAPH = 3  # steps traced with Python lines after a graph compiled past the warm-up
@@ -70,13 +59,7 @@ class Recorder:
         self._marks: list[tuple[int, str]] = []
         self._offset = max(files.start, self.log_size())  # what ran before this recorder is not ours
         self._log: BinaryIO | None = None
-        self._reads: list[HostRead] = []
-        self._scalars: list[ScalarChange] = []
-        self._optimizer_steps: list[int] = []
-        self._loaders: list[LoaderOrigin] = []
-        self._batches: list[Batch] = []
-        self._refused: list[Refused] = []
-        self._dynamo: list[DynamoNote] = []
+        self._noted: list[object] = []  # the hooks' records since the last step end (Window.noted)
         self._compiles = xla_counter("UncachedCompile")
         self._compile_s0 = xla_metric("CompileTime")[1]
         self._compiles0 = self._compiles
@@ -112,33 +95,15 @@ class Recorder:
 
     def note_read(self, kind: str, where: str, library: str = "", compiled: bool = False) -> HostRead:
         read = HostRead(kind, where, self.current_phase, library, compiled)
-        with self._lock:
-            self._reads.append(read)
+        self.note(read)
         return read
 
-    def note_scalar(self, change: ScalarChange) -> None:
-        with self._lock:
-            self._scalars.append(change)
-
-    def note_optimizer_step(self, n: int) -> None:
-        with self._lock:
-            self._optimizer_steps.append(n)
-
-    def note_dynamo(self, note: DynamoNote) -> None:
-        with self._lock:
-            self._dynamo.append(note)
-
-    def note_loader(self, origin: LoaderOrigin) -> None:
-        with self._lock:
-            self._loaders.append(origin)
-
-    def note_batch(self, batch: Batch) -> None:
-        with self._lock:  # from MpDeviceLoader's thread too
-            self._batches.append(batch)
-
     def note_refused(self, kind: str, where: str, message: str) -> None:
-        with self._lock:
-            self._refused.append(Refused(HostRead(kind, where, self.current_phase), message))
+        self.note(Refused(HostRead(kind, where, self.current_phase), message))
+
+    def note(self, record: object) -> None:
+        with self._lock:  # from MpDeviceLoader's thread too (a batch)
+            self._noted.append(record)
 
     def log_size(self) -> int:
         try:
@@ -183,19 +148,11 @@ class Recorder:
         logged = [i for i, (e, _) in enumerate(events) if e.kind == "compile"]
         hlo = {i: s for i in logged if (s := compiled_hlo(self.files.hlo_dir, events[i][0])) is not None}
         fallbacks, scalar_reads = self._fallback_delta()
-        reads, self._reads = self._reads, []
-        scalars, self._scalars = self._scalars, []
-        optimizer_steps, self._optimizer_steps = self._optimizer_steps, []
-        loaders, self._loaders = self._loaders, []
-        batches, self._batches = self._batches, []
-        refused, self._refused = self._refused, []
-        dynamo, self._dynamo = self._dynamo, []
+        noted, self._noted = self._noted, []
         return Window(step=step, is_step=is_step, events=events,
                       unlogged_compiles=max(0, new - len(logged)), compile_times=self._compile_times(new),
-                      hlo=hlo, reads=reads, fallbacks=fallbacks, scalar_reads=scalar_reads,
-                      scalars=scalars, phase=self.current_phase, optimizer_steps=optimizer_steps,
-                      loaders=loaders, batches=batches, refused=refused, dynamo=dynamo,
-                      eager=self.eager_mode, compiled_at=self.compiled_at)
+                      hlo=hlo, fallbacks=fallbacks, scalar_reads=scalar_reads, phase=self.current_phase,
+                      noted=noted, eager=self.eager_mode, compiled_at=self.compiled_at)
 
     def _read_events(self) -> list[tuple[XlaEvent, str]]:
         if self._log is None:

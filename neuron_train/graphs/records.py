@@ -8,11 +8,13 @@ keeps each graph's fields by name (`dataclasses.asdict`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.findings import DynamoEntry, FallbackOp, HostSync, ProcessSummary
 from neuron_train.graphs.log import XlaEvent
+
+T = TypeVar("T")
 
 REPORT_FORMAT = "neuron-train/graph-report/v1"  # the merged report's "format" (check-graphs --json)
 SCALAR_READ = "aten::_local_scalar_dense"  # a host read of one value, counted like a fallback op
@@ -83,6 +85,13 @@ class LoaderOrigin:
 
 
 @dataclass
+class OptimizerStep:
+    """An optimizer's n-th step() began (the first ones create its state: warm-up)."""
+
+    n: int
+
+
+@dataclass
 class Batch:
     loader: str                    # LoaderOrigin.key
     shapes: list[str]              # each tensor in the batch as HLO names it: "f32[32,784]"
@@ -110,7 +119,9 @@ class DynamoNote:
 
 @dataclass
 class Window:
-    """Everything that happened between two step ends (or after the last one)."""
+    """Everything that happened between two step ends (or after the last one): the log's events and the
+    counters' deltas, and the records the hooks noted (`noted`, read by type with `of`: a new record the
+    hooks note needs no field here, nor anything in the sink or the recorder)."""
 
     step: int | None                          # the step label; None: after the last step
     is_step: bool
@@ -118,18 +129,23 @@ class Window:
     unlogged_compiles: int                    # compiles the counters saw and the log did not
     compile_times: list[float | None]         # seconds, per compile, log order
     hlo: dict[int, hlo_diff.HloSummary]       # index into events -> the compiled graph
-    reads: list[HostRead]
-    fallbacks: dict[str, int]                 # CPU fallback op -> new executions
-    scalar_reads: int                         # new aten::_local_scalar_dense
-    scalars: list[ScalarChange]               # optimizer scalars that became / stopped being 0 or 1
+    fallbacks: dict[str, int]                 # CPU fallback op -> new executions (counters)
+    scalar_reads: int                         # new aten::_local_scalar_dense (counters)
     phase: str
-    optimizer_steps: list[int] = field(default_factory=list)    # n for an optimizer's n-th step()
-    loaders: list[LoaderOrigin] = field(default_factory=list)   # DataLoaders made in this window
-    batches: list[Batch] = field(default_factory=list)          # batches those loaders produced
-    refused: list[Refused] = field(default_factory=list)
-    dynamo: list[DynamoNote] = field(default_factory=list)      # dynamo recompiles, limits, graph breaks
+    # what the hooks noted, in order: HostRead, Refused, ScalarChange, OptimizerStep, LoaderOrigin, Batch,
+    # DynamoNote (each kind read with `of`)
+    noted: list[object] = field(default_factory=list)
     eager: bool = False                       # torch_xla's eager mode was on (each op compiles and runs)
     compiled_at: str = ""                     # the user's line of the last torch.compile'd call (hooks)
+
+    def of(self, kind: type[T]) -> list[T]:
+        """The records of this kind the hooks noted in the window, in order."""
+        return [note for note in self.noted if isinstance(note, kind)]
+
+    @property
+    def optimizer_steps(self) -> list[int]:
+        """n for each optimizer's n-th step() in the window."""
+        return [s.n for s in self.of(OptimizerStep)]
 
 
 @dataclass
@@ -189,6 +205,7 @@ class GraphReport:
     local_rank: str | None = None
     input_shapes: dict[str, list[str]] = field(default_factory=dict)  # graph hash -> its input shapes
     run: CommandRun | None = None  # the merged report: the command check-graphs ran
+    errors: list[ErrorNote] = field(default_factory=list)  # known errors the run ended with (a problem each)
 
     @property
     def stable(self) -> bool:
@@ -209,6 +226,7 @@ class GraphReport:
         fallback = {op: f.to_json() for op, f in self.fallback_ops.items()}
         dynamo = [d.to_json() for d in self.dynamo]
         verdict = {"problems": self.problems, "stable": self.stable}
+        errors = {"errors": [asdict(e) for e in self.errors]} if self.errors else {}  # only when there are some
         if self.run is not None:
             r = self.run
             return {"format": REPORT_FORMAT, "command": r.command, "exit_code": r.exit_code,
@@ -217,7 +235,7 @@ class GraphReport:
                     "distinct_graphs": len(graphs), "compile_count": self.compile_count,
                     "compile_time_s": self.compile_time_s, "graphs": graphs, "late_graphs": late,
                     "recompiles": recompiles, "host_syncs": host, "fallback_ops": fallback, "dynamo": dynamo,
-                    "processes": [p.to_json() for p in r.processes], **verdict}
+                    "processes": [p.to_json() for p in r.processes], **verdict, **errors}
         who = ({"pid": self.pid, "argv": self.argv, "rank": self.rank, "local_rank": self.local_rank}
                if self.pid is not None else {})
         return {**who, "warmup_steps": self.warmup_steps, "steps": self.steps, "distinct_graphs": len(graphs),
@@ -225,7 +243,7 @@ class GraphReport:
                 "scalar_reads_after_warmup": self.scalar_reads_after_warmup, "fallback_ops": fallback,
                 "dynamo": dynamo, "source": self.source, **verdict, "compile_count": self.compile_count,
                 "compile_time_s": self.compile_time_s,
-                **({"input_shapes": self.input_shapes} if self.pid is not None else {})}
+                **({"input_shapes": self.input_shapes} if self.pid is not None else {}), **errors}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GraphReport:
@@ -242,4 +260,5 @@ class GraphReport:
                    compile_count=data.get("compile_count", 0), compile_time_s=data.get("compile_time_s", 0.0),
                    source=data.get("source", ""), scalar_reads_after_warmup=data.get("scalar_reads_after_warmup", 0),
                    pid=data.get("pid"), argv=data.get("argv", []), rank=data.get("rank"),
-                   local_rank=data.get("local_rank"), input_shapes=data.get("input_shapes", {}), run=run)
+                   local_rank=data.get("local_rank"), input_shapes=data.get("input_shapes", {}), run=run,
+                   errors=[ErrorNote(**e) for e in data.get("errors", [])])

@@ -10,15 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from neuron_train.graphs.records import (
-    Batch,
-    DynamoNote,
-    ErrorNote,
-    Graph,
-    HostRead,
-    LoaderOrigin,
-    ScalarChange,
-)
+from neuron_train.graphs.records import ErrorNote, Graph, HostRead
 
 
 class AnalyzerView(Protocol):
@@ -55,12 +47,6 @@ class HookSink(Protocol):
 
     def note_refused(self, kind: str, where: str, message: str) -> None: ...
 
-    def note_scalar(self, change: ScalarChange) -> None: ...
-
-    def note_optimizer_step(self, n: int) -> None: ...
-
-    def note_dynamo(self, note: DynamoNote) -> None: ...
-
-    def note_loader(self, origin: LoaderOrigin) -> None: ...
-
-    def note_batch(self, batch: Batch) -> None: ...
+    def note(self, record: object) -> None:
+        """Anything else the hooks see, as a typed record (a ScalarChange, a DynamoNote, ...): the step's
+        window holds it (`Window.of(kind)`)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from neuron_train.graphs.findings import FallbackOp, HostSync, ProcessSummary
 from neuron_train.graphs.process import ENV_DIR, ENV_WARMUP, PARTIAL_PREFIX, RECORD_PREFIX
-from neuron_train.graphs.records import CommandRun, Graph, GraphReport
+from neuron_train.graphs.records import CommandRun, ErrorNote, Graph, GraphReport
 from neuron_train.instrument import proc
 from neuron_train.instrument.marker import Started
 
@@ -79,6 +79,7 @@ def merge_records(records: list[GraphReport], command: list[str], ended: proc.En
     host: dict[str, HostSync] = {}
     fallback: dict[str, FallbackOp] = {}
     problems: list[str] = []
+    errors: list[ErrorNote] = []  # each known error once, as its problem line is
     for n, record in enumerate(records):
         for g in record.graphs:
             key = g.hash or f"{n}:{g.step}:{len(merged_graphs)}"
@@ -91,6 +92,7 @@ def merge_records(records: list[GraphReport], command: list[str], ended: proc.En
         for op, f in record.fallback_ops.items():
             _merge_fallback(fallback, op, f)
         problems += [p for p in record.problems if p not in problems]
+        errors += [e for e in record.errors if e not in errors]
     all_graphs = list(merged_graphs.values())
     problems += _run_problems(records, started or [], ended)
     if max_graphs is not None and len(all_graphs) > max_graphs:
@@ -105,7 +107,7 @@ def merge_records(records: list[GraphReport], command: list[str], ended: proc.En
                        graphs=all_graphs, host_syncs=list(host.values()), fallback_ops=fallback,
                        dynamo=[d for r in records for d in r.dynamo], problems=problems,
                        compile_count=sum(r.compile_count for r in records),
-                       compile_time_s=sum(r.compile_time_s for r in records), run=run)
+                       compile_time_s=sum(r.compile_time_s for r in records), run=run, errors=errors)
 
 
 def signal_name(signum: int | None) -> str | None:

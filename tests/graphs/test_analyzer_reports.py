@@ -23,6 +23,8 @@ from neuron_train.graphs.causes import (
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.log import Frame
 from neuron_train.graphs.records import DynamoNote, Graph
+from neuron_train.instrument import proc
+from neuron_train.instrument.runner import merge_records
 from tests.graphs.test_graphs import ACCESS, LIBS, ran, run_site, sync_event, window
 from tests.graphs.test_library_fixes import library_fix
 
@@ -303,3 +305,17 @@ def test_a_known_error_the_run_ended_with_is_a_typed_note_named_at_its_line_with
         "torch._dynamo.mark_dynamic at an unknown line: torch_xla compiles one graph per shape, so dynamo "
         "specialized the marked dimension and refused the mark (ConstraintViolationError); fix: remove "
         "mark_dynamic there and give every batch one shape (drop_last=True, or pad/bucket to fixed sizes)"]
+
+
+def test_a_known_error_reaches_the_report_and_its_merge_as_a_record_once():
+    """The report carries each known error as its record (JSON "errors", only when there is one), read back
+    as one, and a merge of two processes that ended with the same error keeps it once, as its problem."""
+    analyzer = Analyzer(0, LIBS)
+    analyzer.notes.append(records.ErrorNote(causes.MARK_DYNAMIC, "/u/t.py:9"))
+    written = analyzer.summary().to_json()
+    assert written["errors"] == [{"cause": causes.MARK_DYNAMIC, "where": "/u/t.py:9"}]
+    assert "errors" not in Analyzer(0, LIBS).summary().to_json()
+    read = records.GraphReport.from_json(written)
+    merged = merge_records([read, records.GraphReport.from_json(written)], ["t"], proc.Ended(0), 0, None)
+    assert merged.errors == [records.ErrorNote(causes.MARK_DYNAMIC, "/u/t.py:9")] and len(merged.problems) == 1
+    assert records.GraphReport.from_json(merged.to_json()).errors == merged.errors

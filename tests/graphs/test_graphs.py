@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,6 +112,21 @@ def test_host_read_before_the_sync_is_reported_with_line(tmp_path, script, cause
     assert (sync["cause"], sync["where"], sync["what"]) == (cause, line_of(script, label), what)
     assert sync["executes_graph"] and sync["every_step"] and sync["count"] == 4
     assert any(p.startswith(cause) for p in report["problems"])
+
+
+@pytest.mark.slow
+def test_a_host_read_kind_planted_in_the_cause_table_alone_is_reported_with_its_cause_and_fix(tmp_path):
+    """The script adds a cause with a read kind on Tensor.__index__ to the table (nothing else: no hook, sink,
+    recorder or window change); its read before the sync is named as that kind, cause and fix."""
+    code, report, output = check_script(tmp_path, "planted_read_kind.py")
+    assert code == 1, output
+    [sync] = report["host_syncs"]
+    assert (sync["kind"], sync["what"], sync["cause"], sync["fix"], sync["where"]) == (
+        "index", "a tensor used as an index", "planted cause", "planted fix", line_of("planted_read_kind.py", "INDEX"))
+    assert sync["executes_graph"] and sync["every_step"] and sync["count"] == 4
+    assert report["problems"] == ["planted cause: a tensor used as an index at tests/fixtures/graphs/"
+                                  "planted_read_kind.py:19 runs a graph before the step's sync in 4 of 4 steps "
+                                  "after warm-up"], output
 
 
 @pytest.mark.slow
@@ -336,10 +352,15 @@ CLEAR, STEP = (Frame("_compile", "/lib/torch_xla/torch_xla.py", 182),
 ACCESS = "most likely user code trying to access tensor value before torch_xla.sync"
 
 
-def window(step: int, *events: XlaEvent, phase: str = "train", **extra) -> records.Window:
-    fields = dict(unlogged_compiles=0, compile_times=[], hlo={}, reads=[], fallbacks={}, scalar_reads=0,
-                  scalars=[])
-    return records.Window(step=step, is_step=True, events=[(e, phase) for e in events], phase=phase,
+NOTED = ("reads", "scalars", "loaders", "batches", "refused", "dynamo")  # lists of what the hooks note
+
+
+def window(step: int, *events: XlaEvent, phase: str = "train", optimizer_steps: Iterable[int] = (),
+           **extra) -> records.Window:
+    """A window with the hooks' records given by kind (`reads=[...]`, `scalars=[...]`, ...)."""
+    noted = [note for key in NOTED for note in extra.pop(key, [])] + [records.OptimizerStep(n) for n in optimizer_steps]
+    fields = dict(unlogged_compiles=0, compile_times=[], hlo={}, fallbacks={}, scalar_reads=0)
+    return records.Window(step=step, is_step=True, events=[(e, phase) for e in events], phase=phase, noted=noted,
                           **{**fields, **extra})
 
 

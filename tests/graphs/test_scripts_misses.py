@@ -84,6 +84,7 @@ def test_the_trainers_loss_log_names_logging_steps_and_a_realistic_interval_pass
     [log] = [h for h in report["host_syncs"] if h["executes_graph"]]
     assert log["library"].startswith("transformers/") and log["every_step"], output
     assert log["fix"].startswith("TrainingArguments(logging_steps=2) makes the Trainer read the loss")
+    assert log["logging_steps"] == 2, output
     [problem] = report["problems"]
     assert "optimizer steps after warm-up: the Trainer's loss log, TrainingArguments(logging_steps=2)" in problem
     code, report, output = check_graphs(tmp_path, *command, "--arg", "logging_steps=4",
