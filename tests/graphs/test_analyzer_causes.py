@@ -156,7 +156,8 @@ def test_the_trainers_loss_log_names_logging_steps_and_fails_only_at_every_secon
     [log] = [h for h in summary.host_syncs if h.library == "transformers/trainer_pt_utils.py:194"]
     assert log.fix.startswith(f"TrainingArguments(logging_steps={logging_steps}) makes the Trainer read the loss "
                               f"(.item()) every {logging_steps} optimizer steps")
-    assert log.every_step == fails and log.logging_steps == logging_steps and log.to_json()["logging_steps"] == logging_steps
+    assert log.every_step == fails and log.logging_steps == logging_steps
+    assert log.to_json()["logging_steps"] == logging_steps
     assert all(h.logging_steps == 0 and "logging_steps" not in h.to_json() for h in summary.host_syncs if h is not log)
     assert summary.problems == ([
         "host access before sync: a tensor value read at transformers/trainer_pt_utils.py:194, from /u/t.py:140 "

@@ -102,7 +102,8 @@ def record_types() -> list[type]:
     return [cost.BenchResult, cost.Device, cost.Stat, cost.ModelFacts, cost.DatasetFacts, cost.CompileFacts,
             cost.Host, cost.SweepRow, cost.EstimateBlock,
             findings.HostSync, findings.FallbackOp, findings.DynamoEntry, findings.ProcessSummary,
-            records.LineReads, records.ScalarChange, records.HostRead, records.ErrorNote, records.DynamoNote, records.Graph,
+            records.LineReads, records.ScalarChange, records.HostRead, records.ErrorNote, records.DynamoNote,
+            records.Graph,
             records.CommandRun, records.GraphReport, marker.Started, probe.ProbeRecord, probe.Stop,
             steps.StepWindow, coverage.CoverageReport, coverage.MissingGraph, script.CompileSummary,
             listing.CacheListing, listing.ConfigListing, summary.RunSummary]
