@@ -164,12 +164,6 @@ def is_s3(location: str) -> bool:
     return str(location).startswith("s3://")
 
 
-def refuse_s3(location: str, flag: str, instead: str) -> None:
-    """For options that need a local path: one line naming the command that handles S3."""
-    if is_s3(location):
-        raise UsageError(f"{flag} must be a local path, not {location}: {instead}")
-
-
 def confined(root: Path, relative: str, what: str) -> Path:
     """`root / relative`, refused unless it resolves inside `root` (a path read from a manifest,
     an archive or a result file must never reach outside the folder it belongs to)."""
