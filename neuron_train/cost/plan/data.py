@@ -16,7 +16,6 @@ from neuron_train.cost.plan.model import Chip, Target, WorkloadFigures
 from neuron_train.cost.schema import Fields
 
 PUBLISHED_PATH = Path(__file__).resolve().parents[2] / "data" / "plan_published.yaml"
-NEURON_KINDS = ("Trainium", "Inferentia2", "Inferentia")
 BYTES_BF16, BYTES_FP32 = 2, 4
 IMAGE_BYTES = 3 * 224 * 224 * 4     # one f32 224 x 224 image: every image row of the tables
 
