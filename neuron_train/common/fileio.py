@@ -160,6 +160,13 @@ def not_utf8(path: Path, exc: UnicodeDecodeError) -> UsageError:
                       "save it as UTF-8")
 
 
+def short(where: str) -> str:
+    """A path under the current folder, relative: easier to read, still clickable (the checker's
+    source lines, precompile's and bench's)."""
+    cwd = os.getcwd() + os.sep
+    return where[len(cwd):] if where.startswith(cwd) else where
+
+
 def is_s3(location: str) -> bool:
     return str(location).startswith("s3://")
 

@@ -18,8 +18,8 @@ import shlex
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.fileio import short
 from neuron_train.graphs.records import Graph, GraphReport
-from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.script import ScriptRun, load_probes, probe_vars
 from neuron_train.precompile import store
