@@ -17,12 +17,16 @@ per-unit costs, never the planning machine's wall time), and the all-reduce is a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, replace
 
-from neuron_train.common.errors import RunError
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.values import shown
+from neuron_train.cost.schema import Fields
 
 GIB = 1024 ** 3
+UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,34 @@ class WorkloadFigures:
     decoded_images: float = 0.0     # images the host decodes and preprocesses per step (workload-defined input cost)
     grad_accumulation: int = 1      # steps per gradient all-reduce (microbatches accumulated before the update)
     measured_by: str = "measured on the CPU XLA device"
+
+    def to_json(self) -> dict[str, object]:
+        """The figures as plan writes them (plan.json's `workload`, each estimate's `config.workload`), every
+        field, "unknown" for what the run did not tell (a COMMAND's input pipeline)."""
+        return {k: UNKNOWN if v is None else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> WorkloadFigures:
+        """A workload as plan wrote it (`to_json`; scripts/plan_standins.json keeps them), each field checked;
+        a field with a default may be missing (a file written before the field was)."""
+        f = Fields.of(data, where)
+        fields = dataclasses.fields(cls)
+        f.only(x.name for x in fields)
+        if f.data.get("host_input_s") == UNKNOWN:
+            f = Fields({**f.data, "host_input_s": None}, where)
+        for x in fields:
+            f.check(x.name, _WORKLOAD_KINDS.get(x.name, "number>=0"), required=x.default is dataclasses.MISSING,
+                     null=x.name == "host_input_s")
+        for name, known in (("mode", ("train", "infer")), ("execution", tuple(EXECUTIONS))):
+            if name in f.data and f.data[name] not in known:
+                raise UsageError(f"{where}: field '{name}' must be one of {', '.join(known)}, got {shown(f.data[name])}")
+        return cls(**f.data)
+
+
+# WorkloadFigures' fields that are not a number >= 0 (common/values.py's kinds)
+_WORKLOAD_KINDS = {"name": "str", "mode": "str", "precision": "str", "execution": "str", "measured_by": "str",
+                   "samples_per_step": "number>0", "loader_workers": "int>=0", "hlo_instructions": "int>=0",
+                   "graphs_per_step": "int>=0", "grad_accumulation": "int>=1"}
 
 
 @dataclass(frozen=True)
