@@ -11,7 +11,8 @@ from pathlib import Path
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
 from neuron_train.common.values import shown
-from neuron_train.cost.catalog import CATALOG_PATH, Catalog, load_catalog, read_mapping
+from neuron_train.cost import catalog as instance_catalog
+from neuron_train.cost.catalog import Catalog, load_catalog, read_mapping
 from neuron_train.cost.plan.model import Chip, HostCosts, Target, WorkloadFigures
 from neuron_train.cost.schema import Fields
 
@@ -20,8 +21,10 @@ BYTES_BF16, BYTES_FP32 = 2, 4
 IMAGE_BYTES = 3 * 224 * 224 * 4     # one f32 224 x 224 image: every image row of the tables
 
 
-def load_chips(path: Path = CATALOG_PATH) -> dict[str, Chip]:
-    """The chips of instances.yaml's plan_hardware, each field checked (read as the catalog reads it)."""
+def load_chips(path: Path | None = None) -> dict[str, Chip]:
+    """The chips of instances.yaml's plan_hardware (the catalog's file, read when called), each field checked
+    (read as the catalog reads it)."""
+    path = path or instance_catalog.CATALOG_PATH
     data = Fields(read_mapping(path, ours=True), str(path))
     data.check("plan_hardware", "object")
     return {name: _chip(name, c, f"{path} plan_hardware.{name}") for name, c in data.data["plan_hardware"].items()}
