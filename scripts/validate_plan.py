@@ -129,9 +129,8 @@ def expressible(row: PublishedRow) -> str | None:
     return None
 
 
-def workload(record: dict) -> WorkloadFigures:
-    fields = {k: (None if v == "unknown" else v) for k, v in record.items()}
-    return WorkloadFigures(**fields)
+def workload(key: str, record: object) -> WorkloadFigures:
+    return WorkloadFigures.from_json(record, f"{FACTS} {key}.workload")
 
 
 def held_out(facts: dict) -> list[dict]:
@@ -142,7 +141,7 @@ def held_out(facts: dict) -> list[dict]:
     for key, (mode, _, wanted) in STANDINS.items():
         if key not in facts:
             continue
-        measured = workload(facts[key]["workload"])
+        measured = workload(key, facts[key]["workload"])
         # inference: the newest row of the model; training: every release's row of the stand-in's microbatch
         chosen = [r for r in rows if expressible(r) is None and r.mode == "train" and r.batch_per_core ==
                   measured.samples_per_step and (r.model, r.instance_type) in wanted] if mode == "train" else \
@@ -172,7 +171,7 @@ def calibrated_pairs(facts: dict) -> list[dict]:
         for model in sorted({m for m, t in wanted if t == "trn1.2xlarge" and (m, "inf2.xlarge") in wanted}):
             if key not in facts:
                 continue
-            w, bench, other = (workload(facts[key]["workload"]), by_key[(model, "trn1.2xlarge")],
+            w, bench, other = (workload(key, facts[key]["workload"]), by_key[(model, "trn1.2xlarge")],
                                by_key[(model, "inf2.xlarge")])
             calib, _, warning = recalibrated(base, w, tgt["trn1.2xlarge"], bench.samples_per_sec, 2, "published row")
             rate = estimate(w, tgt["inf2.xlarge"], calib).samples_per_sec or 0.0

@@ -19,6 +19,7 @@ Each rule is checked on a planted violation too, so the test can fail.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,50 @@ def test_a_package_circle_is_caught_even_without_a_module_circle():
     assert not any("import circle" in v for v in violations(graph))  # no module imports back...
     # ...but a package does
     assert any("package circle" in v and "neuron_train.training" in v for v in violations(graph))
+
+
+# ----- docs/architecture.md's diagram, held to the code ---------------------------------------------------
+DOC = ROOT / "docs" / "architecture.md"
+FLOORS = ("commands", "cost", "training", "precompile", "instrument", "graphs", "common", "ops")
+
+
+def diagram(text: str) -> str:
+    """The first code block of docs/architecture.md: the floors, top to bottom."""
+    return text.split("```\n", 2)[1]
+
+
+def unnamed_modules(picture: str) -> list[str]:
+    """The package's modules (and subfolders) the diagram does not name."""
+    words = set(re.findall(r"[\w]+", picture))
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if len(rel.parts) < 2 or "_startup" in rel.parts[:-1]:
+            continue
+        name = rel.parent.name if rel.name == "__init__.py" else path.stem
+        if name not in words and name not in FLOORS:
+            missing.append(rel.as_posix())
+    return missing
+
+
+def floors_drawn_upside_down(picture: str, graph: dict[str, set[str]]) -> list[str]:
+    """A subpackage importing one the diagram draws above it (ops sits beside common, both at the bottom)."""
+    order = {name: picture.index(f" {name}/") for name in FLOORS}
+    order["ops"] = order["common"]  # drawn beside it, on the bottom floor
+    return [f"{a} imports {b}, drawn above it" for a, deps in sorted(package_graph(graph).items())
+            for b in sorted(deps) if (a_ := a.split(".")[-1]) in order and (b_ := b.split(".")[-1]) in order
+            and order[b_] < order[a_]]
+
+
+def test_the_diagram_names_every_module_and_draws_no_import_upward():
+    picture = diagram(DOC.read_text())
+    assert unnamed_modules(picture) == []
+    assert floors_drawn_upside_down(picture, load_graph()) == []
+
+
+def test_the_diagram_checks_fail_on_a_planted_drift():
+    picture = diagram(DOC.read_text())
+    assert "cost/plan/model.py" in unnamed_modules(picture.replace("model,", ""))
+    swapped = picture.replace(" cost/", " COST/").replace(" training/", " cost/").replace(" COST/", " training/")
+    assert "neuron_train.cost imports neuron_train.training, drawn above it" in \
+        floors_drawn_upside_down(swapped, load_graph())

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import refuse_s3
 from neuron_train.precompile.archive import pack, unpack
 from neuron_train.precompile.listing import cache_listing, format_listing, human_age, human_size, state_word
 from neuron_train.precompile.maintenance import (
@@ -35,6 +34,7 @@ from neuron_train.precompile.store import (
     Entry,
     has_manifest,
     load_manifest,
+    open_cache,
     require_cache,
     scan,
 )
@@ -69,12 +69,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     p.add_argument("archive", metavar="FILE", help="FILE.tar.gz or s3://BUCKET/KEY")
 
 
-_S3_INSTEAD = "move caches to and from S3 with `cache pack s3://...` and `cache unpack s3://...`"
-
-
 def _existing(cache_dir: str) -> Path:
-    refuse_s3(cache_dir, "--compile-cache", _S3_INSTEAD)
-    cache = Path(cache_dir)
+    cache = open_cache(cache_dir)
     if not cache.is_dir():
         raise UsageError(f"no such cache directory: {cache_dir}")
     return cache
@@ -166,8 +162,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_unpack(args: argparse.Namespace) -> int:
-    refuse_s3(args.compile_cache, "--compile-cache", _S3_INSTEAD)
-    result = unpack(args.archive, Path(args.compile_cache), args.adopt)
+    result = unpack(args.archive, open_cache(args.compile_cache), args.adopt)
     print(f"unpacked {result.new_files} new files into {args.compile_cache} ({result.identical} already "
           f"present and identical, {result.configs} configuration(s) merged into the manifest)")
     return 0

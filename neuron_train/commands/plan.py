@@ -18,8 +18,8 @@ from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import new_output, write_json_or_print
 from neuron_train.cost.plan import calibrate as plan_calibrate
 from neuron_train.cost.plan import data as plan_data
-from neuron_train.cost.plan.model import EXECUTIONS, WorkloadFigures, estimate_all
-from neuron_train.cost.plan.result import UNKNOWN, format_estimates, plan_document
+from neuron_train.cost.plan.model import EXECUTIONS, UNKNOWN, WorkloadFigures, estimate_all
+from neuron_train.cost.plan.result import format_estimates, plan_document
 from neuron_train.cost.schema import MODES
 from neuron_train.instrument.script import checked_command
 from neuron_train.training.config import RunConfig

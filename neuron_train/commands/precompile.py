@@ -24,7 +24,6 @@ from pathlib import Path
 
 from neuron_train.common.cli_parser import add_cache_option
 from neuron_train.common.errors import UsageError
-from neuron_train.common.fileio import is_s3
 from neuron_train.instrument.script import RETRIES_ENV, checked_command
 from neuron_train.precompile import store
 from neuron_train.precompile.cache_env import TourPlan, check_cache, format_plan, network_fs_warning, warn
@@ -80,14 +79,11 @@ def _is_command(train_args: list[str]) -> bool:
 
 def _resolve_cache(cli_dir: str | None, cfg: RunConfig | None) -> Path:
     in_args = cfg.compile.compile_cache if cfg is not None else None
-    chosen = cli_dir or in_args or store.DEFAULT_CACHE_DIR
-    if is_s3(chosen):
-        raise UsageError("the compile cache must be a local directory; move it to and from S3 with "
-                         "`neuron-train cache pack/unpack s3://...`")
+    cache = store.open_cache(cli_dir or in_args or store.DEFAULT_CACHE_DIR)
     if cli_dir and in_args and Path(cli_dir).resolve() != Path(in_args).resolve():
         raise UsageError(f"--compile-cache {cli_dir} and --compile-cache {in_args} in TRAIN_ARGS "
                          "differ: the real run must use the cache precompile fills")
-    return Path(chosen).absolute()
+    return cache.absolute()
 
 
 def _validate(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.fileio import unusable_path, write_json_atomic
+from neuron_train.precompile.store import open_cache
 from neuron_train.training import rundir
 from neuron_train.training.config_io import add_config_arguments, config_from_args
 from neuron_train.training.summary import RunSummary
@@ -95,6 +96,8 @@ def _wait_to_be_stopped() -> None:
 def _train(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
+        if cfg.compile.compile_cache:
+            open_cache(cfg.compile.compile_cache)  # the cache's one door, before the run folder is made
         cfg, finished = rundir.preflight(cfg)  # before torch_xla starts: refusals take seconds, not ~20 s
     except (UsageError, RunError, OSError, RuntimeError) as exc:
         if not isinstance(exc, (UsageError, RunError)) and unusable_path(exc) is None:

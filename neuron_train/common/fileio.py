@@ -160,14 +160,15 @@ def not_utf8(path: Path, exc: UnicodeDecodeError) -> UsageError:
                       "save it as UTF-8")
 
 
+def short(where: str) -> str:
+    """A path under the current folder, relative: easier to read, still clickable (the checker's
+    source lines, precompile's and bench's)."""
+    cwd = os.getcwd() + os.sep
+    return where[len(cwd):] if where.startswith(cwd) else where
+
+
 def is_s3(location: str) -> bool:
     return str(location).startswith("s3://")
-
-
-def refuse_s3(location: str, flag: str, instead: str) -> None:
-    """For options that need a local path: one line naming the command that handles S3."""
-    if is_s3(location):
-        raise UsageError(f"{flag} must be a local path, not {location}: {instead}")
 
 
 def confined(root: Path, relative: str, what: str) -> Path:

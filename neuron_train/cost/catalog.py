@@ -161,9 +161,9 @@ def read_mapping(path: Path, ours: bool = False) -> dict:
     return data
 
 
-def load_catalog(path: str | Path = CATALOG_PATH) -> Catalog:
-    """The shipped catalog (or another file in the same format)."""
-    path = Path(path)
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """The shipped catalog (CATALOG_PATH, read when called), or another file in the same format."""
+    path = Path(path or CATALOG_PATH)
     data = read_mapping(path, ours=True)
     sources = data.get("sources") or {}
     instances = {name.lower(): _parse_instance(name.lower(), raw, str(path), sources, None)

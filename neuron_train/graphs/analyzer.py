@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from neuron_train.common.fileio import short
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.causes import (
     DYNAMO_EAGER,
@@ -50,7 +51,7 @@ from neuron_train.graphs.fixes import accumulation_remainder, fix_of, ragged_bat
 from neuron_train.graphs.hostsync import HostSyncs, in_closure, reads_by_line
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import DynamoNote, ErrorNote, Graph, GraphReport, Refused, Window
-from neuron_train.graphs.report import dynamo_problems, recompile_problems, short
+from neuron_train.graphs.report import dynamo_problems, recompile_problems
 
 OPTIMIZER_WARMUP_STEPS = 2  # an optimizer's first steps: state created, then its first steady step
 WARMUP_GRAPHS = 3           # distinct graphs a site may run before it repeats one (first optimizer

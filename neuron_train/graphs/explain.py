@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from neuron_train.common.fileio import short
 from neuron_train.graphs import hlo_diff, source
 from neuron_train.graphs.causes import (
     DATA_DEPENDENT,
@@ -27,7 +28,6 @@ from neuron_train.graphs.causes import (
 )
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.records import Batch, Graph, LineReads, LoaderOrigin, ScalarChange, Window
-from neuron_train.graphs.report import short
 
 SHAPES_SHOWN = 64          # recent runs of the site shown (grouped) in "input N by step"
 SHAPES_KEPT = 256          # distinct batch shapes remembered per loader

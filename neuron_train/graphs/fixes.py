@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from neuron_train.common.fileio import short
 from neuron_train.graphs import hlo_diff
 from neuron_train.graphs.causes import (
     ACCUMULATION_REMAINDER,
@@ -15,7 +16,6 @@ from neuron_train.graphs.causes import (
     fallback_fix,
 )
 from neuron_train.graphs.records import Graph, ScalarChange
-from neuron_train.graphs.report import short
 
 if TYPE_CHECKING:
     from neuron_train.graphs.explain import Context

@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from neuron_train.common.fileio import short
 from neuron_train.graphs import source
 from neuron_train.graphs.causes import COMPILED_READ, HOST_READ, fix_for, read_cause, read_what, setting
 from neuron_train.graphs.findings import FallbackOp, HostSync
 from neuron_train.graphs.frames import CLOSURE_FUNCTION
 from neuron_train.graphs.log import XlaEvent, library_frame, user_frames
 from neuron_train.graphs.records import HostRead, LineReads, Refused, Window
-from neuron_train.graphs.report import at, short
+from neuron_train.graphs.report import at
 
 
 def in_closure(event: XlaEvent) -> bool:

@@ -3,8 +3,7 @@ then recompilations, late graphs, host syncs, CPU fallbacks and the verdict."""
 
 from __future__ import annotations
 
-import os
-
+from neuron_train.common.fileio import short
 from neuron_train.graphs.causes import ACCUMULATION_REMAINDER, fix_for
 from neuron_train.graphs.findings import DynamoEntry
 from neuron_train.graphs.records import Graph, GraphReport
@@ -111,12 +110,6 @@ def at(where: str, library: str = "") -> str:
     """`tests/x.py:47`, or `transformers/masking_utils.py:369, from tests/x.py:47`: the library line
     that made the graph, the shape or the read, then the user's line that led there."""
     return f"{library}, from {short(where) or '?'}" if library else short(where) or "?"
-
-
-def short(where: str) -> str:
-    """A path under the current folder, relative: easier to read, still clickable."""
-    cwd = os.getcwd() + os.sep
-    return where[len(cwd):] if where.startswith(cwd) else where
 
 
 def _seconds(value: float | None) -> str:

@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from neuron_train.common.fileio import short
 from neuron_train.common.neuron_env import compiler_flags, library_versions, xla_hashed_env
 from neuron_train.graphs.records import Graph
-from neuron_train.graphs.report import short
 from neuron_train.precompile.manifest import Manifest
 from neuron_train.precompile.store import MANIFEST
 

@@ -18,9 +18,8 @@ import shlex
 from pathlib import Path
 
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import refuse_s3
+from neuron_train.common.fileio import short
 from neuron_train.graphs.records import Graph, GraphReport
-from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.script import ScriptRun, load_probes, probe_vars
 from neuron_train.precompile import store
@@ -40,9 +39,7 @@ class CoverageCheck:
     """A check-graphs run's coverage check: `env` before the command runs, `finish` after it."""
 
     def __init__(self, cache_dir: str, command: list[str], require: bool):
-        refuse_s3(cache_dir, "--compile-cache", "unpack it first: `neuron-train cache unpack s3://... "
-                  "--compile-cache DIR`")
-        self.cache, self.command, self.require = Path(cache_dir).absolute(), command, require
+        self.cache, self.command, self.require = store.open_cache(cache_dir).absolute(), command, require
         self.hint = self._precompile_command()
         if not store.has_manifest(self.cache):
             raise UsageError(f"{self.cache} holds no {store.MANIFEST}: it is not a precompiled cache; "

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_train.common.errors import RunError
+from neuron_train.common.fileio import short
 from neuron_train.common.neuron_env import neuron_device_present
 from neuron_train.graphs.records import Graph
-from neuron_train.graphs.report import short
 from neuron_train.instrument import probe
 from neuron_train.instrument.epochs import EPOCH_ENV, MAX_EPOCH_STEPS
 from neuron_train.instrument.script import (

@@ -40,7 +40,7 @@ from typing import TypeVar
 
 from neuron_train.common import reader, writer
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import confined, sha256_file, write_json_atomic
+from neuron_train.common.fileio import confined, is_s3, sha256_file, write_json_atomic
 from neuron_train.precompile.manifest import (
     NEURON_MODULE_PREFIX,
     NEURON_VERSION_PREFIX,
@@ -70,6 +70,17 @@ T = TypeVar("T")
 
 class CacheInUse(RunError):
     """Another process holds a lock this operation needs."""
+
+
+def open_cache(location: str) -> Path:
+    """The one door to a compile-cache folder: every command that opens one (train and the loop's cache
+    hook, precompile, check-graphs, cache) takes its --compile-cache through here. The compiler reads
+    and writes the cache in place, so it is a local folder: an S3 URL is refused, naming the command
+    that brings an S3 archive into one (`cache pack` takes a folder there)."""
+    if is_s3(location):
+        raise UsageError(f"--compile-cache must be a local folder, not {location}: bring an S3 archive into "
+                         "one with `neuron-train cache unpack s3://BUCKET/KEY --compile-cache DIR`")
+    return Path(location)
 
 
 # ----------------------------------------------------------------------------- locks

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import is_s3, write_json_atomic
+from neuron_train.common.errors import RunError
+from neuron_train.common.fileio import write_json_atomic
 from neuron_train.common.neuron_env import EXTRACT_ENV, compiler_flags
 from neuron_train.graphs import Graph, GraphReport, GraphWatch
 from neuron_train.precompile import store
@@ -56,13 +56,13 @@ def graph_config(cfg: RunConfig, *, world_size: int, num_classes: int, device: s
 
 
 def point_compiler_at_cache(cache: str | None) -> str | None:
-    """NEURON_CC_FLAGS --cache_dir for --compile-cache DIR (none for an S3 URL, which the hook refuses);
+    """NEURON_CC_FLAGS --cache_dir for --compile-cache DIR (an S3 URL is refused: `store.open_cache`);
     returns a note about what it overrides. `train` calls it before the device client starts, so the
     runtime and every compiler process it starts inherit it; the hook again (the same value) for the
     commands that build the loop themselves."""
-    if not cache or is_s3(cache):
+    if not cache:
         return None
-    flags, note = cache_flags(os.environ, Path(cache))
+    flags, note = cache_flags(os.environ, store.open_cache(cache))
     os.environ["NEURON_CC_FLAGS"] = flags  # read by the Neuron compiler wrapper when it compiles
     return note
 
@@ -87,12 +87,9 @@ class CompileCacheHook:
             raise RunError(f"{PRECOMPILE_ENV} is set but {EXTRACT_ENV} is not: the graph-extraction "
                            "switch was lost on the way (a wrapper script or launcher that drops "
                            "environment variables?); refusing to run a full training as a precompile")
-        self.dir = Path(cfg.compile.compile_cache) if cfg.compile.compile_cache else None
+        self.dir = store.open_cache(cfg.compile.compile_cache) if cfg.compile.compile_cache else None
         if self.dir is None:
             return
-        if is_s3(str(self.dir)):
-            raise UsageError("--compile-cache must be a local directory (move caches to and from S3 "
-                             "with `neuron-train cache pack/unpack`)")
         self.precompile_id = os.environ.get(PRECOMPILE_ENV)
         self.require = cfg.compile.require_precompiled and not self.recording
         self.speaks = backend.local_rank == 0  # one process per host checks files and prints

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import threading
 from pathlib import Path
@@ -119,15 +118,5 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def median_and_spread(values: list[float]) -> tuple[float, float]:
-    """Median and the half-width of the 10th-90th percentile range."""
-    if not values:
-        return float("nan"), float("nan")
-    if len(values) < 3:
-        return statistics.median(values), (max(values) - min(values)) / 2
-    deciles = statistics.quantiles(values, n=10, method="inclusive")  # stays inside the data range
-    return statistics.median(values), (deciles[-1] - deciles[0]) / 2
 
 

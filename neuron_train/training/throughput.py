@@ -12,7 +12,7 @@ import time
 import torch_xla
 import torch_xla.core.xla_model as xm
 
-from neuron_train.training.metrics import median_and_spread
+from neuron_train.common.stats import median_and_spread
 
 
 def _sync_keeping_seed() -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from neuron_train.common import fileio, writer
 from neuron_train.common.errors import RunError, UsageError
-from neuron_train.common.fileio import confined, is_s3, new_output, refuse_s3, write_failed, write_json_atomic
+from neuron_train.common.fileio import confined, is_s3, new_output, short, write_failed, write_json_atomic
 from tests.fullfs import mounted_tmpfs
 
 # ----- new_output: a result is never replaced ------------------------------------------------------
@@ -80,14 +80,18 @@ def test_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path):
         folder.chmod(0o700)
 
 
-# ----- S3 where only a local path works --------------------------------------------------------------
+# ----- S3 locations (the compile cache's door refusing them: tests/precompile/test_cache_door.py) ----------
 
 
-def test_an_s3_location_is_refused_where_a_local_path_is_needed_naming_what_to_use():
-    assert is_s3("s3://bucket/key") and not is_s3("bucket/key")
-    with pytest.raises(UsageError, match=r"^--output must be a local path, not s3://b/k: use cache pack$"):
-        refuse_s3("s3://b/k", "--output", "use cache pack")
-    refuse_s3("local/s3://b", "--output", "use cache pack")  # only the scheme counts
+def test_a_path_under_the_current_folder_is_shown_relative(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert short(f"{tmp_path}/train.py:47") == "train.py:47"
+    assert short(f"{tmp_path}x/train.py:47") == f"{tmp_path}x/train.py:47"  # a sibling folder sharing the prefix
+    assert short("/elsewhere/train.py:47") == "/elsewhere/train.py:47" and short("") == ""
+
+
+def test_only_the_s3_scheme_makes_an_s3_location():
+    assert is_s3("s3://bucket/key") and not is_s3("bucket/key") and not is_s3("local/s3://b")
 
 
 # ----- confined: a path read from a file never leaves its folder ---------------------------------------

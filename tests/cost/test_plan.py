@@ -19,7 +19,6 @@ from neuron_train.cost.plan import data as plan_data
 from neuron_train.cost.plan.hlo import hlo_figures
 from neuron_train.cost.plan.model import (
     GIB,
-    HOST,
     Calibration,
     WorkloadFigures,
     allreduce_s,
@@ -70,7 +69,8 @@ def test_host_input_pipeline_is_spread_over_the_workers_the_vcpus_allow():
     assert small.bottleneck == big.bottleneck == "host_input"
     assert small.parts_s["host_input"] == pytest.approx(0.8) and big.parts_s["host_input"] == pytest.approx(0.2)
     serial = estimate(workload(flops_per_step=1e9, host_input_s=0.8, loader_workers=0), targets["inf2.8xlarge"], CALIB)
-    rest = 400 * HOST.trace_s_per_instruction + HOST.dispatch_s
+    host = targets["inf2.8xlarge"].chip.host
+    rest = 400 * host.trace_s_per_instruction + host.dispatch_s
     assert "host_input" not in serial.parts_s and serial.parts_s["host_rest"] == pytest.approx(0.8 + rest)
 
 

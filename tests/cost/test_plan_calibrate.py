@@ -17,7 +17,7 @@ from neuron_train.common.errors import UsageError
 from neuron_train.cost.plan import calibrate as plan_calibrate
 from neuron_train.cost.plan import data as plan_data
 from neuron_train.cost.plan.measure import compiler_precision, graphs_per_step
-from neuron_train.cost.plan.model import Calibration, HostCosts, estimate
+from neuron_train.cost.plan.model import Calibration, HostFit, estimate
 from neuron_train.cost.records import BenchResult
 from tests.cost.test_plan import REPORT_FIXTURES, workload
 
@@ -73,7 +73,7 @@ def test_a_bert_large_fp32_step_on_trn1_32xlarge_is_host_bound_at_the_published_
 def test_the_batch_copy_to_the_device_is_in_series_with_the_compute():
     """9.5 TFLOP at half of a core's 95 TFLOPS is 0.2 s; 4 MB at the stated 4 GB/s is 1 ms more."""
     t = plan_data.targets()["trn1.2xlarge"]
-    calib = Calibration({"infer": 0.5}, {"infer": 0.1}, "test", HostCosts())
+    calib = Calibration({"infer": 0.5}, {"infer": 0.1}, "test")
     w = workload(mode="infer", execution="compiled", flops_per_step=9.5e12, input_bytes=4e6, grad_bytes=0.0,
                  optimizer_bytes=0.0, activation_bytes=0.0, host_input_s=0.0, bytes_per_step=1e6)
     assert estimate(w, t, calib).parts_s["compute"] == pytest.approx(0.201)
@@ -94,7 +94,7 @@ def test_one_all_reduce_per_update_is_shared_by_the_accumulated_microbatches():
 
 def test_decoded_images_cost_the_host_what_the_calibration_says_an_image_costs():
     t = plan_data.targets()["trn1.2xlarge"]
-    calib = Calibration({"train": 0.5}, {"train": 0.1}, "test", HostCosts(trace_s_per_instruction=0.0, image_s=0.004))
+    calib = Calibration({"train": 0.5}, {"train": 0.1}, "test", HostFit(trace_s_per_instruction=0.0, image_s=0.004))
     e = estimate(workload(flops_per_step=1e9, decoded_images=64, host_input_s=0.0, loader_workers=0), t, calib)
     assert e.bottleneck == "host_rest" and e.parts_s["host_rest"] == pytest.approx(64 * 0.004 + 1e-4)
 

@@ -61,6 +61,13 @@ def test_the_shipped_rows_and_architectures_read_whole():
     ("link_gb_per_s", None, r"plan_hardware\.Trainium: field 'link_gb_per_s' must be a finite number > 0, got null$"),
     ("peak_tflops_per_chip", {"bf16": "many"},
      r"field 'peak_tflops_per_chip\.bf16' must be a finite number >= 0, got 'many'$"),
+    ("host_costs", {"copy_gb_per_s": 8},
+     r"plan_hardware\.Trainium\.host_costs: unknown field 'copy_gb_per_s' \(known: "),
+    ("host_costs", {"copy_bytes_per_s": 0},
+     r"host_costs: field 'copy_bytes_per_s' must be a finite number > 0, got 0$"),
+    ("host_costs", {"dispatch_s": -1e-4},
+     r"host_costs: field 'dispatch_s' must be a finite number >= 0, got -0\.0001$"),
+    ("host_costs", [1], r"plan_hardware\.Trainium\.host_costs must be a mapping of fields, got \[1\]$"),
 ])
 def test_a_bad_chip_is_one_line_naming_the_field(tmp_path, field, value, line):
     data = copy.deepcopy(CATALOG)
@@ -69,3 +76,34 @@ def test_a_bad_chip_is_one_line_naming_the_field(tmp_path, field, value, line):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(UsageError, match=line):
         plan_data.load_chips(path)
+
+
+def _chips_with(tmp_path: Path, chip: str, host_costs: dict) -> Path:
+    data = copy.deepcopy(CATALOG)
+    data["plan_hardware"][chip]["host_costs"] = host_costs
+    path = tmp_path / "instances.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_chips_host_costs_are_one_data_line_and_move_only_that_chips_estimates(tmp_path):
+    """The host costs are per chip (`plan_hardware.<chip>.host_costs`): a line there changes the estimates
+    of that chip's instances and no other's; the fields it does not name keep their defaults, and the
+    calibration's fitted tracing and image costs still lay over it."""
+    from neuron_train.cost.plan.calibrate import published_calibration
+    from neuron_train.cost.plan.model import HostCosts, estimate
+    from tests.cost.test_plan import workload
+
+    shipped = plan_data.targets()
+    chips = plan_data.load_chips(_chips_with(tmp_path, "Inferentia2", {"copy_bytes_per_s": 8e9, "dispatch_s": 0.0}))
+    assert chips["Inferentia2"].host == HostCosts(copy_bytes_per_s=8e9, dispatch_s=0.0)
+    assert chips["Trainium"].host == HostCosts()
+    changed = plan_data.targets(chips=chips)
+    calib = published_calibration()
+    w = workload(input_bytes=8e8)                    # a 0.2 s copy at 4 GB/s, 0.1 s at 8 GB/s
+    before, after = estimate(w, shipped["inf2.xlarge"], calib), estimate(w, changed["inf2.xlarge"], calib)
+    assert after.parts_s["compute"] == pytest.approx(before.parts_s["compute"] - 0.1)
+    assert after.parts_s["host_rest"] == pytest.approx(before.parts_s["host_rest"] - 1e-4)  # its dispatch gone
+    assert estimate(w, changed["trn1.2xlarge"], calib) == estimate(w, shipped["trn1.2xlarge"], calib)
+    assert calib.host is not None and calib.host_on(chips["Inferentia2"]).trace_s_per_instruction == \
+        calib.host.trace_s_per_instruction

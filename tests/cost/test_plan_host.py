@@ -21,7 +21,7 @@ from neuron_train.cost.plan import data as plan_data
 from neuron_train.cost.plan.hlo import hlo_figures
 from neuron_train.cost.plan.model import (
     GIB,
-    HOST,
+    HostCosts,
     estimate,
     host_rest_s,
     rank_by_price_performance,
@@ -37,7 +37,8 @@ def test_compiled_inference_pays_one_dispatch_per_execution_and_no_tracing():
     its graph has, the host only dispatches it; the estimate is the device's."""
     t = plan_data.targets()["trn1.2xlarge"]
     small, big = (workload(mode="infer", execution="compiled", hlo_instructions=n) for n in (10, 10**6))
-    assert host_rest_s(small, 2, t.vcpus) == host_rest_s(big, 2, t.vcpus) == pytest.approx(HOST.dispatch_s)
+    assert host_rest_s(small, 2, t.vcpus, t.chip.host) == host_rest_s(big, 2, t.vcpus, t.chip.host) == \
+        pytest.approx(t.chip.host.dispatch_s)
     e = estimate(big, t, CALIB)
     assert e.bottleneck == "compute" and e.parts_s["host_rest"] == pytest.approx(1e-4)
 
@@ -47,24 +48,27 @@ def test_a_lazy_step_traces_its_instructions_while_the_device_runs_the_previous_
     device_bound = estimate(workload(hlo_instructions=1_000), t, CALIB)
     compute, ring = device_bound.parts_s["compute"], device_bound.parts_s["allreduce"]
     assert device_bound.step_s == pytest.approx(compute + ring)  # tracing overlaps: it adds nothing
-    traced = int(2 * compute / HOST.trace_s_per_instruction)     # a trace twice as long as the device step
+    traced = int(2 * compute / t.chip.host.trace_s_per_instruction)     # a trace twice as long as the device step
     host_bound = estimate(workload(hlo_instructions=traced), t, CALIB)
     assert host_bound.bottleneck == "host_rest"
-    assert host_bound.step_s == pytest.approx(traced * HOST.trace_s_per_instruction + HOST.dispatch_s + ring)
+    host = t.chip.host
+    assert host_bound.step_s == pytest.approx(traced * host.trace_s_per_instruction + host.dispatch_s + ring)
     assert host_bound.parts_s["compute"] == pytest.approx(compute)
 
 
 def test_a_torch_compile_step_replays_its_graphs_whatever_their_size():
     t = plan_data.targets()["inf2.xlarge"]
     one, huge = (workload(execution="replay", graphs_per_step=2, hlo_instructions=n) for n in (10, 10**6))
-    assert host_rest_s(one, 2, t.vcpus) == host_rest_s(huge, 2, t.vcpus) == pytest.approx(2 * HOST.replay_s)
+    assert host_rest_s(one, 2, t.vcpus, t.chip.host) == host_rest_s(huge, 2, t.vcpus, t.chip.host) == \
+        pytest.approx(2 * t.chip.host.replay_s)
 
 
 def test_processes_beyond_the_hosts_vcpus_share_them_for_tracing():
     targets = plan_data.targets()
     w = workload(hlo_instructions=10_000)
-    alone = host_rest_s(w, 4, targets["inf1.xlarge"].vcpus)          # 4 processes, 4 vCPUs
-    assert host_rest_s(w, 8, 4) == pytest.approx(2 * alone)
+    host = targets["inf1.xlarge"].chip.host
+    alone = host_rest_s(w, 4, targets["inf1.xlarge"].vcpus, host)          # 4 processes, 4 vCPUs
+    assert host_rest_s(w, 8, 4, host) == pytest.approx(2 * alone)
 
 
 # --- a COMMAND's host term -------------------------------------------------------------------------
@@ -129,7 +133,7 @@ def test_our_loops_estimate_is_a_pure_function_of_counted_facts(monkeypatch):
     second, e2 = _loop_estimate(cfg)
     assert first.hlo_instructions > 1000 and first.execution == "lazy"
     assert second == first and e2.samples_per_sec == e1.samples_per_sec
-    assert host_rest_s(second, 2, 8) == host_rest_s(first, 2, 8) > 0
+    assert host_rest_s(second, 2, 8, HostCosts()) == host_rest_s(first, 2, 8, HostCosts()) > 0
 
 
 @pytest.mark.slow

@@ -94,6 +94,7 @@ if __name__ == "__main__":  # writes the fixture from this tree (run once on the
 # ----- no raw keys of a record outside its module's (de)serialisation ------------------------------------
 def record_types() -> list[type]:
     from neuron_train.cost import records as cost
+    from neuron_train.cost.plan import model as plan_model
     from neuron_train.graphs import findings
     from neuron_train.instrument import marker, probe, script, steps
     from neuron_train.precompile import coverage, listing
@@ -106,14 +107,14 @@ def record_types() -> list[type]:
             records.Graph,
             records.CommandRun, records.GraphReport, marker.Started, probe.ProbeRecord, probe.Stop,
             steps.StepWindow, coverage.CoverageReport, coverage.MissingGraph, script.CompileSummary,
-            listing.CacheListing, listing.ConfigListing, summary.RunSummary]
+            listing.CacheListing, listing.ConfigListing, summary.RunSummary, plan_model.WorkloadFigures]
 
 
 # The modules that write and read these records: there, and only in `to_json` / `from_json`, the
 # written keys are spelled out.
 RECORD_MODULES = ("graphs/records.py", "graphs/findings.py", "instrument/marker.py", "instrument/probe.py",
                   "instrument/script.py", "precompile/coverage.py", "precompile/listing.py", "training/summary.py",
-                  "cost/records.py")
+                  "cost/records.py", "cost/plan/model.py")
 SERIALISERS = ("to_json", "from_json")
 ANY = None  # every field name
 # Keys of other formats that are spelled like a record's field: where, which names, and why.

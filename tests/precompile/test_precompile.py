@@ -299,7 +299,7 @@ def test_dry_run_through_the_script_with_retry_failed(tmp_path):
     (["--cache-dir", "/tmp/a", "--", "--compile-cache", "/tmp/b"], {}, "differ"),
     (["--", "--batch-size", "0"], {}, "--batch-size must be >= 1"),
     (["--nproc-per-node", "0", "--"], {}, "--nproc-per-node must be >= 1"),
-    (["--cache-dir", "s3://bucket/cache", "--"], {}, "local directory"),
+    (["--cache-dir", "s3://bucket/cache", "--"], {}, "must be a local folder"),
     (["--cache-dir", "/tmp/a", "--"], {"NEURON_CC_FLAGS": "--cache_dir=/var/tmp/neuron-compile-cache"},
      "another cache"),
 ])

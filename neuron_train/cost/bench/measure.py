@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, cast
 
 from neuron_train.common.errors import UsageError
 from neuron_train.common.fileio import write_text_atomic
+from neuron_train.common.stats import median_and_spread
 from neuron_train.cost.bench.failures import MeasureFailed, classify_failure
 from neuron_train.instrument import proc
 from neuron_train.training.config import RunConfig
 from neuron_train.training.config_io import config_to_argv
-from neuron_train.training.metrics import median_and_spread
 from neuron_train.training.summary import RunSummary
 
 if TYPE_CHECKING:  # torch itself is imported when a bench starts

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from neuron_train.common.fileio import write_json_or_print
 from neuron_train.common.neuron_env import library_versions
+from neuron_train.common.stats import median_and_spread
 from neuron_train.common.writer import Target
 from neuron_train.cost.bench.instance import host_metadata
 from neuron_train.cost.bench.measure import Measurement, Workload
@@ -25,7 +26,6 @@ from neuron_train.cost.records import (
     SweepRow,
 )
 from neuron_train.training.config import RunConfig
-from neuron_train.training.metrics import median_and_spread
 
 _VERSIONED = ("neuron-train", "torch", "torch-xla", "torchvision", "timm", "torch-neuronx",
               "neuronx-cc", "libneuronxla", "torch-neuron")

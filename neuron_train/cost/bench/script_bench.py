@@ -16,9 +16,9 @@ import shlex
 import tempfile
 from pathlib import Path
 
+from neuron_train.common.fileio import short
 from neuron_train.cost.bench.measure import Measurement, Workload
 from neuron_train.cost.script_figures import ScriptFigures, figures, script_name
-from neuron_train.graphs.report import short
 from neuron_train.instrument.script import require_ran, run_script
 
 DEFAULT_STEPS = 20      # steady intervals measured when --steps is not given

@@ -22,9 +22,8 @@ from neuron_train.cost.plan.data import (
     targets,
 )
 from neuron_train.cost.plan.model import (
-    HOST,
     Calibration,
-    HostCosts,
+    HostFit,
     Target,
     WorkloadFigures,
     allreduce_s,
@@ -38,14 +37,14 @@ BAND_PERCENTILE = 0.8     # the error band: 4 in 5 published rows, left out, fel
 
 
 def predicted(w: WorkloadFigures, t: Target, fraction: float, processes: int | None = None,
-              host: HostCosts = HOST) -> float:
+              host: HostFit | None = None) -> float:
     """Samples/s the model predicts at this fraction of peak (the real estimate, no band)."""
     calib = Calibration({w.mode: fraction}, {w.mode: 0.0}, "fit", host)
     return estimate(w, t, calib, processes).samples_per_sec or 0.0
 
 
 def fit_fraction(w: WorkloadFigures, t: Target, measured: float, processes: int | None = None,
-                 host: HostCosts = HOST) -> float:
+                 host: HostFit | None = None) -> float:
     """The fraction of peak at which the estimate matches a measured rate (bisection in log space;
     1.0 when even the full peak is too slow: the row is then bound elsewhere, e.g. memory or host)."""
     low, high = FIT_BOUNDS
@@ -58,7 +57,7 @@ def fit_fraction(w: WorkloadFigures, t: Target, measured: float, processes: int 
 
 
 # A training row's fraction of peak as if the device were all its step (no host term): a lower bound.
-DEVICE_ONLY = HostCosts(trace_s_per_instruction=0.0, image_s=0.0)
+DEVICE_ONLY = HostFit(trace_s_per_instruction=0.0, image_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class Fitted:
     fraction: float
     processes: int
 
-    def rate(self, fraction: float, host: HostCosts = HOST) -> float:
+    def rate(self, fraction: float, host: HostFit | None = None) -> float:
         return predicted(self.workload, self.target, fraction, self.processes, host) * self.row.nodes
 
     @property
@@ -90,29 +89,29 @@ def fitted_rows(rows: list[PublishedRow] | None = None) -> list[Fitted]:
     for r in (r for r in rows if r.model_shards == 1):
         t = tgt[r.instance_type]
         w, procs = published_workload(r, archs[r.arch], t.cores), processes(r, t.cores)
-        host = DEVICE_ONLY if r.mode == "train" else HOST
+        host = DEVICE_ONLY if r.mode == "train" else None
         out.append(Fitted(r, w, t, fit_fraction(w, t, r.samples_per_sec / r.nodes, procs, host), procs))
     return out
 
 
-def fit_host(train: list[Fitted], device_fraction: float) -> HostCosts:
+def fit_host(train: list[Fitted], device_fraction: float) -> HostFit | None:
     """The target host's tracing and image costs from the training rows the device cannot explain: a row
     whose device-only fraction of peak is below the training rows' pooled one (`device_fraction`) spends
     the rest of its step on its host. A step cannot be shorter than its trace, so the tracing cost is the
     smallest step time per counted instruction of those rows that decode no images (0 when none: no
     published row shows tracing binding, the device term stands alone); the image cost likewise, from
-    the image rows' step time left after their trace. The defaults (HOST) when no row has counted
-    instructions."""
+    the image rows' step time left after their trace. None (each chip's own costs) when no row has
+    counted instructions."""
     train = [f for f in train if f.workload.hlo_instructions]
     if not train:
-        return HOST
+        return None
     def spare(f: Fitted) -> float:   # the step time left after its all-reduce share
         return f.step_s - allreduce_s(f.workload.grad_bytes, f.processes, f.target) / f.workload.grad_accumulation
     bound = [f for f in train if f.fraction < device_fraction]
     trace = min((spare(f) / f.workload.hlo_instructions for f in bound if not f.workload.decoded_images), default=0.0)
     images = [max(spare(f) - trace * f.workload.hlo_instructions, 0.0) / f.workload.decoded_images
               for f in bound if f.workload.decoded_images]
-    return dataclasses.replace(HOST, trace_s_per_instruction=trace, image_s=min(images, default=0.0))
+    return HostFit(trace_s_per_instruction=trace, image_s=min(images, default=0.0))
 
 
 def pooled_fraction(fractions: list[float]) -> float:
@@ -135,7 +134,7 @@ def pooled(fitted: list[Fitted], mode: str, conv: bool) -> float | None:
     return pooled_fraction(same) if same else None
 
 
-def fit(fitted: list[Fitted]) -> tuple[dict[str, float], HostCosts]:
+def fit(fitted: list[Fitted]) -> tuple[dict[str, float], HostFit | None]:
     """The device's fractions of peak and the target host's costs, from the newest row of each workload.
     Inference: the inference rows (compiled models: the device is all their step). Training: the pooled
     device-only fraction of the training rows (a backward and an update run below the inference
@@ -149,7 +148,7 @@ def fit(fitted: list[Fitted]) -> tuple[dict[str, float], HostCosts]:
         fraction.update({"infer-conv": conv, "train-conv": conv})
     train = [f for f in fresh if f.row.mode == "train" and f.workload.hlo_instructions]
     if not train:
-        return fraction, HOST
+        return fraction, None
     fraction["train"] = pooled_fraction([f.fraction for f in train])
     return fraction, fit_host(train, fraction["train"])
 

@@ -11,18 +11,20 @@ from pathlib import Path
 from neuron_train.common import reader
 from neuron_train.common.errors import UsageError
 from neuron_train.common.values import shown
-from neuron_train.cost.catalog import CATALOG_PATH, Catalog, load_catalog, read_mapping
-from neuron_train.cost.plan.model import Chip, Target, WorkloadFigures
+from neuron_train.cost import catalog as instance_catalog
+from neuron_train.cost.catalog import Catalog, load_catalog, read_mapping
+from neuron_train.cost.plan.model import Chip, HostCosts, Target, WorkloadFigures
 from neuron_train.cost.schema import Fields
 
 PUBLISHED_PATH = Path(__file__).resolve().parents[2] / "data" / "plan_published.yaml"
-NEURON_KINDS = ("Trainium", "Inferentia2", "Inferentia")
 BYTES_BF16, BYTES_FP32 = 2, 4
 IMAGE_BYTES = 3 * 224 * 224 * 4     # one f32 224 x 224 image: every image row of the tables
 
 
-def load_chips(path: Path = CATALOG_PATH) -> dict[str, Chip]:
-    """The chips of instances.yaml's plan_hardware, each field checked (read as the catalog reads it)."""
+def load_chips(path: Path | None = None) -> dict[str, Chip]:
+    """The chips of instances.yaml's plan_hardware (the catalog's file, read when called), each field checked
+    (read as the catalog reads it)."""
+    path = path or instance_catalog.CATALOG_PATH
     data = Fields(read_mapping(path, ours=True), str(path))
     data.check("plan_hardware", "object")
     return {name: _chip(name, c, f"{path} plan_hardware.{name}") for name, c in data.data["plan_hardware"].items()}
@@ -41,7 +43,17 @@ def _chip(name: str, c: object, where: str) -> Chip:
     d = f.data
     return Chip(name, d["cores_per_chip"], {k: float(v) for k, v in d["peak_tflops_per_chip"].items()},
                 float(d["memory_gib_per_chip"]), float(d["memory_gib_per_s_per_chip"]), d["chip_links"],
-                float(d["link_gb_per_s"]), d["source"])
+                float(d["link_gb_per_s"]), d["source"], _host_costs(d.get("host_costs", {}), f"{where}.host_costs"))
+
+
+def _host_costs(raw: object, where: str) -> HostCosts:
+    """A chip's `host_costs`: any of HostCosts' fields, each a number (the rest keep their defaults)."""
+    f = Fields.of(raw, where)
+    names = [field.name for field in dataclasses.fields(HostCosts)]
+    f.only(names)
+    for name in f.data:
+        f.check(name, "number>0" if name == "copy_bytes_per_s" else "number>=0")
+    return HostCosts(**{k: float(v) for k, v in f.data.items()})
 
 
 def targets(catalog: Catalog | None = None, chips: dict[str, Chip] | None = None) -> dict[str, Target]:

@@ -17,12 +17,40 @@ per-unit costs, never the planning machine's wall time), and the all-reduce is a
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from neuron_train.common.errors import RunError
+from neuron_train.common.errors import RunError, UsageError
+from neuron_train.common.values import shown
+from neuron_train.cost.schema import Fields
 
 GIB = 1024 ** 3
+UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Per-unit costs of the target's host, never the planning machine's (whose wall time moves with its
+    load): a field of each chip (`Chip.host`; instances.yaml's `plan_hardware.<chip>.host_costs` overrides
+    any of them for the instances of that chip). The shipped tracing and image costs are fitted on the
+    published training rows (plan/calibrate.fit_host: `HostFit`, laid over the chip's); these defaults
+    stand only where no training row with counted instructions is given (12 us: thread CPU time per
+    instruction measured on a quiet planning machine, an upper bound of the target's). docs/plan.md."""
+
+    trace_s_per_instruction: float = 12e-6   # lazy tracing, seconds per unoptimized HLO instruction of the step
+    image_s: float = 0.0                     # the input pipeline's seconds per image decoded and preprocessed
+    dispatch_s: float = 0.1e-3               # one graph execution handed to the Neuron runtime (assumption)
+    replay_s: float = 1e-3                   # one torch.compile graph call: guards + cached-graph dispatch (assumption)
+    copy_bytes_per_s: float = 4e9            # host -> device copy of a step's batch, per NeuronCore (calibrated)
+
+
+@dataclass(frozen=True)
+class HostFit:
+    """The host costs a calibration fitted (plan/calibrate.fit_host), laid over each target chip's own."""
+
+    trace_s_per_instruction: float
+    image_s: float
 
 
 @dataclass(frozen=True)
@@ -37,6 +65,7 @@ class Chip:
     links: int
     link_gb_per_s: float
     source: str
+    host: HostCosts = HostCosts()     # the per-unit costs of the hosts this chip sits in
 
     @property
     def memory_gib_per_core(self) -> float:
@@ -82,23 +111,34 @@ class WorkloadFigures:
     grad_accumulation: int = 1      # steps per gradient all-reduce (microbatches accumulated before the update)
     measured_by: str = "measured on the CPU XLA device"
 
+    def to_json(self) -> dict[str, object]:
+        """The figures as plan writes them (plan.json's `workload`, each estimate's `config.workload`), every
+        field, "unknown" for what the run did not tell (a COMMAND's input pipeline)."""
+        return {k: UNKNOWN if v is None else v for k, v in dataclasses.asdict(self).items()}
 
-@dataclass(frozen=True)
-class HostCosts:
-    """Per-unit costs of the target's host, never the planning machine's (whose wall time moves with its
-    load). The shipped tracing and image costs are fitted on the published training rows
-    (plan/calibrate.fit_host); these defaults stand only where no training row with counted
-    instructions is given (12 us: thread CPU time per instruction measured on a quiet planning machine,
-    an upper bound of the target's). docs/plan.md."""
+    @classmethod
+    def from_json(cls, data: object, where: str) -> WorkloadFigures:
+        """A workload as plan wrote it (`to_json`; scripts/plan_standins.json keeps them), each field checked;
+        a field with a default may be missing (a file written before the field was)."""
+        f = Fields.of(data, where)
+        fields = dataclasses.fields(cls)
+        f.only(x.name for x in fields)
+        if f.data.get("host_input_s") == UNKNOWN:
+            f = Fields({**f.data, "host_input_s": None}, where)
+        for x in fields:
+            f.check(x.name, _WORKLOAD_KINDS.get(x.name, "number>=0"), required=x.default is dataclasses.MISSING,
+                     null=x.name == "host_input_s")
+        for name, known in (("mode", ("train", "infer")), ("execution", tuple(EXECUTIONS))):
+            if name in f.data and f.data[name] not in known:
+                raise UsageError(f"{where}: field '{name}' must be one of {', '.join(known)}, "
+                                 f"got {shown(f.data[name])}")
+        return cls(**f.data)
 
-    trace_s_per_instruction: float = 12e-6   # lazy tracing, seconds per unoptimized HLO instruction of the step
-    image_s: float = 0.0                     # the input pipeline's seconds per image decoded and preprocessed
-    dispatch_s: float = 0.1e-3               # one graph execution handed to the Neuron runtime (assumption)
-    replay_s: float = 1e-3                   # one torch.compile graph call: guards + cached-graph dispatch (assumption)
-    copy_bytes_per_s: float = 4e9            # host -> device copy of a step's batch, per NeuronCore (calibrated)
 
-
-HOST = HostCosts()
+# WorkloadFigures' fields that are not a number >= 0 (common/values.py's kinds)
+_WORKLOAD_KINDS = {"name": "str", "mode": "str", "precision": "str", "execution": "str", "measured_by": "str",
+                   "samples_per_step": "number>0", "loader_workers": "int>=0", "hlo_instructions": "int>=0",
+                   "graphs_per_step": "int>=0", "grad_accumulation": "int>=1"}
 
 
 @dataclass(frozen=True)
@@ -108,11 +148,17 @@ class Calibration:
     fraction: dict[str, float]      # mode -> fraction of peak of dots; "<mode>-conv" -> of convolutions
     band: dict[str, float]          # mode -> error factor (e.g. 0.3: the rate / 1.3 .. x 1.3)
     source: str
-    host: HostCosts = HOST          # the target host's per-unit costs (tracing, image decoding, copy)
+    host: HostFit | None = None     # the tracing and image costs fitted (None: each target chip's own)
 
     def conv_fraction(self, mode: str) -> float:
         """Convolutions' achieved fraction of peak (the dots' when no convolution row calibrated it)."""
         return self.fraction.get(f"{mode}-conv", self.fraction[mode])
+
+    def host_on(self, chip: Chip) -> HostCosts:
+        """The target host's per-unit costs: the chip's, with the tracing and image costs fitted over them."""
+        if self.host is None:
+            return chip.host
+        return replace(chip.host, trace_s_per_instruction=self.host.trace_s_per_instruction, image_s=self.host.image_s)
 
 
 @dataclass
@@ -150,7 +196,7 @@ EXECUTIONS = {
 
 
 
-def host_rest_s(w: WorkloadFigures, processes: int, vcpus: int, host: HostCosts = HOST) -> float:
+def host_rest_s(w: WorkloadFigures, processes: int, vcpus: int, host: HostCosts) -> float:
     """The target host's seconds per step outside the input pipeline: a pure function of counted facts
     (instructions, graph executions) and the stated per-unit costs; processes beyond the vCPUs share them."""
     if w.execution == "compiled":
@@ -187,12 +233,13 @@ def _parts(w: WorkloadFigures, t: Target, c: Calibration, processes: int) -> dic
     per_core_bw = t.chip.memory_gib_per_s * GIB / t.chip.cores
     # Each process's own thread (tracing, dispatch) keeps one vCPU busy; its loader workers share the rest.
     workers = max(1.0, min(float(w.loader_workers or 1), t.vcpus / processes - 1))
+    host = c.host_on(t.chip)
     # The batch's copy to the device and the result's copy back are in series with the step's compute.
     compute = (dots / (per_core_peak * c.fraction[w.mode]) + w.conv_flops / (per_core_peak * c.conv_fraction(w.mode))
-               + (w.input_bytes + w.output_bytes) / c.host.copy_bytes_per_s)
-    host_input = (w.host_input_s or 0.0) + w.decoded_images * c.host.image_s
+               + (w.input_bytes + w.output_bytes) / host.copy_bytes_per_s)
+    host_input = (w.host_input_s or 0.0) + w.decoded_images * host.image_s
     parts = {"compute": compute, "memory": w.bytes_per_step / per_core_bw, "host_input": host_input / workers,
-             "host_rest": host_rest_s(w, processes, t.vcpus, c.host)}
+             "host_rest": host_rest_s(w, processes, t.vcpus, host)}
     if w.loader_workers == 0:  # the input pipeline runs in the training process, in series with the rest
         parts["host_rest"] += parts.pop("host_input")
     if w.mode == "train":  # one all-reduce per update: accumulated microbatches share it

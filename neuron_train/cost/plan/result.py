@@ -5,7 +5,6 @@ fits, so `report` puts them beside measured and imported rows, labelled as estim
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 
 from neuron_train.cost.catalog import money
@@ -22,8 +21,6 @@ from neuron_train.cost.records import (
 )
 from neuron_train.cost.results import PLAN_SCHEMA, PLAN_VERSION
 from neuron_train.cost.schema import ESTIMATED, validate_result
-
-UNKNOWN = "unknown"     # what a COMMAND did not tell: never a guess written as if measured
 
 ASSUMPTIONS = [
     "step = max(device compute, device memory traffic, host input pipeline, host rest) + gradient all-reduce "
@@ -61,13 +58,8 @@ def estimate_result(w: WorkloadFigures, e: Estimate, calib: Calibration, *, deta
         step_time_ms=Stat(step_ms, 0.0, [step_ms]), compile=CompileFacts(0.0, 0),
         estimate=EstimateBlock(e.bottleneck, e.bottleneck_text, {k: v * 1e3 for k, v in e.parts_s.items()}, e.band,
                                e.rank, e.needs_gib_per_core, calib.source),
-        sweep=None, host=Host(), versions={}, command=command, config={"workload": workload_record(w)})
+        sweep=None, host=Host(), versions={}, command=command, config={"workload": w.to_json()})
     return validate_result(result.to_json(), f"estimate for {e.instance_type}")
-
-
-def workload_record(w: WorkloadFigures) -> dict:
-    """The workload's figures as written, "unknown" for what the run did not tell (a COMMAND's input pipeline)."""
-    return {k: UNKNOWN if v is None else v for k, v in dataclasses.asdict(w).items()}
 
 
 def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibration, *, details: dict,
@@ -77,7 +69,7 @@ def plan_document(w: WorkloadFigures, estimates: list[Estimate], calib: Calibrat
     fits = [e for e in estimates if e.fits]
     return {
         "schema": PLAN_SCHEMA, "schema_version": PLAN_VERSION, "created_at": created, "source": ESTIMATED,
-        "workload": workload_record(w), "details": details,
+        "workload": w.to_json(), "details": details,
         "calibration": {"fraction_of_peak": calib.fraction, "error_band": calib.band, "source": calib.source,
                         "first_estimate_off": first_off},
         "assumptions": ASSUMPTIONS,
