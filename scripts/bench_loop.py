@@ -18,6 +18,15 @@ critical path); the process's CPU ms per step (host and XLA's CPU execution toge
     python scripts/bench_loop.py                         # ViT-Tiny/16 at 64 px, batch 32, fp32
     python scripts/bench_loop.py --model vit-digits --img-size 32 --num-classes 10   # the default run
     python scripts/bench_loop.py --loops baseline,lazy,dynamo-full --repeats 5
+
+--outside times whole processes instead, as a user sees them: `neuron-train train` with the CPU
+defaults and the plain loop as a script of its own (`plain_loop`: MpDeviceLoader + AdamW +
+xm.optimizer_step), each run for 10 and for 40 steps; the steady step is (t40 - t10) / 30, so start-up,
+compiles, the final evaluation and checkpoint cancel out. Both draw the same synthetic set through a
+DataLoader with the same workers; ours also clips gradients, follows its LR schedule, logs every 10 steps
+and records graphs (the plain loop prints its loss every 10 steps).
+
+    python scripts/bench_loop.py --outside --repeats 3   # ViT-Tiny/16, 64 px, batch 32, fp32
 """
 
 from __future__ import annotations
@@ -25,11 +34,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +59,8 @@ CANDIDATES: dict[str, dict] = {
 }
 LOOPS = ("baseline", *CANDIDATES)
 FIGURES = ("samples_per_sec", "wall_ms", "device_ms", "cpu_ms")
+SYNTHETIC_SIZE = 2048  # our loop's default --synthetic-size: the plain loop draws from the same set
+OUTSIDE_STEPS = (10, 40)  # --outside: whole runs of each length; the steady step is their difference
 
 
 class Phases:
@@ -112,8 +125,11 @@ def _execute_ms() -> float:
     return data[1] / 1e6 if data else 0.0
 
 
-def baseline(args: argparse.Namespace) -> dict:
-    """The hand-written loop a torch_xla user writes first: MpDeviceLoader + xm.optimizer_step + Adam."""
+def plain_loop(args: argparse.Namespace, steps: int, before: Callable[[int], None] | None = None) -> float:
+    """The hand-written loop a torch_xla user writes first (the shape of Neuron's samples and pytorch/xla's
+    train_resnet_base.py): MpDeviceLoader + AdamW + xm.optimizer_step, the loss printed every 10 steps
+    from a step closure. The same model, data and loader settings as our loop's defaults; no clipping,
+    no LR schedule. `steps` steps, each after `before(step)`; returns the last logged loss."""
     import torch
     import torch.nn.functional as F
     import torch_xla
@@ -126,23 +142,43 @@ def baseline(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     dev = torch_xla.device()
     model = create_model(args.model, num_classes=args.num_classes, img_size=args.img_size).to(dev).train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    ds = SyntheticDataset(args.batch_size * _total_steps(args), args.img_size, args.num_classes)
-    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, drop_last=True, num_workers=2)
-    phases, t0 = Phases(args), 0.0
-    for step, (x, y) in enumerate(pl.MpDeviceLoader(loader, dev)):
-        phases.before(step)
-        if step == phases.first_measured:
-            torch_xla.sync()
-            xm.wait_device_ops()  # start the clock on an idle device
-            t0 = time.perf_counter()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    ds = SyntheticDataset(max(SYNTHETIC_SIZE, args.batch_size * steps), args.img_size, args.num_classes)
+    loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                                         num_workers=args.workers)
+    logged: list[float] = []
+    for step, (x, y) in enumerate(pl.MpDeviceLoader(loader, dev)):  # each fetch: the previous step's sync
+        if step == steps:
+            break
+        if before is not None:
+            before(step)
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         xm.optimizer_step(opt)
-    torch_xla.sync()
-    xm.wait_device_ops()  # stop the clock on an idle device
-    return phases.result(args.steps, args.batch_size, time.perf_counter() - t0)
+        if step % 10 == 0 or step == steps - 1:
+            xm.add_step_closure(lambda v: logged.append(float(v)), args=(loss,))  # read once executed
+    torch_xla.sync()  # the last step's graph: no next batch will cut it
+    xm.wait_device_ops()  # the process ends with the last step executed, as ours does
+    return logged[-1]
+
+
+def baseline(args: argparse.Namespace) -> dict:
+    """The plain loop, timed by the phases as ours is: from an idle device to an idle device."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    phases, t0 = Phases(args), [0.0]
+
+    def before(step: int) -> None:
+        phases.before(step)
+        if step == phases.first_measured:
+            torch_xla.sync()
+            xm.wait_device_ops()  # start the clock on an idle device
+            t0[0] = time.perf_counter()
+
+    plain_loop(args, _total_steps(args), before)
+    return phases.result(args.steps, args.batch_size, time.perf_counter() - t0[0])
 
 
 def _total_steps(args: argparse.Namespace) -> int:
@@ -173,7 +209,7 @@ def ours(args: argparse.Namespace, which: str) -> dict:
             "train.batch_size": args.batch_size, "train.max_steps": _total_steps(args),
             "train.warmup_measure_steps": args.warmup + args.device_steps, "train.eval_every": 10**9,
             "train.output_dir": out, "log.progress": False, "log.tensorboard": False,
-            "data.num_workers": 2, **spec,  # the baseline's DataLoader workers
+            "data.num_workers": args.workers, **spec,  # the baseline's DataLoader workers
         })
         cfg = resolve_precision(cfg)
         from neuron_train.training.loop import Trainer
@@ -200,11 +236,60 @@ def ours(args: argparse.Namespace, which: str) -> dict:
     return phases.result(args.steps, args.batch_size, args.steps * args.batch_size / s.samples_per_sec)
 
 
+def outside_command(which: str, steps: int, args: argparse.Namespace, out: str) -> list[str]:
+    """A whole run as a user starts it: `neuron-train train` with the CPU defaults, or the plain loop."""
+    shape = ["--model", args.model, "--img-size", str(args.img_size), "--num-classes", str(args.num_classes),
+             "--batch-size", str(args.batch_size), "--num-workers", str(args.workers)]
+    if which == "plain":
+        return [sys.executable, __file__, "--_plain", str(steps), *shape]
+    return [sys.executable, "-m", "neuron_train", "train", *shape, "--dataset", "synthetic",
+            "--max-steps", str(steps), "--output-dir", out]
+
+
+def time_outside(which: str, steps: int, args: argparse.Namespace) -> tuple[float, float]:
+    """Wall and CPU seconds of one whole process (start-up, compiles and teardown included)."""
+    env = {**os.environ, "PJRT_DEVICE": _device(), "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = outside_command(which, steps, args, str(Path(tmp) / "run"))
+        cpu0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
+        wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"{which} ({steps} steps) failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return wall, (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+
+
+def outside(args: argparse.Namespace) -> None:
+    """Rounds of (plain, ours) x (10, 40 steps), each a whole process; steady step = (t40 - t10) / 30."""
+    short, long = OUTSIDE_STEPS
+    print(f"from outside: {args.model} at {args.img_size} px, batch {args.batch_size}, fp32, AdamW, synthetic "
+          f"data, {args.workers} loader workers; whole runs of {short} and {long} steps, {args.repeats} "
+          f"interleaved rounds, device {_device()}", flush=True)
+    rounds: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": []}  # (wall, CPU) ms per steady step
+    for r in range(args.repeats):
+        runs = {(w, n): time_outside(w, n, args) for n in OUTSIDE_STEPS for w in (("plain", "ours") if r % 2 == 0
+                                                                                 else ("ours", "plain"))}
+        for which in rounds:
+            (w0, c0), (w1, c1) = runs[which, short], runs[which, long]
+            rounds[which].append(((w1 - w0) / (long - short) * 1e3, (c1 - c0) / (long - short) * 1e3))
+            print(f"  round {r + 1} {which}: {short} steps {w0:.1f} s, {long} steps {w1:.1f} s, "
+                  f"steady {rounds[which][-1][0]:.1f} ms/step", file=sys.stderr, flush=True)
+    ratios = [p[0] / o[0] for p, o in zip(rounds["plain"], rounds["ours"], strict=True)]
+    print(f"{'loop':<8}{'steady ms/step':>16}{'samples/s':>11}{'CPU ms/step':>13}{'vs plain':>10}  per round")
+    for which, values in rounds.items():
+        wall, cpu = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+        ratio = statistics.median(ratios) if which == "ours" else 1.0
+        each = ", ".join(f"{v[0]:.0f}" for v in values)
+        print(f"{which:<8}{wall:>16.1f}{args.batch_size / wall * 1e3:>11.1f}{cpu:>13.1f}{ratio:>9.2f}x  {each}")
+    print(f"ratio per round: {', '.join(f'{x:.2f}' for x in ratios)}; medians of {args.repeats} rounds")
+
+
 def run_one(which: str, args: argparse.Namespace) -> dict:
     """Each measurement in a fresh process: clean metrics, compile caches and memory."""
     cmd = [sys.executable, __file__, "--_one", which, "--model", args.model, "--img-size", str(args.img_size),
            "--num-classes", str(args.num_classes), "--batch-size", str(args.batch_size),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--device-steps", str(args.device_steps)]
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--device-steps", str(args.device_steps),
+           "--num-workers", str(args.workers)]
     env = {**os.environ, "PJRT_DEVICE": _device(), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -255,8 +340,19 @@ def main() -> None:
     p.add_argument("--device-steps", type=int, default=8, help="steps run one at a time for the device time")
     p.add_argument("--repeats", type=int, default=3, help="runs of each loop, interleaved")
     p.add_argument("--loops", default=",".join(LOOPS), help="comma-separated subset of: " + ", ".join(LOOPS))
+    p.add_argument("--num-workers", dest="workers", type=int, default=0,
+                   help="DataLoader workers of every loop (0: our default for synthetic data)")
+    p.add_argument("--outside", action="store_true", help="time whole processes of `neuron-train train` "
+                   "(CPU defaults) and the plain loop, 10 and 40 steps each: steady step = (t40 - t10) / 30")
     p.add_argument("--_one", choices=LOOPS, help=argparse.SUPPRESS)
+    p.add_argument("--_plain", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args._plain:
+        print(f"final loss {plain_loop(args, args._plain):.4f}")
+        return
+    if args.outside:
+        outside(args)
+        return
     if args._one:
         print(json.dumps(baseline(args) if args._one == "baseline" else ours(args, args._one)))
         return
