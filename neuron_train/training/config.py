@@ -27,10 +27,9 @@ DATASETS = ("digits", "synthetic", "folder")
 # run's saved config.yaml holds the values they resolved to. On a Neuron device the step is traced
 # lazily, as aws-neuron-samples do (4 graphs to compile instead of dynamo-full's 12), because the Neuron
 # SDK 2.29.1 documentation says torch.compile support for torch 2.9 "will be available in a future
-# release"; its update is the flat one (flat_optim.py). Neuron's samples run a per-tensor AdamW (torch's,
-# or neuronx-distributed's AdamW_FP32OptimParams: src/neuronx_distributed/utils/adamw_fp32_optim_params.py,
-# a loop over parameters); flat traces the step in 0.27-0.33x their host time (ViT-B/16, BERT-Large-like;
-# the CPU XLA device executes it 1.5-2x slower, Neuron not measured: docs/measurements.md). CPU: dynamo-full.
+# release"; its update is flat (flat_optim.py), not the per-tensor AdamW Neuron's samples run (torch's, or
+# neuronx-distributed's AdamW_FP32OptimParams, a loop over parameters): it traces the step in 0.27-0.33x their
+# host time (ViT-B/16, BERT-Large-like; the CPU device executes it 1.5-2x slower: docs/measurements.md).
 DEVICE_DEFAULTS: dict[str, dict[str, str]] = {
     "NEURON": {"train.step_compiler": "lazy", "optim.optimizer_impl": "flat"},
 }
