@@ -118,13 +118,14 @@ class HostSyncs:
         """The host syncs as reported, and the problems among them; `logging_steps` is the Trainer's
         (0 without one): its loss log reads every that many optimizer steps."""
         out, problems = [], []
+        log = setting("logging_steps")  # the Trainer's loss log (read from the table now, as every lookup is)
         for tally in self.host.values():
             h = replace(tally.sync, steps=list(tally.sync.steps))
             if not h.executes_graph:
                 h.cause = HOST_READ
             h.fix = fix_for(h.cause, h.library, tally.padded, tally.function)
-            if _trainer_log(tally, logging_steps):
-                h.logging_steps, h.fix = logging_steps, _LOG.fix.format(value=logging_steps)
+            if _trainer_log(tally, logging_steps, log.library):
+                h.logging_steps, h.fix = logging_steps, log.fix.format(value=logging_steps)
             # A read in most steady steps is part of the step itself, not an occasional log or eval.
             # A step is what the script repeats: a sync, or an optimizer step (a Trainer syncs more
             # than once per optimizer step), whichever the read is in most of.
@@ -142,16 +143,13 @@ class HostSyncs:
             elif h.executes_graph and h.every_step:
                 problems.append(f"{h.cause}: {h.what} at {at(h.where, h.library)} runs a graph before the step's "
                                 f"sync in {min(seen, total)} of {total} {unit} after warm-up"
-                                + (f": {_LOG.problem.format(value=h.logging_steps)}" if h.logging_steps else ""))
+                                + (f": {log.problem.format(value=h.logging_steps)}" if h.logging_steps else ""))
         return out, problems
 
 
-_LOG = setting("logging_steps")  # the Trainer's loss log: its problem line and fix
-
-
-def _trainer_log(tally: _Tally, logging_steps: int) -> bool:
+def _trainer_log(tally: _Tally, logging_steps: int, library: str) -> bool:
     """A read the Trainer makes to log the loss every `logging_steps` optimizer steps: at a transformers
     trainer line in exactly those steps (the user's lever is that argument)."""
     steps = sorted(tally.optimizer_steps)
-    return logging_steps >= 1 and len(steps) >= 2 and tally.sync.library.startswith(_LOG.library) \
+    return logging_steps >= 1 and len(steps) >= 2 and tally.sync.library.startswith(library) \
         and all(b - a == logging_steps for a, b in zip(steps, steps[1:], strict=False))
