@@ -227,9 +227,9 @@ def ours(args: argparse.Namespace, which: str) -> dict:
         trainer.train_step = step
         finish = trainer._finish
 
-        def finish_after_stop():
+        def finish_after_stop(*args):
             phases.stop()  # the loop's clock has stopped on an idle device; teardown follows
-            return finish()
+            return finish(*args)
 
         trainer._finish = finish_after_stop
         s = trainer.run()

@@ -136,8 +136,11 @@ def test_a_fast_forwarded_tour_reaches_the_code_after_the_loop_and_the_real_run_
 
 
 def test_bench_of_a_launch_loop_agrees_with_its_own_clock_and_a_short_bench_stops_it(tmp_path):
-    """The script's own rate is the median interval between its steady steps' starts; bench's is
-    the median of its sync-to-sync intervals. Within 10% of each other."""
+    """The script's own clock gives the median interval between its steady steps' starts; bench's
+    step time is the median of its sync-to-sync intervals: within 10% of each other. (Bench's
+    samples/s is samples over the intervals' summed time, a mean that a few slow steps on a loaded
+    machine pull below the median's rate: 714 against 820 samples/s in one CI run, so it is not the
+    figure compared.)"""
     work = scripts(tmp_path / "w")
     proc = nt(work, "bench", "--steps", "0", "--output", str(tmp_path / "r.json"), "--",
               sys.executable, "launch_loop.py")
@@ -145,7 +148,7 @@ def test_bench_of_a_launch_loop_agrees_with_its_own_clock_and_a_short_bench_stop
     own = float(re.search(r"own rate: ([\d.]+) samples/s", proc.stdout).group(1))
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["batch_size_per_device"] == 32 and result["config"]["batch_shape"] == [32, 512]
-    assert result["samples_per_sec"]["median"] == pytest.approx(own, rel=0.10)
+    assert result["step_time_ms"]["median"] == pytest.approx(32 / own * 1e3, rel=0.10)
     assert result["model"]["parameters"] == 512 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 10 + 10
 
     proc = nt(work, "bench", "--steps", "10", "--output", str(tmp_path / "short.json"), "--",
