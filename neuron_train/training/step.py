@@ -15,6 +15,7 @@ and precompile's graph tour reaches them all (tests/precompile/test_precompile.p
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -99,6 +100,18 @@ class StepPath:
         dynamo = capture and compiler in ("dynamo", "dynamo-full")
         self.forward = _captured(task) if dynamo else task
         self.update = _captured(self._update) if captured_update else self._update
+        # Captured, the optimizer's step runs without torch.optim's wrapper: its `_use_grad` calls
+        # torch._dynamo.graph_break() before and after the step (torch/optim/optimizer.py), which would
+        # split the update into three graphs (clipping; AdamW; the EMA), three launches per step. The
+        # wrapper's other work (grad mode off, hooks: we register none) is `step`'s no_grad below.
+        self._optimizer_step: Callable[[], Any] = self.optimizer.step
+        if captured_update:
+            self._optimizer_step = inspect.unwrap(type(self.optimizer).step).__get__(self.optimizer)
+        # A captured backward's incoming gradient must be device data: the autograd-made one (ones, / accum)
+        # is pending IR, and torch_xla's dynamo bridge syncs it and waits for the device (the forward)
+        # before launching the backward, every step. Made once, uploaded (no graph), in the loss's dtype.
+        self._seed: torch.Tensor | None = None
+        self._seed_needed = dynamo
 
     def step(self, next_batch: Callable[[], Sequence[torch.Tensor]], lr: float,
              mark: Callable[[str], None]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -110,7 +123,7 @@ class StepPath:
             with autocast(self.precision):
                 losses = self.forward(images, labels)
             mark("forward")
-            (losses["loss"] / self.accum).backward()
+            self._backward(losses["loss"])
             mark("backward")
         set_lr(self.optimizer, lr)
         if self.zero1:  # reduce-scatter, global-norm clip, shard update, all-gather
@@ -122,9 +135,19 @@ class StepPath:
         else:
             self.backend.reduce_gradients(self.optimizer)  # xm.optimizer_step, split to clip in between
             mark("grad_sync")
-            grad_norm = self.update()  # clip + optimizer.step(), captured or traced
+            with torch.no_grad():  # as torch.optim's step runs: captured, one inference graph
+                grad_norm = self.update()  # clip + optimizer.step(), captured or traced
         self.optimizer.zero_grad(set_to_none=True)
         return losses, grad_norm
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """`(loss / accum).backward()`; captured, with the gradient 1 / accum handed in as device data."""
+        if not self._seed_needed:
+            (loss / self.accum).backward()
+            return
+        if self._seed is None or self._seed.dtype != loss.dtype:
+            self._seed = torch.tensor(1.0 / self.accum, dtype=loss.dtype).to(loss.device)
+        loss.backward(self._seed)
 
     def _update(self) -> torch.Tensor:
         if isinstance(self.optimizer, FlatOptimizer):  # clipping is part of the flat update
@@ -135,7 +158,7 @@ class StepPath:
                 grad_norm = clip_grad_norm(params, self.clip, foreach=self.foreach)
             else:
                 grad_norm = torch.zeros((), device=params[0].device)
-            self.optimizer.step()
+            self._optimizer_step()
         if self.ema is not None:  # --model-ema: one lerp of the flat average, no host read (ema.py)
             self.ema.update()
         return grad_norm
