@@ -21,8 +21,9 @@ The average is ours (ModelEma), timm's arithmetic, on one flat buffer per dtype:
   is the EMA's price: `vit-digits` (52 tensors, 0.47 M weights) ran 8-17% slower per step with a
   `_foreach_lerp_` per tensor, 2-3% with one lerp of the flat buffer against the weights
   concatenated in the graph (scripts/bench_recipe.py --parts device; docs/measurements.md).
-The update is traced lazily into the step's graph or, under dynamo-full, captured as a small graph
-of its own (torch.optim breaks the captured graph around `optimizer.step()`: one more launch per step);
+The update is traced lazily into the step's graph or, under dynamo-full, captured into the update's
+graph with clipping and the optimizer (step.py runs the optimizer's step without torch.optim's graph
+breaks: no launch of its own);
 the weight 1 - decay is the same value every step (data, never 0 or 1); no `.item()`, no Python
 decision on a device value, no host round trip. timm's module gets the averages only when asked
 (`module()`, for an evaluation, in the model's dtypes; `state_dict()`, for a checkpoint, at the
