@@ -104,8 +104,11 @@ class StepPath:
         # torch._dynamo.graph_break() before and after the step (torch/optim/optimizer.py), which would
         # split the update into three graphs (clipping; AdamW; the EMA), three launches per step. The
         # wrapper's other work (grad mode off, hooks: we register none) is `step`'s no_grad below.
+        # SGD keeps the wrapper: captured unwrapped, its momentum buffers (made at the first step) break
+        # aot_autograd's copy-back of mutated inputs ("output with shape [32] doesn't match the broadcast
+        # shape [32, 32]", tests/training/test_options.py); its update stays three graphs.
         self._optimizer_step: Callable[[], Any] = self.optimizer.step
-        if captured_update:
+        if captured_update and not isinstance(self.optimizer, torch.optim.SGD):
             self._optimizer_step = inspect.unwrap(type(self.optimizer).step).__get__(self.optimizer)
         # A captured backward's incoming gradient must be device data: the autograd-made one (ones, / accum)
         # is pending IR, and torch_xla's dynamo bridge syncs it and waits for the device (the forward)
