@@ -60,7 +60,7 @@ CANDIDATES: dict[str, dict] = {
 LOOPS = ("baseline", *CANDIDATES)
 FIGURES = ("samples_per_sec", "wall_ms", "device_ms", "cpu_ms")
 SYNTHETIC_SIZE = 2048  # our loop's default --synthetic-size: the plain loop draws from the same set
-OUTSIDE_STEPS = (10, 40)  # --outside: whole runs of each length; the steady step is their difference
+OUTSIDE_STEPS = "10,40"  # --outside: whole runs of each length; the steady step is their difference
 
 
 class Phases:
@@ -261,13 +261,13 @@ def time_outside(which: str, steps: int, args: argparse.Namespace) -> tuple[floa
 
 def outside(args: argparse.Namespace) -> None:
     """Rounds of (plain, ours) x (10, 40 steps), each a whole process; steady step = (t40 - t10) / 30."""
-    short, long = OUTSIDE_STEPS
+    short, long = args.outside_steps
     print(f"from outside: {args.model} at {args.img_size} px, batch {args.batch_size}, fp32, AdamW, synthetic "
           f"data, {args.workers} loader workers; whole runs of {short} and {long} steps, {args.repeats} "
           f"interleaved rounds, device {_device()}", flush=True)
     rounds: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": []}  # (wall, CPU) ms per steady step
     for r in range(args.repeats):
-        runs = {(w, n): time_outside(w, n, args) for n in OUTSIDE_STEPS for w in (("plain", "ours") if r % 2 == 0
+        runs = {(w, n): time_outside(w, n, args) for n in args.outside_steps for w in (("plain", "ours") if r % 2 == 0
                                                                                  else ("ours", "plain"))}
         for which in rounds:
             (w0, c0), (w1, c1) = runs[which, short], runs[which, long]
@@ -295,6 +295,16 @@ def run_one(which: str, args: argparse.Namespace) -> dict:
     if proc.returncode != 0:
         sys.exit(f"{which} run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _step_pair(text: str) -> tuple[int, int]:
+    try:
+        short, long = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give two step counts, e.g. 10,40") from None
+    if not 0 < short < long:
+        raise argparse.ArgumentTypeError(f"{text!r}: the first count must be positive and below the second")
+    return short, long
 
 
 def _device() -> str:
@@ -344,6 +354,9 @@ def main() -> None:
                    help="DataLoader workers of every loop (0: our default for synthetic data)")
     p.add_argument("--outside", action="store_true", help="time whole processes of `neuron-train train` "
                    "(CPU defaults) and the plain loop, 10 and 40 steps each: steady step = (t40 - t10) / 30")
+    p.add_argument("--outside-steps", type=_step_pair, default=_step_pair(OUTSIDE_STEPS), metavar="SHORT,LONG",
+                   help="--outside: the two run lengths (default %(default)s; longer runs read through start-up "
+                   "noise, within the synthetic set's first epoch of 64 steps)")
     p.add_argument("--_one", choices=LOOPS, help=argparse.SUPPRESS)
     p.add_argument("--_plain", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
