@@ -260,7 +260,8 @@ def time_outside(which: str, steps: int, args: argparse.Namespace) -> tuple[floa
 
 
 def outside(args: argparse.Namespace) -> None:
-    """Rounds of (plain, ours) x (10, 40 steps), each a whole process; steady step = (t40 - t10) / 30."""
+    """Rounds of (plain, ours) x (short, long runs: --outside-steps, 10 and 40 by default), each a whole
+    process; steady step = (t_long - t_short) / (long - short)."""
     short, long = args.outside_steps
     print(f"from outside: {args.model} at {args.img_size} px, batch {args.batch_size}, fp32, AdamW, synthetic "
           f"data, {args.workers} loader workers; whole runs of {short} and {long} steps, {args.repeats} "
