@@ -354,8 +354,9 @@ def main() -> None:
     p.add_argument("--num-workers", dest="workers", type=int, default=0,
                    help="DataLoader workers of every loop (0: our default for synthetic data)")
     p.add_argument("--outside", action="store_true", help="time whole processes of `neuron-train train` "
-                   "(CPU defaults) and the plain loop, 10 and 40 steps each: steady step = (t40 - t10) / 30")
-    p.add_argument("--outside-steps", type=_step_pair, default=_step_pair(OUTSIDE_STEPS), metavar="SHORT,LONG",
+                   "(CPU defaults) and the plain loop, runs of two lengths (--outside-steps): steady step = "
+                   "their time's difference over the steps between")
+    p.add_argument("--outside-steps", type=_step_pair, default=OUTSIDE_STEPS, metavar="SHORT,LONG",
                    help="--outside: the two run lengths (default %(default)s; longer runs read through start-up "
                    "noise, within the synthetic set's first epoch of 64 steps)")
     p.add_argument("--_one", choices=LOOPS, help=argparse.SUPPRESS)
