@@ -13,7 +13,8 @@ device's own time for a step), then the measured steps, free-running as in train
 Columns: samples/s and wall ms per step of the measured steps; device ms per step (ExecuteTime
 summed over a step's executions, from the device steps); wall / device: how much longer a step takes
 than the device needs for it (above 1: the device waits for the host; 1: the host is off the
-critical path); the process's CPU ms per step (host and XLA's CPU execution together).
+critical path); the process's CPU ms per step (host and XLA's CPU execution together). The last line
+bounds what any loop can gain over the baseline by host work alone: its wall / device.
 
     python scripts/bench_loop.py                         # ViT-Tiny/16 at 64 px, batch 32, fp32
     python scripts/bench_loop.py --model vit-digits --img-size 32 --num-classes 10   # the default run
@@ -22,7 +23,8 @@ critical path); the process's CPU ms per step (host and XLA's CPU execution toge
 --outside times whole processes instead, as a user sees them: `neuron-train train` with the CPU
 defaults and the plain loop as a script of its own (`plain_loop`: MpDeviceLoader + AdamW +
 xm.optimizer_step), each run for 10 and for 40 steps; the steady step is (t40 - t10) / 30, so start-up,
-compiles, the final evaluation and checkpoint cancel out. Both draw the same synthetic set through a
+compiles, the final evaluation and checkpoint cancel out (the table takes t10 and t40 as medians over the
+rounds; the per-round figures show how far start-up moves a single round). Both draw the same synthetic set through a
 DataLoader with the same workers; ours also clips gradients, follows its LR schedule, logs every 10 steps
 and records graphs (the plain loop prints its loss every 10 steps).
 
@@ -261,28 +263,38 @@ def time_outside(which: str, steps: int, args: argparse.Namespace) -> tuple[floa
 
 def outside(args: argparse.Namespace) -> None:
     """Rounds of (plain, ours) x (short, long runs: --outside-steps, 10 and 40 by default), each a whole
-    process; steady step = (t_long - t_short) / (long - short)."""
+    process; steady step = (t_long - t_short) / (long - short), per round and from the medians of each
+    run length over the rounds (a round whose start-up ran long moves one median, not the result)."""
     short, long = args.outside_steps
     print(f"from outside: {args.model} at {args.img_size} px, batch {args.batch_size}, fp32, AdamW, synthetic "
           f"data, {args.workers} loader workers; whole runs of {short} and {long} steps, {args.repeats} "
           f"interleaved rounds, device {_device()}", flush=True)
-    rounds: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": []}  # (wall, CPU) ms per steady step
+    runs: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (loop, steps) -> (wall, CPU) s per round
     for r in range(args.repeats):
-        runs = {(w, n): time_outside(w, n, args) for n in args.outside_steps for w in (("plain", "ours") if r % 2 == 0
-                                                                                 else ("ours", "plain"))}
-        for which in rounds:
-            (w0, c0), (w1, c1) = runs[which, short], runs[which, long]
-            rounds[which].append(((w1 - w0) / (long - short) * 1e3, (c1 - c0) / (long - short) * 1e3))
+        for n in args.outside_steps:
+            for which in ("plain", "ours") if r % 2 == 0 else ("ours", "plain"):
+                runs.setdefault((which, n), []).append(time_outside(which, n, args))
+        for which in ("plain", "ours"):
+            (w0, _), (w1, _) = runs[which, short][-1], runs[which, long][-1]
             print(f"  round {r + 1} {which}: {short} steps {w0:.1f} s, {long} steps {w1:.1f} s, "
-                  f"steady {rounds[which][-1][0]:.1f} ms/step", file=sys.stderr, flush=True)
-    ratios = [p[0] / o[0] for p, o in zip(rounds["plain"], rounds["ours"], strict=True)]
-    print(f"{'loop':<8}{'steady ms/step':>16}{'samples/s':>11}{'CPU ms/step':>13}{'vs plain':>10}  per round")
-    for which, values in rounds.items():
-        wall, cpu = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
-        ratio = statistics.median(ratios) if which == "ours" else 1.0
-        each = ", ".join(f"{v[0]:.0f}" for v in values)
-        print(f"{which:<8}{wall:>16.1f}{args.batch_size / wall * 1e3:>11.1f}{cpu:>13.1f}{ratio:>9.2f}x  {each}")
-    print(f"ratio per round: {', '.join(f'{x:.2f}' for x in ratios)}; medians of {args.repeats} rounds")
+                  f"steady {(w1 - w0) / (long - short) * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
+
+    def steady(which: str, figure: int, rounds: slice = slice(None)) -> float:
+        """ms per step between the two run lengths, from the medians of the chosen rounds' runs."""
+        t0, t1 = (statistics.median(run[figure] for run in runs[which, n][rounds]) for n in (short, long))
+        return (t1 - t0) / (long - short) * 1e3
+
+    per_round = {which: [steady(which, 0, slice(r, r + 1)) for r in range(args.repeats)] for which in ("plain", "ours")}
+    ratios = [p / o for p, o in zip(per_round["plain"], per_round["ours"], strict=True)]
+    print(f"{'loop':<8}{'steady ms/step':>16}{'samples/s':>11}{'CPU ms/step':>13}{'vs plain':>10}"
+          f"{f'{short}-step run s':>16}{f'{long}-step run s':>16}  steady per round")
+    for which in ("plain", "ours"):
+        wall = steady(which, 0)
+        lengths = "".join(f"{statistics.median(run[0] for run in runs[which, n]):>16.1f}" for n in (short, long))
+        print(f"{which:<8}{wall:>16.1f}{args.batch_size / wall * 1e3:>11.1f}{steady(which, 1):>13.1f}"
+              f"{steady('plain', 0) / wall:>9.2f}x{lengths}  {', '.join(f'{v:.0f}' for v in per_round[which])}")
+    print(f"medians of {args.repeats} rounds per run length; ratio per round: {', '.join(f'{x:.2f}' for x in ratios)} "
+          f"(median {statistics.median(ratios):.2f}x)")
 
 
 def run_one(which: str, args: argparse.Namespace) -> dict:
@@ -336,6 +348,9 @@ def print_table(results: dict[str, list[dict]], repeats: int) -> None:
               f"{m['wall_ms'] / m['device_ms']:>13.2f}{m['cpu_ms']:>13.1f}"
               f"{m['samples_per_sec'] / first['samples_per_sec']:>12.2f}x")
     print(f"medians of {repeats} interleaved runs each, every run a fresh process")
+    if "baseline" in med:  # the device's part of the baseline's step is a floor for any loop of the same graphs
+        print(f"bound: a loop with no host cost and the baseline's device time runs "
+              f"{first['wall_ms'] / first['device_ms']:.2f}x the baseline (its wall / device)")
 
 
 def main() -> None:

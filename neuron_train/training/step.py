@@ -15,12 +15,14 @@ and precompile's graph tour reaches them all (tests/precompile/test_precompile.p
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import torch
-import torch_xla.core.dynamo_bridge as dynamo_bridge
+import torch_xla
+import torch_xla._dynamo.dynamo_bridge as bridge
 import torch_xla.core.xla_model as xm
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -59,11 +61,41 @@ def _seed_keeping_compiler(gm: torch.fx.GraphModule, _fake_inputs: list[torch.Te
         nonlocal compiled
         if compiled is None:
             seed = xm.get_rng_state()
-            compiled = dynamo_bridge.extract_compiled_graph(gm, args)
+            compiled = _extract_compiled_graph(gm, args)
             xm.set_rng_state(seed)
         return compiled(*args)
 
     return make_boxed_func(run)
+
+
+def _extract_compiled_graph(gm: torch.fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
+    """torch_xla's `extract_compiled_graph`, partitioning the graph for CPU fallback only when a node
+    does fall back. torch_xla partitions every graph: it runs it once to find the nodes without an XLA
+    lowering, then, found or not, fuses the rest into submodules (torch.fx's fuser, slow on a graph
+    with many inputs) and runs the graph again to collect their inputs. When every node lowers, the
+    one partition is the whole graph, which torch_xla compiles directly for graphs with symbolic
+    inputs (`extract_internal`). ViT-Tiny's captured AdamW update: 11.7 -> 5.9 s of the first step."""
+    partition = bridge.partition_fx_graph_for_cpu_fallback
+    bridge.partition_fx_graph_for_cpu_fallback = functools.partial(_partition_if_falling_back, partition)
+    try:
+        return bridge.extract_compiled_graph(gm, args)
+    finally:
+        bridge.partition_fx_graph_for_cpu_fallback = partition
+
+
+def _partition_if_falling_back(partition: Callable[..., Any], gm: torch.fx.GraphModule, args: Sequence[Any],
+                               all_args: list[Any], tensor_args: list[torch.Tensor]) -> Any:
+    """torch_xla's first pass (find the nodes that fall back to the CPU, then undo what running the graph
+    did to its inputs and drop the IR it traced); with none found, the whole graph compiled as one."""
+    cloned = [torch.clone(a) if isinstance(a, torch.Tensor) else a for a in all_args]
+    collector = bridge.UnsupportedNodesCollector(gm)
+    collector.run(*args)
+    bridge._clear_pending_irs_on_args(tensor_args, cloned)
+    torch_xla._XLAC._clear_pending_irs(str(torch_xla.device()))
+    if collector.get_unsupported_nodes():
+        return partition(gm, args, all_args, tensor_args)  # torch_xla's own path, first pass again
+    setattr(gm, "xla_args", args)  # noqa: B010 - what extract_internal reads (torch_xla's symbolic-input path)
+    return bridge.extract_internal(gm)
 
 
 _OPENXLA_SEED_KEEPING = aot_autograd(fw_compiler=_seed_keeping_compiler)
