@@ -279,10 +279,13 @@ def outside(args: argparse.Namespace) -> None:
             print(f"  round {r + 1} {which}: {short} steps {w0:.1f} s, {long} steps {w1:.1f} s, "
                   f"steady {(w1 - w0) / (long - short) * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
 
+    def median_s(which: str, n: int, figure: int = 0, rounds: slice = slice(None)) -> float:
+        """The median over the chosen rounds of the n-step runs' wall (figure 0) or CPU (1) seconds."""
+        return statistics.median(run[figure] for run in runs[which, n][rounds])
+
     def steady(which: str, figure: int, rounds: slice = slice(None)) -> float:
         """ms per step between the two run lengths, from the medians of the chosen rounds' runs."""
-        t0, t1 = (statistics.median(run[figure] for run in runs[which, n][rounds]) for n in (short, long))
-        return (t1 - t0) / (long - short) * 1e3
+        return (median_s(which, long, figure, rounds) - median_s(which, short, figure, rounds)) / (long - short) * 1e3
 
     per_round = {which: [steady(which, 0, slice(r, r + 1)) for r in range(args.repeats)] for which in ("plain", "ours")}
     ratios = [p / o for p, o in zip(per_round["plain"], per_round["ours"], strict=True)]
@@ -290,7 +293,7 @@ def outside(args: argparse.Namespace) -> None:
           f"{f'{short}-step run s':>16}{f'{long}-step run s':>16}  steady per round")
     for which in ("plain", "ours"):
         wall = steady(which, 0)
-        lengths = "".join(f"{statistics.median(run[0] for run in runs[which, n]):>16.1f}" for n in (short, long))
+        lengths = "".join(f"{median_s(which, n):>16.1f}" for n in (short, long))
         print(f"{which:<8}{wall:>16.1f}{args.batch_size / wall * 1e3:>11.1f}{steady(which, 1):>13.1f}"
               f"{steady('plain', 0) / wall:>9.2f}x{lengths}  {', '.join(f'{v:.0f}' for v in per_round[which])}")
     print(f"medians of {args.repeats} rounds per run length; ratio per round: {', '.join(f'{x:.2f}' for x in ratios)} "
