@@ -22,8 +22,8 @@ The average is ours (ModelEma), timm's arithmetic, on one flat buffer per dtype:
   `_foreach_lerp_` per tensor, 2-3% with one lerp of the flat buffer against the weights
   concatenated in the graph (scripts/bench_recipe.py --parts device; docs/measurements.md).
 The update is traced lazily into the step's graph or, under dynamo-full, captured into the update's
-graph with clipping and the optimizer (step.py runs the optimizer's step without torch.optim's graph
-breaks: no launch of its own);
+graph with clipping and AdamW (captured_update.py: no launch of its own, and the average follows the
+weights that graph computes);
 the weight 1 - decay is the same value every step (data, never 0 or 1); no `.item()`, no Python
 decision on a device value, no host round trip. timm's module gets the averages only when asked
 (`module()`, for an evaluation, in the model's dtypes; `state_dict()`, for a checkpoint, at the
@@ -35,7 +35,7 @@ value each step; it is not offered.)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -92,11 +92,22 @@ class ModelEma:
         # fold into the first step's graph and make it differ from the second's (the step compiled twice)
         return torch.cat([t.detach().cpu().reshape(-1).to(dtype) for t in tensors]).to(self.device)
 
+    def model_tensors(self) -> list[torch.Tensor]:
+        """The model's float tensors the averages follow, in the order `update(new=...)` takes them."""
+        return [m for group in self.groups.values() for m in group.model]
+
     @torch.no_grad()
-    def update(self) -> None:
-        """`average <- lerp(average, model, 1 - decay)` (ModelEmaV3.apply_update_'s arithmetic)."""
+    def update(self, new: Sequence[torch.Tensor] | None = None) -> None:
+        """`average <- lerp(average, model, 1 - decay)` (ModelEmaV3.apply_update_'s arithmetic).
+
+        `new`: `model_tensors()` as this step's update leaves them, where the update has not written
+        them back yet (the captured AdamW's graph, captured_update.py); by default the tensors themselves."""
+        now = self.model_tensors() if new is None else list(new)
+        start = 0
         for dtype, group in self.groups.items():
-            weights = torch.cat([m.reshape(-1) for m in group.model]).to(dtype)  # float32 EMA of bf16: cast
+            part = now[start:start + len(group.model)]
+            start += len(group.model)
+            weights = torch.cat([m.reshape(-1) for m in part]).to(dtype)  # float32 EMA of bf16: cast
             self.flat[dtype].lerp_(weights, self.weight)
         for e, m in self.copies.values():
             e.copy_(m)

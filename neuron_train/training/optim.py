@@ -65,9 +65,15 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, *, foreach: bool
     if not foreach:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     grads = [p.grad for p in params if p.grad is not None]
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    total, scale = norm_and_clip_scale(grads, max_norm)
+    torch._foreach_mul_(grads, scale)
     return total
+
+
+def norm_and_clip_scale(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients' global L2 norm and the factor (at most 1) that brings it to `max_norm`."""
+    total = torch.linalg.vector_norm(torch.stack(list(torch._foreach_norm(grads))))
+    return total, torch.clamp(max_norm / (total + 1e-6), max=1.0)
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:

@@ -7,7 +7,8 @@
   still traced lazily each step.
 - dynamo-full (the default): the update (gradient clipping + optimizer step) is captured as well,
   so a step costs the host a few guard checks and graph launches, not a trace (except with ZeRO-1
-  and the legacy bf16 environment modes, where the update stays lazy: see StepPath).
+  and the legacy bf16 environment modes, where the update stays lazy: see StepPath). AdamW's update
+  returns the new weights and state rather than writing its inputs (captured_update.py).
 
 Whichever it is, the graphs stay the same from step 2 on (checked by GraphWatch/check-graphs)
 and precompile's graph tour reaches them all (tests/precompile/test_precompile.py).
@@ -16,7 +17,6 @@ and precompile's graph tour reaches them all (tests/precompile/test_precompile.p
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -28,6 +28,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from neuron_train.training import zero1
+from neuron_train.training.captured_update import CapturedAdamW
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
 from neuron_train.training.device import Backend
 from neuron_train.training.flat_optim import FlatOptimizer
@@ -131,17 +132,16 @@ class StepPath:
         self.optimizer = build_optimizer(model, optim, backend, captured=captured_update)
         dynamo = capture and compiler in ("dynamo", "dynamo-full")
         self.forward = _captured(task) if dynamo else task
-        self.update = _captured(self._update) if captured_update else self._update
-        # Captured, the optimizer's step runs without torch.optim's wrapper: its `_use_grad` calls
-        # torch._dynamo.graph_break() before and after the step (torch/optim/optimizer.py), which would
-        # split the update into three graphs (clipping; AdamW; the EMA), three launches per step. The
-        # wrapper's other work (grad mode off, hooks: we register none) is `step`'s no_grad below.
-        # SGD keeps the wrapper: captured unwrapped, its momentum buffers (made at the first step) break
-        # aot_autograd's copy-back of mutated inputs ("output with shape [32] doesn't match the broadcast
-        # shape [32, 32]", tests/training/test_options.py); its update stays three graphs.
-        self._optimizer_step: Callable[[], Any] = self.optimizer.step
-        if captured_update and not isinstance(self.optimizer, torch.optim.SGD):
-            self._optimizer_step = inspect.unwrap(type(self.optimizer).step).__get__(self.optimizer)
+        # Captured, AdamW's update is one graph that returns the new weights and state instead of changing
+        # them in place (captured_update.py: no copy-back per tensor). SGD runs torch.optim's step with
+        # its graph breaks (`_use_grad`: clipping, SGD, the EMA in three graphs): captured without them,
+        # its momentum buffers, made at the first step, broke aot_autograd's copy-back of changed inputs
+        # ("output with shape [32] doesn't match the broadcast shape [32, 32]", tests/training/test_options.py).
+        self.update: Callable[[], torch.Tensor] = self._update
+        if captured_update and isinstance(self.optimizer, torch.optim.AdamW):
+            self.update = CapturedAdamW(self.optimizer, self.clip, ema, _captured)
+        elif captured_update:
+            self.update = _captured(self._update)
         # A captured backward's incoming gradient must be device data: the autograd-made one (ones, / accum)
         # is pending IR, and torch_xla's dynamo bridge syncs it and waits for the device (the forward)
         # before launching the backward, every step. Made once, uploaded (no graph), in the loss's dtype.
@@ -193,7 +193,7 @@ class StepPath:
                 grad_norm = clip_grad_norm(params, self.clip, foreach=self.foreach)
             else:
                 grad_norm = torch.zeros((), device=params[0].device)
-            self._optimizer_step()
+            self.optimizer.step()
         if self.ema is not None:  # --model-ema: one lerp of the flat average, no host read (ema.py)
             self.ema.update()
         return grad_norm

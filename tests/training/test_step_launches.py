@@ -1,5 +1,6 @@
 """The captured step (`--step-compiler dynamo-full`, the CPU default) as the device sees it: what a
-step launches and whether the host waits for the device inside it (issue 45)."""
+step launches, whether the host waits for the device inside it, and what the host copies after it
+(issue 45)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from tests.conftest import cpu_env
 
 # Our loop on vit-nano with the EMA on; before each step the device is drained
-# and XLA's counters read: executions so far, and the dynamo bridge's blocking input syncs so far.
+# and XLA's counters read: executions so far, the dynamo bridge's blocking input syncs so far, and
+# the XLA tensor copies so far (aot_autograd's copy-back of the inputs a graph changed, set_lr's upload).
 SCRIPT = '''
 import json, sys
 import torch_xla.core.xla_model as xm
@@ -31,26 +33,47 @@ counts, original = [], trainer.train_step
 
 def counted(batches):
     xm.wait_device_ops()  # the earlier steps' executions have all finished (and been counted)
-    counts.append([(met.metric_data("ExecuteTime") or (0,))[0], met.counter_value("DynamoSyncInputExecuteTime") or 0])
+    counts.append([(met.metric_data("ExecuteTime") or (0,))[0], met.counter_value("DynamoSyncInputExecuteTime") or 0,
+                   met.counter_value("xla::_copy_from") or 0])
     original(batches)
 
 trainer.train_step = counted
 trainer.run()
-print(json.dumps(counts))
+print(json.dumps({"counts": counts, "params": len(list(trainer.model.parameters())),
+                  "groups": len(trainer.step_path.optimizer.param_groups)}))
 '''
 
 
+@pytest.fixture(scope="module")
+def captured_run(tmp_path_factory) -> dict:
+    """One 6-step run of the script above: its counts before each step, and the model's sizes."""
+    out = tmp_path_factory.mktemp("captured") / "run"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=cpu_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
-def test_a_captured_step_launches_forward_backward_and_one_update_without_waiting(tmp_path):
+def test_a_captured_step_launches_forward_backward_and_one_update_without_waiting(captured_run):
     """Per steady step: forward, backward, and one update (clipping, AdamW and the EMA in one graph):
     3 executions, and no blocking sync. Before issue 45: torch.optim's graph breaks around
     `optimizer.step()` split the update into clipping, AdamW and the EMA (3 launches), and the backward
     first synced its incoming gradient (autograd's ones / accum, pending IR): the host waited for the
     forward to finish before it could launch the backward (6 executions, 1 wait a step).
     (With --grad-accum > 1 the accumulated gradients are still synced before the update: 1 wait.)"""
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run")], env=cpu_env(),
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    counts = captured_run["counts"]
     per_step = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(counts[2:], counts[3:], strict=False)]  # after warm-up
     assert per_step and all(step == (3, 0) for step in per_step), per_step
+
+
+@pytest.mark.slow
+def test_a_captured_step_copies_back_no_weight_state_or_gradient(captured_run):
+    """A steady step's host copies: the LR's upload (one per parameter group, set_lr) and the EMA's
+    average (the one input the update graph changes): 3 here. Before, the update changed its inputs in
+    place and aot_autograd copied each back after the graph: the weight, both AdamW moments, the step
+    counter and the clipped gradient of every parameter, 5 per parameter a step (103 on vit-nano)."""
+    counts = captured_run["counts"]
+    copies = [b[2] - a[2] for a, b in zip(counts[2:], counts[3:], strict=False)]  # after warm-up
+    assert copies and all(n == captured_run["groups"] + 1 for n in copies), copies
+    assert captured_run["params"] > 4  # one copy per parameter would show above
