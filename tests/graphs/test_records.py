@@ -130,6 +130,7 @@ OTHER_FORMATS: dict[tuple[str, frozenset[str] | None], str] = {
         "torch's optimizer param_groups and ZeRO-1's shard metadata",
     ("training/optim.py", frozenset({"params", "step"})): "torch's optimizer param_groups and state",
     ("training/flat_optim.py", frozenset({"params", "step"})): "torch's optimizer param_groups and state",
+    ("training/captured_update.py", frozenset({"params", "step"})): "torch's optimizer param_groups and state",
     ("training/device.py", frozenset({"params"})): "torch's optimizer param_groups",
     ("instrument/probe.py", frozenset({"params"})): "torch's optimizer param_groups",
     ("training/models.py", frozenset({"model"})): "timm's pretrained config and checkpoints",
