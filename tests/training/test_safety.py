@@ -110,7 +110,7 @@ def test_check_graphs_fails_the_run_on_a_recompilation_inside_the_loop(tmp_path)
     assert (int(step), cause) == (5, "new constant"), last
     # the line of our loop where the LR reaches the graph, and the value that did it
     assert "/neuron_train/training/" in path, last
-    assert "self._optimizer_step()" in Path(path).read_text().splitlines()[int(line) - 1], last
+    assert "self.optimizer.step()" in Path(path).read_text().splitlines()[int(line) - 1], last
     assert "param_groups[0]['lr'] = 1.0" in detail
     assert "avoid the exact values 0 and 1" in fix
     assert "Traceback" not in proc.stderr and not (out / "summary.json").exists()
