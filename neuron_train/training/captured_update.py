@@ -50,9 +50,10 @@ class CapturedAdamW:
         steps = [[s["step"] for s in ss] for ss in states]
         grads = [[p.grad for p in ps if p.grad is not None] for ps in params]
         flat = [p for ps in params for p in ps]
-        # where each of the EMA's tensors is among the updated weights (-1: a buffer, not updated)
-        where = {id(p): k for k, p in enumerate(flat)}
-        ema_pos = tuple(where.get(id(m), -1) for m in self.ema.model_tensors()) if self.ema is not None else ()
+        ema_pos: tuple[int, ...] = ()
+        if self.ema is not None:  # where each EMA tensor is among the updated weights (-1: a buffer)
+            where = {id(p): k for k, p in enumerate(flat)}
+            ema_pos = tuple(where.get(id(m), -1) for m in self.ema.model_tensors())
         new, norm = self._graph(params, grads, old[0], old[1], steps, [g["lr"] for g in groups], ema_pos)
         for olds, news in zip((params, *old, steps), new, strict=True):
             for o_group, n_group in zip(olds, news, strict=True):
