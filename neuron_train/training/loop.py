@@ -130,12 +130,23 @@ class Trainer:
             os._exit(130)  # no unwinding through the loader's and closures' threads (no traceback)
         self.stop_signal = signum  # acted on at the next step boundary: checkpoint, then exit
 
+    def _stopping(self) -> bool:
+        """Whether every rank stops at this step boundary: a stop signal reached any of them.
+        Ranks are signalled one by one (torchrun, srun) and may see it at different boundaries; a rank
+        that stopped alone would leave the others waiting in their next collective until killed, with
+        no checkpoint. So the ranks agree, one host all-reduce of a flag a step (gloo: no device sync)."""
+        mine = self.stop_signal is not None
+        if self.backend.world_size == 1:
+            return mine
+        return self.backend.all_sum([float(mine)])[0] > 0
+
     def _end_of_step(self, progress: Progress) -> float:
         """Evaluate / checkpoint / stop checks after a step; returns seconds spent on them (0: none)."""
         step = self.pos.step
         last = step == self.total_steps
         epoch_end = self.pos.batch == self.steps_per_epoch * self.cfg.train.grad_accum
         evaluate = self.evaluator.should_evaluate(step, epoch_end=epoch_end, last=last)
+        # this rank's own flag (no collective): it only decides the wait below
         if evaluate or self.checkpointer.should_save(step, last=last, stopping=self.stop_signal is not None):
             # Host waits for the device: the steps launched so far are training time. Without this
             # the eval/checkpoint clock below would count their execution (a captured step path
@@ -157,10 +168,13 @@ class Trainer:
                            "--precision fp32 or bf16-autocast, or --grad-clip")
         self._check_metrics()
         # asked again, not reused from above: a stop signal may have arrived during the evaluation
-        if self.checkpointer.should_save(step, last=last, stopping=self.stop_signal is not None):
+        stopping = self._stopping()
+        if self.checkpointer.should_save(step, last=last, stopping=stopping):
             path, acted = self.checkpointer.save(self.model, self.optimizer, self.pos, self.ema), True
-            if self.stop_signal:
-                raise RunError(f"stopped by {signal.Signals(self.stop_signal).name} at step {step}; checkpoint "
+            if stopping:
+                why = (signal.Signals(self.stop_signal).name if self.stop_signal is not None
+                       else "a stop signal to another rank")
+                raise RunError(f"stopped by {why} at step {step}; checkpoint "
                                f"{path or 'saved by rank 0'}; continue with --resume")
         return time.perf_counter() - start if acted else 0.0
 

@@ -141,6 +141,56 @@ def test_sigusr1_saves_a_checkpoint_and_exits_like_sigterm(tmp_path):
     assert state["position"]["step"] == step and not (out / "summary.json").exists()
 
 
+def _rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of the torchrun worker below `parent` whose environment says RANK=`rank`."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if f"PPid:\t{parent}\n" in status.read_text():
+                env = (status.parent / "environ").read_bytes().split(b"\0")
+                if f"RANK={rank}".encode() in env:
+                    return int(status.parent.name)
+        except OSError:  # gone meanwhile
+            continue
+    return None
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_with_one_checkpoint(tmp_path):
+    """torchrun and srun signal the ranks one by one, so a rank may see the signal a step before the
+    others. Planted at its extreme: SIGTERM to rank 1 alone. Every rank must stop at the same step
+    boundary (a rank going on alone waits forever in its next collective) with rank 0's checkpoint."""
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--redirects", "3", "--log-dir", str(logs), str(RUN_PY), "--output-dir", str(out), *FAST, *NANO,
+           "--max-steps", "400", "--eval-every", "1000", "--log-every", "1"]
+    proc = subprocess.Popen(cmd, env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ranks: list[int | None] = []
+    try:
+        deadline = time.time() + 600
+        while not ((out / "metrics.jsonl").exists() and len(metrics(out)) >= 3):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before 3 logged steps"
+            time.sleep(0.2)
+        ranks = [_rank_pid(proc.pid, rank) for rank in (0, 1)]
+        assert ranks[1] is not None, "no rank 1 process below torchrun"
+        os.kill(ranks[1], signal.SIGTERM)
+        proc.communicate(timeout=120)  # seconds when the ranks agree; without it they wait forever
+    finally:  # a run that hangs is killed whole: torchrun starts each rank in a session of its own
+        for pid in [pid for pid in (*ranks, proc.pid) if pid is not None]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=60)
+    err = {rank: next(logs.glob(f"**/{rank}/stderr.log")).read_text() for rank in (0, 1)}
+    (saved,) = list_checkpoints(out)
+    step = int(saved.stem.split("-")[1])
+    assert 3 <= step < 400 and torch.load(saved, weights_only=True)["position"]["step"] == step
+    assert (f"stopped by a stop signal to another rank at step {step}; checkpoint {saved}; "
+            "continue with --resume") in err[0], err[0][-2000:]
+    assert f"stopped by SIGTERM at step {step}; checkpoint saved by rank 0" in err[1], err[1][-2000:]
+    assert "Traceback" not in err[0] + err[1] and not (out / "summary.json").exists()
+
+
 # ----------------------------------------------------------------------------- bf16 on Neuron
 
 
