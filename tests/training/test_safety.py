@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from neuron_train.instrument.proc import descendants
 from neuron_train.training.checkpoint import list_checkpoints
 from neuron_train.training.device import neuron_precision_env, prepare_environment, resolve_precision
 from tests.conftest import FAST, NANO, RUN_PY, cpu_env, run_train
@@ -143,12 +144,10 @@ def test_sigusr1_saves_a_checkpoint_and_exits_like_sigterm(tmp_path):
 
 def _rank_pid(parent: int, rank: int) -> int | None:
     """The pid of the torchrun worker below `parent` whose environment says RANK=`rank`."""
-    for status in Path("/proc").glob("[0-9]*/status"):
+    for pid in descendants(parent):  # parents first: the worker before any process it started
         try:
-            if f"PPid:\t{parent}\n" in status.read_text():
-                env = (status.parent / "environ").read_bytes().split(b"\0")
-                if f"RANK={rank}".encode() in env:
-                    return int(status.parent.name)
+            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
         except OSError:  # gone meanwhile
             continue
     return None
