@@ -1,6 +1,7 @@
 """How the captured step's graphs are compiled (training/step.py's backend over torch_xla's dynamo
 bridge): torch.fx's partitioner runs only for a graph with a node that falls back to the CPU, and such a
-graph still computes on every call, not once at compile time (issue 45: the first step's start-up)."""
+graph still computes on every call, not once at compile time (issue 45: the first step's start-up); the
+backward graph (min-cut partition) takes gradients through the forward's random draws."""
 
 from __future__ import annotations
 
@@ -56,3 +57,38 @@ def test_the_partitioner_runs_only_for_a_graph_that_falls_back_and_that_graph_st
     assert out["falls_back"]["partitions"] > 0, out
     # both calls right: the CPU op runs every call, it is not baked into the graph from the first input
     assert max(out["falls_back"]["errors"]) < 1e-4, out
+
+
+# Drop-path's draw (timm: `x.new_empty(shape).bernoulli_(keep)`) captured the way the step is. The
+# backward must use the forward's mask: a partition that recomputed the draw in the backward graph would
+# take gradients through another mask (the min-cut partition does, to save only x, once torch's bars on
+# recomputing random ops and tensors the backward reads are lifted: seen, error 1.0). Printed: the
+# gradient's largest error against the mask read from the forward's output (sin(x) > 0.003 for these
+# x, so an output equal to x * x is a dropped element).
+DROP_SCRIPT = '''
+import json
+import torch
+import torch_xla
+from neuron_train.training.step import _captured
+
+def drop(x):
+    keep = x.new_empty(x.shape).bernoulli_(0.5)
+    return torch.sin(x * keep) + x * x
+
+x = (torch.arange(1.0, 257.0) / 256).reshape(16, 16).to(torch_xla.device()).requires_grad_()
+y = _captured(drop)(x)
+y.sum().backward()
+xd = x.detach()
+kept = ((y.detach() - xd * xd).abs() > 1e-3).float()
+expected = torch.cos(xd * kept) * kept + 2 * xd
+print(json.dumps({"error": float((x.grad - expected).abs().max()), "kept": int(kept.sum())}))
+'''
+
+
+def test_the_captured_backward_takes_gradients_through_the_forward_s_random_mask():
+    proc = subprocess.run([sys.executable, "-c", DROP_SCRIPT], env=cpu_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 < out["kept"] < 256, out  # the premise: some elements dropped, some kept
+    assert out["error"] < 1e-5, out
