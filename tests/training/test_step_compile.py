@@ -85,6 +85,7 @@ print(json.dumps({"error": float((x.grad - expected).abs().max()), "kept": int(k
 '''
 
 
+@pytest.mark.slow
 def test_the_captured_backward_takes_gradients_through_the_forward_s_random_mask():
     proc = subprocess.run([sys.executable, "-c", DROP_SCRIPT], env=cpu_env(), capture_output=True, text=True,
                           timeout=600)
