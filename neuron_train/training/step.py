@@ -102,9 +102,9 @@ def _partition_if_falling_back(partition: Callable[..., Any], gm: torch.fx.Graph
 
 # The min-cut partition (torch.compile's inductor default) saves fewer activations for the backward
 # graph and recomputes cheap pointwise ops there instead; never random ops (dropout, drop-path's
-# bernoulli) nor matmuls, so a step computes the same (to float rounding). aot_autograd saves every tensor
-# the backward reads: on ViT-Tiny/16 64 px batch 32 (CPU device) min-cut took the step from 360 to
-# 326 ms (docs/measurements.md, issue 45).
+# bernoulli) nor matmuls, so a step computes the same (to float rounding). aot_autograd's default
+# partition saves every tensor the backward reads: on ViT-Tiny/16 64 px batch 32 (CPU device) min-cut
+# took the step from 360 to 326 ms (docs/measurements.md, issue 45).
 _OPENXLA_SEED_KEEPING = aot_autograd(fw_compiler=_seed_keeping_compiler,
                                      partition_fn=min_cut_rematerialization_partition)
 
