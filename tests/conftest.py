@@ -38,6 +38,14 @@ def run_train(out: Path, *args: str, nproc: int = 1, env: dict | None = None,
     return subprocess.run(cmd, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def printed_json(script: str, *args: str, timeout: int = 600) -> dict:
+    """What a `python -c` script printed last, as JSON, from a fresh process on the CPU XLA device."""
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=cpu_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def summary_of(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 

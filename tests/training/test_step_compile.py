@@ -5,13 +5,9 @@ backward graph (min-cut partition) takes gradients through the forward's random 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import cpu_env
+from tests.conftest import printed_json
 
 # Two functions captured the way the step is (step._captured), each called on two different inputs:
 # one whose ops all lower to XLA, one with torch.digamma, which has no XLA lowering in torch_xla 2.9
@@ -45,17 +41,9 @@ print(json.dumps(out))
 '''
 
 
-def _printed(script: str) -> dict:
-    """What the script printed last, as JSON, from a fresh process on the CPU XLA device."""
-    proc = subprocess.run([sys.executable, "-c", script], env=cpu_env(), capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 def test_the_partitioner_runs_only_for_a_graph_that_falls_back_and_that_graph_still_computes_each_call():
-    out = _printed(SCRIPT)
+    out = printed_json(SCRIPT)
     assert out["lowered"]["partitions"] == 0, out  # every op lowers: compiled whole, no partitioning
     assert max(out["lowered"]["errors"]) < 1e-5, out
     assert "aten::digamma" in out["fallback_ops"], out  # the premise: digamma does run on the CPU
@@ -92,6 +80,6 @@ print(json.dumps({"error": float((x.grad - expected).abs().max()), "kept": int(k
 
 @pytest.mark.slow
 def test_the_captured_backward_takes_gradients_through_the_forward_s_random_mask():
-    out = _printed(DROP_SCRIPT)
+    out = printed_json(DROP_SCRIPT)
     assert 0 < out["kept"] < 256, out  # the premise: some elements dropped, some kept
     assert out["error"] < 1e-5, out

@@ -4,13 +4,9 @@ step launches, whether the host waits for the device inside it, and what the hos
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import cpu_env
+from tests.conftest import printed_json
 
 # Our loop on vit-nano with the EMA on; before each step the device is drained
 # and XLA's counters read: executions so far, the dynamo bridge's blocking input syncs so far, and
@@ -48,10 +44,7 @@ print(json.dumps({"counts": counts, "params": len(list(trainer.model.parameters(
 def captured_run(tmp_path_factory) -> dict:
     """One 6-step run of the script above: its counts before each step, and the model's sizes."""
     out = tmp_path_factory.mktemp("captured") / "run"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=cpu_env(),
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return printed_json(SCRIPT, str(out), timeout=900)
 
 
 @pytest.mark.slow
