@@ -28,6 +28,12 @@ rounds; the per-round figures show how far start-up moves a single round). Both 
 DataLoader with the same workers; ours also clips gradients, follows its LR schedule, logs every 10 steps
 and records graphs (the plain loop prints its loss every 10 steps).
 
+Whole processes of one length still start up seconds apart (imports, 7-9 compiles on 2 shared cores), as
+much as 30 steps take. So --outside also reads each long run's steady step without its start-up: this
+script notes when the run's step-10 and last-step log records appear (the plain loop's `step N` lines,
+our loop's metrics.jsonl records, each written once its step has executed) and divides their time apart
+by the steps between. The last line of the table gives that reading.
+
     python scripts/bench_loop.py --outside --repeats 3   # ViT-Tiny/16, 64 px, batch 32, fp32
 """
 
@@ -44,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 # Our loop's step paths: name -> config overrides (+ "syncfree": torch_xla's AdamW swapped in).
@@ -149,6 +156,11 @@ def plain_loop(args: argparse.Namespace, steps: int, before: Callable[[int], Non
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True,
                                          num_workers=args.workers)
     logged: list[float] = []
+
+    def log(step: int, loss: torch.Tensor) -> None:
+        logged.append(float(loss))  # a device->host copy: waits for the step, as a user's print does
+        print(f"step {step} loss {logged[-1]:.4f}", flush=True)  # --outside times these lines (LogWatch)
+
     for step, (x, y) in enumerate(pl.MpDeviceLoader(loader, dev)):  # each fetch: the previous step's sync
         if step == steps:
             break
@@ -159,7 +171,7 @@ def plain_loop(args: argparse.Namespace, steps: int, before: Callable[[int], Non
         loss.backward()
         xm.optimizer_step(opt)
         if step % 10 == 0 or step == steps - 1:
-            xm.add_step_closure(lambda v: logged.append(float(v)), args=(loss,))  # read once executed
+            xm.add_step_closure(log, args=(step, loss))  # read once executed
     torch_xla.sync()  # the last step's graph: no next batch will cut it
     xm.wait_device_ops()  # the process ends with the last step executed, as ours does
     return logged[-1]
@@ -248,17 +260,81 @@ def outside_command(which: str, steps: int, args: argparse.Namespace, out: str) 
             "--max-steps", str(steps), "--output-dir", out]
 
 
-def time_outside(which: str, steps: int, args: argparse.Namespace) -> tuple[float, float]:
-    """Wall and CPU seconds of one whole process (start-up, compiles and teardown included)."""
+IN_RUN_FROM = 10  # --outside's in-run reading starts at this logged step: compiles end by step 2
+
+
+class Run(NamedTuple):
+    """One whole process as seen from outside: wall and CPU seconds, and the in-run steady step."""
+
+    wall: float
+    cpu: float
+    in_run_ms: float | None  # ms/step between its log records of step IN_RUN_FROM and its last step
+
+
+def in_run_ms(seen: dict[int, float]) -> float | None:
+    """ms per step between the first record of a step >= IN_RUN_FROM and the last step's record,
+    from the times (s) each logged step's record appeared; None without two such records."""
+    steps = sorted(k for k in seen if k >= IN_RUN_FROM)
+    if len(steps) < 2:
+        return None
+    return (seen[steps[-1]] - seen[steps[0]]) / (steps[-1] - steps[0]) * 1e3
+
+
+def plain_log_step(line: str) -> int | None:
+    """The step of one of the plain loop's log lines (`step 10 loss 6.9: see plain_loop`), else None."""
+    words = line.split()
+    return int(words[1]) if len(words) >= 2 and words[0] == "step" and words[1].isdigit() else None
+
+
+def metrics_log_steps(text: str) -> list[int]:
+    """The training steps of the whole records in our loop's metrics.jsonl text (a record is appended
+    whole by one write, so only a last line without its newline can be unfinished)."""
+    records = (json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines())
+    return [r["step"] for r in records if r.get("kind") == "train"]
+
+
+def watch_logs(proc: subprocess.Popen, which: str, run_dir: Path) -> dict[int, float]:
+    """When (perf_counter s) each logged step's record appeared, until `proc` ends: the plain loop's
+    lines on its stdout, our loop's records in metrics.jsonl (polled every 20 ms: the step's share of the
+    error is 20 ms over the steps between, under 0.1% at 29 steps of 200 ms or more)."""
+    seen: dict[int, float] = {}
+    if which == "plain":
+        assert proc.stdout is not None
+        for line in proc.stdout:  # flushed as each step's loss is read
+            step = plain_log_step(line)
+            if step is not None:
+                seen.setdefault(step, time.perf_counter())
+        proc.wait()
+        return seen
+    metrics = run_dir / "metrics.jsonl"
+    while True:
+        ended = proc.poll() is not None  # read once more after the end: the last records
+        now = time.perf_counter()
+        if metrics.exists():
+            for step in metrics_log_steps(metrics.read_text()):
+                seen.setdefault(step, now)
+        if ended:
+            return seen
+        time.sleep(0.02)
+
+
+def time_outside(which: str, steps: int, args: argparse.Namespace) -> Run:
+    """One whole process: wall and CPU seconds (start-up, compiles and teardown included) and the steady
+    step between two of its log records, both timed here, from outside."""
     env = {**os.environ, "PJRT_DEVICE": _device(), "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = outside_command(which, steps, args, str(Path(tmp) / "run"))
-        cpu0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
-        wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        sys.exit(f"{which} ({steps} steps) failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-    return wall, (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+        run_dir = Path(tmp) / "run"
+        cmd = outside_command(which, steps, args, str(run_dir))
+        with open(Path(tmp) / "stderr", "w+") as err:
+            cpu0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if which == "plain" else subprocess.DEVNULL,
+                                    stderr=err, text=True, cwd=tmp)
+            seen = watch_logs(proc, which, run_dir)
+            wall, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+            err.seek(0)
+            if proc.returncode != 0:
+                sys.exit(f"{which} ({steps} steps) failed: {' '.join(cmd)}\n{err.read()[-3000:]}")
+    return Run(wall, (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime), in_run_ms(seen))
 
 
 def outside(args: argparse.Namespace) -> None:
@@ -269,19 +345,20 @@ def outside(args: argparse.Namespace) -> None:
     print(f"from outside: {args.model} at {args.img_size} px, batch {args.batch_size}, fp32, AdamW, synthetic "
           f"data, {args.workers} loader workers; whole runs of {short} and {long} steps, {args.repeats} "
           f"interleaved rounds, device {_device()}", flush=True)
-    runs: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (loop, steps) -> (wall, CPU) s per round
+    runs: dict[tuple[str, int], list[Run]] = {}  # (loop, steps) -> one Run per round
     for r in range(args.repeats):
         for n in args.outside_steps:
             for which in ("plain", "ours") if r % 2 == 0 else ("ours", "plain"):
                 runs.setdefault((which, n), []).append(time_outside(which, n, args))
         for which in ("plain", "ours"):
-            (w0, _), (w1, _) = runs[which, short][-1], runs[which, long][-1]
-            print(f"  round {r + 1} {which}: {short} steps {w0:.1f} s, {long} steps {w1:.1f} s, "
-                  f"steady {(w1 - w0) / (long - short) * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
+            a, b = runs[which, short][-1], runs[which, long][-1]
+            print(f"  round {r + 1} {which}: {short} steps {a.wall:.1f} s, {long} steps {b.wall:.1f} s, "
+                  f"steady {(b.wall - a.wall) / (long - short) * 1e3:.1f} ms/step; in the {long}-step run "
+                  f"{_ms(b.in_run_ms)} ms/step", file=sys.stderr, flush=True)
 
     def median_s(which: str, n: int, figure: int = 0, rounds: slice = slice(None)) -> float:
         """The median over the chosen rounds of the n-step runs' wall (figure 0) or CPU (1) seconds."""
-        return statistics.median(run[figure] for run in runs[which, n][rounds])
+        return statistics.median((run.wall, run.cpu)[figure] for run in runs[which, n][rounds])
 
     def steady(which: str, figure: int, rounds: slice = slice(None)) -> float:
         """ms per step between the two run lengths, from the medians of the chosen rounds' runs."""
@@ -298,6 +375,26 @@ def outside(args: argparse.Namespace) -> None:
               f"{steady('plain', 0) / wall:>9.2f}x{lengths}  {', '.join(f'{v:.0f}' for v in per_round[which])}")
     print(f"medians of {args.repeats} rounds per run length; ratio per round: {', '.join(f'{x:.2f}' for x in ratios)} "
           f"(median {statistics.median(ratios):.2f}x)")
+    print_in_run(runs, long)
+
+
+def print_in_run(runs: dict[tuple[str, int], list[Run]], long: int) -> None:
+    """The second reading, free of start-up: in each long run, the steady step between two of its log
+    records as they appeared (step IN_RUN_FROM and the last), the median over the rounds and the ratio."""
+    pairs = [(p.in_run_ms, o.in_run_ms) for p, o in zip(runs["plain", long], runs["ours", long], strict=True)
+             if p.in_run_ms is not None and o.in_run_ms is not None]
+    if not pairs:
+        print(f"in-run: the {long}-step runs log no two steps from step {IN_RUN_FROM} on (give a longer run)")
+        return
+    med = {which: statistics.median(pair[k] for pair in pairs) for k, which in enumerate(("plain", "ours"))}
+    ratios = [p / o for p, o in pairs]
+    print(f"in-run (each {long}-step run, from its step-{IN_RUN_FROM} log record to its last, timed here): "
+          f"plain {med['plain']:.1f} ms/step, ours {med['ours']:.1f}: {med['plain'] / med['ours']:.2f}x "
+          f"(medians; per round {', '.join(f'{x:.2f}' for x in ratios)})")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def run_one(which: str, args: argparse.Namespace) -> dict:

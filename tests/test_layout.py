@@ -27,6 +27,7 @@ TOP_LEVEL = {
     "test_scripts_all.py": "every file in scripts/",
     "test_first_run.py": "scripts/neuron_first_run.sh and scripts/first_run_checks.py",
     "test_slurm.py": "scripts/slurm_train.sbatch under a real Slurm",
+    "test_bench_loop.py": "scripts/bench_loop.py: --outside's in-run reading",
     "test_ami.py": "the machine image (ami/), its provisioning script and the version pins",
 }
 

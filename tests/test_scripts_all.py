@@ -5,9 +5,9 @@ instance; shell scripts are read by their `neuron_train` references, which no ty
 The scripts that run end to end in CI, each in its own test file: neuron_first_run.sh (test_first_run,
 with stand-ins for neuron_parallel_compile and torch-neuronx's metadata), precompile.sh
 (test_precompile), slurm_train.sbatch (test_ami, test_slurm), inf1_bench.py (test_bench_inf1, with a
-stand-in torch.neuron), validate_plan.py (test_plan), bench_loop.py (test_config). The others measure
-for minutes to hours (benchmarks, mutation testing, the example report): here they are imported and
-asked for --help.
+stand-in torch.neuron), validate_plan.py (test_plan), bench_loop.py (test_config; its --outside in-run
+reading: test_bench_loop). The others measure for minutes to hours (benchmarks, mutation testing, the
+example report): here they are imported and asked for --help.
 """
 
 from __future__ import annotations
