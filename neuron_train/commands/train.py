@@ -48,8 +48,10 @@ def _format_summary(s: RunSummary) -> str:
         f"eval       accuracy {num(s.eval_accuracy, '.4f')}, loss {num(s.eval_loss, '.4f')}"
         + (f"; EMA accuracy {num(s.eval_ema_accuracy, '.4f')}, loss {num(s.eval_ema_loss, '.4f')}"
            if s.eval_ema_accuracy is not None else ""),
-        f"speed      {num(s.samples_per_sec, '.1f')} samples/s, step {num(s.step_time_ms_median, '.1f')} ms "
-        f"median (after {s.warmup_steps_excluded} warm-up steps)",
+        f"speed      {num(s.samples_per_sec, '.1f')} samples/s, " + (
+            f"step {s.step_time_ms_median:.1f} ms median" if s.step_time_ms_median is not None
+            else "step time n/a (too few steady steps to time one: raise --max-steps)")
+        + f" (after {s.warmup_steps_excluded} warm-up steps)",
         f"graphs     {s.compile_count} compiled in {s.compile_time_s:.1f} s",
     ]
     return "\n".join(lines)

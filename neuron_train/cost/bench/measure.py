@@ -83,8 +83,8 @@ def measure_train(cfg: RunConfig, nproc: int, workdir: Path) -> Measurement:
     if not summary_path.is_file():
         raise MeasureFailed("failed", f"the run exited 0 but wrote no summary.json ({shlex.join(cmd)})")
     s = RunSummary.from_json(summary_path)
-    if not s.samples_per_sec or not s.step_time_ms_median:
-        raise MeasureFailed("failed", f"no steady-state steps measured ({s.measured_steps} "
+    if not s.samples_per_sec or not s.step_time_ms_median:  # none, or too few to time a step (throughput.py)
+        raise MeasureFailed("failed", f"too few steady-state steps to time one ({s.measured_steps} "
                                       "after warm-up): raise --max-steps")
     return Measurement(s.samples_per_sec, s.step_time_ms_median, s.compile_time_s, s.compile_count,
                        s.measured_steps, s.world_size, s.global_batch_size, s.device,
