@@ -91,7 +91,7 @@ class Throughput:
         window = (end - self.t0 - self.excluded) if self.t0 is not None else 0.0
         steady = steady_step_median(self.step_times, window, measured)
         return {
-            "samples_per_sec": measured * global_batch / window if window > 0 else None,
+            "samples_per_sec": measured * global_batch / window if window > 0 and measured > 0 else None,
             "step_time_ms_median": steady[0] * 1e3 if steady else None,
             "step_time_ms_spread": steady[1] * 1e3 if steady else None,
             "measured_steps": measured, "warmup_steps_excluded": self.warmup_steps,

@@ -128,6 +128,17 @@ def test_a_short_run_whose_host_runs_ahead_states_no_step_time(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_no_longer_than_its_warm_up_states_no_speed(tmp_path):
+    """3 steps, all warm-up: the clock started at the last one and measured none (it printed 0.0 samples/s)."""
+    out = tmp_path / "run"
+    proc = run_train(out, *NANO, "--max-steps", "3", "--warmup-measure-steps", "3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = summary_of(out)
+    assert s["measured_steps"] == 0 and s["samples_per_sec"] is None and s["step_time_ms_median"] is None, s
+    assert "speed      n/a samples/s, step time n/a" in proc.stdout
+
+
+@pytest.mark.slow
 def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
     args = ["--max-steps", "16", "--checkpoint-every", "4", "--eval-every", "100", "--warmup-steps", "3"]
     full = run_train(tmp_path / "full", *NANO, *args)
