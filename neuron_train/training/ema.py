@@ -93,24 +93,45 @@ class ModelEma:
         return torch.cat([t.detach().cpu().reshape(-1).to(dtype) for t in tensors]).to(self.device)
 
     def model_tensors(self) -> list[torch.Tensor]:
-        """The model's float tensors the averages follow, in the order `update(new=...)` takes them."""
+        """The model's float tensors the averages follow, in the order `averaged(new=...)` takes them."""
         return [m for group in self.groups.values() for m in group.model]
 
     @torch.no_grad()
-    def update(self, new: Sequence[torch.Tensor] | None = None) -> None:
-        """`average <- lerp(average, model, 1 - decay)` (ModelEmaV3.apply_update_'s arithmetic).
+    def update(self) -> None:
+        """`average <- lerp(average, model, 1 - decay)` (ModelEmaV3.apply_update_'s arithmetic), traced
+        into the step's graph (a captured AdamW's graph uses `averaged` instead)."""
+        for average, weights in zip(self.flat.values(), self._concatenated(self.model_tensors()), strict=True):
+            average.lerp_(weights, self.weight)
+        for e, m in self.copies.values():
+            e.copy_(m)
 
-        `new`: `model_tensors()` as this step's update leaves them, where the update has not written
-        them back yet (the captured AdamW's graph, captured_update.py); by default the tensors themselves."""
-        now = self.model_tensors() if new is None else list(new)
+    def step_inputs(self, updated: Sequence[bool]) -> list[torch.Tensor]:
+        """What `averaged` reads besides the new weights: the averages, then the model tensors the update
+        does not write (`updated[k]` False for the k-th of `model_tensors()`: buffers)."""
+        return [*self.flat.values(), *(m for m, u in zip(self.model_tensors(), updated, strict=True) if not u)]
+
+    def averaged(self, inputs: Sequence[torch.Tensor], new: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """`update()`'s arithmetic into new tensors, for a graph that changes none of its inputs
+        (captured_update.py): `inputs` as `step_inputs()` gave them, `new[k]` the k-th model tensor as
+        the update leaves it (None where it does not write it). Returns the new averages, for `assign`."""
+        if self.copies:
+            raise ValueError("averaged() takes an EMA without non-float buffers to copy")
+        rest = iter(inputs[len(self.flat):])
+        now = [m if m is not None else next(rest) for m in new]
+        return [average.lerp(weights, self.weight)
+                for average, weights in zip(inputs[:len(self.flat)], self._concatenated(now), strict=True)]
+
+    def assign(self, averages: Sequence[torch.Tensor]) -> None:
+        """The averages `averaged()` computed, now the EMA's (device data: no copy, no pending IR)."""
+        self.flat = dict(zip(self.flat, averages, strict=True))
+
+    def _concatenated(self, now: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """Per dtype, `now` (in `model_tensors()`'s order) as one flat tensor in the EMA's dtype."""
         start = 0
         for dtype, group in self.groups.items():
             part = now[start:start + len(group.model)]
             start += len(group.model)
-            weights = torch.cat([m.reshape(-1) for m in part]).to(dtype)  # float32 EMA of bf16: cast
-            self.flat[dtype].lerp_(weights, self.weight)
-        for e, m in self.copies.values():
-            e.copy_(m)
+            yield torch.cat([m.reshape(-1) for m in part]).to(dtype)  # float32 EMA of bf16: cast
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The averages and copied buffers a step writes (outputs of its graph)."""

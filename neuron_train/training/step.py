@@ -8,7 +8,8 @@
 - dynamo-full (the default): the update (gradient clipping + optimizer step) is captured as well,
   so a step costs the host a few guard checks and graph launches, not a trace (except with ZeRO-1
   and the legacy bf16 environment modes, where the update stays lazy: see StepPath). AdamW's update
-  returns the new weights and state rather than writing its inputs (captured_update.py).
+  returns the new weights and state rather than writing its inputs (captured_update.py), traced once
+  on the device without dynamo (cached_graph.py).
 
 Whichever it is, the graphs stay the same from step 2 on (checked by GraphWatch/check-graphs)
 and precompile's graph tour reaches them all (tests/precompile/test_precompile.py).
@@ -29,6 +30,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from neuron_train.training import zero1
+from neuron_train.training.cached_graph import CachedGraph
 from neuron_train.training.captured_update import CapturedAdamW
 from neuron_train.training.config import LEGACY_BF16_PRECISIONS, RunConfig
 from neuron_train.training.device import Backend
@@ -140,13 +142,15 @@ class StepPath:
         dynamo = capture and compiler in ("dynamo", "dynamo-full")
         self.forward = _captured(task) if dynamo else task
         # Captured, AdamW's update is one graph that returns the new weights and state instead of changing
-        # them in place (captured_update.py: no copy-back per tensor). SGD runs torch.optim's step with
+        # them in place (captured_update.py: no copy-back per tensor), traced once without dynamo
+        # (cached_graph.py); an EMA that copies integer buffers (BatchNorm's counts) keeps the path below,
+        # where the copies are written in place. SGD runs torch.optim's step with
         # its graph breaks (`_use_grad`: clipping, SGD, the EMA in three graphs): captured without them,
         # its momentum buffers, made at the first step, broke aot_autograd's copy-back of changed inputs
         # ("output with shape [32] doesn't match the broadcast shape [32, 32]", tests/training/test_options.py).
         self.update: Callable[[], torch.Tensor] = self._update
-        if captured_update and isinstance(self.optimizer, torch.optim.AdamW):
-            self.update = CapturedAdamW(self.optimizer, self.clip, ema, _captured)
+        if captured_update and isinstance(self.optimizer, torch.optim.AdamW) and not (ema and ema.copies):
+            self.update = CapturedAdamW(self.optimizer, self.clip, ema, CachedGraph)
         elif captured_update:
             self.update = _captured(self._update)
         # A captured backward's incoming gradient must be device data: the autograd-made one (ones, / accum)
