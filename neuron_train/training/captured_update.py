@@ -69,6 +69,9 @@ class CapturedAdamW:
             o.data = t  # this tensor is now the graph's output buffer: no copy, no pending IR
         if self.ema is not None:
             self.ema.assign(new[4 * n + 1:])
+            # Integer buffers (BatchNorm's counts) are copied in place, traced: the loader's next sync
+            # computes them with the model's own buffer updates (the graph changes no input).
+            self.ema.copy_buffers()
         for p in flat:
             p.grad = None
         return new[4 * n]

@@ -102,6 +102,10 @@ class ModelEma:
         into the step's graph (a captured AdamW's graph uses `averaged` instead)."""
         for average, weights in zip(self.flat.values(), self._concatenated(self.model_tensors()), strict=True):
             average.lerp_(weights, self.weight)
+        self.copy_buffers()
+
+    def copy_buffers(self) -> None:
+        """The non-float buffers the EMA copies from the model (BatchNorm's counts), in place: traced."""
         for e, m in self.copies.values():
             e.copy_(m)
 
@@ -113,9 +117,8 @@ class ModelEma:
     def averaged(self, inputs: Sequence[torch.Tensor], new: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
         """`update()`'s arithmetic into new tensors, for a graph that changes none of its inputs
         (captured_update.py): `inputs` as `step_inputs()` gave them, `new[k]` the k-th model tensor as
-        the update leaves it (None where it does not write it). Returns the new averages, for `assign`."""
-        if self.copies:
-            raise ValueError("averaged() takes an EMA without non-float buffers to copy")
+        the update leaves it (None where it does not write it). Returns the new averages, for `assign`
+        (the buffers it copies: `copy_buffers`)."""
         rest = iter(inputs[len(self.flat):])
         now = [m if m is not None else next(rest) for m in new]
         return [average.lerp(weights, self.weight)

@@ -143,13 +143,12 @@ class StepPath:
         self.forward = _captured(task) if dynamo else task
         # Captured, AdamW's update is one graph that returns the new weights and state instead of changing
         # them in place (captured_update.py: no copy-back per tensor), traced once without dynamo
-        # (cached_graph.py); an EMA that copies integer buffers (BatchNorm's counts) keeps the path below,
-        # where the copies are written in place. SGD runs torch.optim's step with
+        # (cached_graph.py). SGD runs torch.optim's step with
         # its graph breaks (`_use_grad`: clipping, SGD, the EMA in three graphs): captured without them,
         # its momentum buffers, made at the first step, broke aot_autograd's copy-back of changed inputs
         # ("output with shape [32] doesn't match the broadcast shape [32, 32]", tests/training/test_options.py).
         self.update: Callable[[], torch.Tensor] = self._update
-        if captured_update and isinstance(self.optimizer, torch.optim.AdamW) and not (ema and ema.copies):
+        if captured_update and isinstance(self.optimizer, torch.optim.AdamW):
             self.update = CapturedAdamW(self.optimizer, self.clip, ema, CachedGraph)
         elif captured_update:
             self.update = _captured(self._update)

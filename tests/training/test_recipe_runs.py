@@ -118,6 +118,25 @@ def test_resume_continues_the_ema_and_refuses_a_checkpoint_without_one(tmp_path)
 
 
 @pytest.mark.slow
+def test_the_ema_of_a_batchnorm_model_copies_its_counts_under_the_captured_update(tmp_path):
+    """dynamo-full's AdamW graph changes no input; the EMA's integer buffers (BatchNorm's
+    num_batches_tracked) are copied in place after it, traced: after 3 steps they are the model's 3."""
+    import torch
+
+    from neuron_train.training.checkpoint import list_checkpoints
+
+    out = tmp_path / "run"
+    proc = run_train(out, "--model", "resnet10t", "--img-size", "32", "--batch-size", "8", "--max-steps", "3",
+                     "--eval-every", "100", "--model-ema", "--model-ema-decay", "0.5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary_of(out)["eval_ema_accuracy"] is not None
+    state = torch.load(list_checkpoints(out)[-1], weights_only=True)
+    counts = {k: v for k, v in state["model_ema"].items() if k.endswith("num_batches_tracked")}
+    assert counts and all(int(v) == 3 for v in counts.values()), counts
+    assert all(int(state["model"][k]) == 3 for k in counts)
+
+
+@pytest.mark.slow
 def test_loader_workers_mix_each_batch_as_the_main_process_does():
     """Batch k of an epoch goes to worker k % workers (the DataLoader hands batches out in turn):
     each batch's draw is the same with 0 or 2 workers, so a resume may change --num-workers."""
