@@ -15,10 +15,12 @@ from neuron_train import cli
 from neuron_train.common.errors import UsageError
 from neuron_train.cost.bench.failures import MeasureFailed, classify_failure
 from neuron_train.cost.bench.instance import detect_instance_type, resolve_instance_type
-from neuron_train.cost.bench.measure import Measurement
+from neuron_train.cost.bench.measure import Measurement, step_time_ms
 from neuron_train.cost.bench.sweep import SweepPlan, sweep
 from neuron_train.cost.schema import validate_result
+from neuron_train.training.summary import RunSummary
 from tests.conftest import ROOT, cpu_env
+from tests.training.test_run_summary import WRITTEN
 
 
 @pytest.fixture(autouse=True)
@@ -70,11 +72,23 @@ def test_train_sweep_runs_our_loop_and_records_a_failed_size(tmp_path):
     assert r["batch_size_per_device"] == 16 and r["global_batch_size"] == 16 and r["world_size"] == 1
     assert r["measured_steps"] == 3 and r["compile"]["graph_count"] >= 1
     assert math.isfinite(r["details"]["final_loss"])
+    # 3 steps: too few for a median when the captured step's host runs ahead (then the window's mean)
+    assert r["details"]["step_time_ms_from"] in ("median of steps", "window mean (too few steps for a median)")
     ok, failed = r["sweep"]
     assert ok["status"] == "ok" and ok["samples_per_sec"] == r["samples_per_sec"]["median"]
     assert failed["batch_size_per_device"] == 4096 and failed["status"] == "failed"
     assert "less than one step" in failed["reason"]
     assert "CPU XLA device" in proc.stdout
+
+
+def test_a_run_too_short_for_a_step_median_is_recorded_with_its_window_mean():
+    """training/throughput.py gives no median where the laps timed the host running ahead; the record then
+    takes the window's mean step (global batch / samples/s) and says so."""
+    timed = RunSummary.from_json(WRITTEN)
+    assert step_time_ms(timed) == (49.75, "median of steps")
+    short = RunSummary.from_json({**WRITTEN, "step_time_ms_median": None, "step_time_ms_spread": None})
+    ms, what = step_time_ms(short)
+    assert ms == pytest.approx(16 / 321.5 * 1e3) and what.startswith("window mean")
 
 
 @pytest.mark.slow
