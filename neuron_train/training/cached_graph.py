@@ -5,8 +5,8 @@ function lazily on the XLA device once, hash and compile the traced graph, keep 
 its parameters is, and from then on launch it with `_run_cached_graph`. There it comes after dynamo has
 traced the Python and aot_autograd has functionalised it. For dynamo-full's AdamW update (captured_update.py)
 those two were most of the first step: on ViT-Tiny/16 (152 parameters, 760 tensors in) the update's first
-call took 25 s, its lazy trace here well under one; and every later call paid dynamo's guards and
-aot_autograd's and the bridge's argument handling per tensor (docs/measurements.md, issue 45).
+call took 25 s, here 5.5 s (the lazy trace and XLA's compile); and every later call paid dynamo's guards
+and aot_autograd's and the bridge's argument handling per tensor (docs/measurements.md, issue 45).
 
 What that asks of the function, `fn(key, inputs) -> outputs`:
 - every output is computed by the graph (new tensors), and no input is changed: the trace is dropped after
