@@ -74,8 +74,8 @@ def _trace(fn: Fn, key: Hashable, inputs: list[torch.Tensor]) -> _Graph:
     torch_xla.sync()
     xm.wait_device_ops()
     device = str(inputs[0].device)
-    outputs = fn(key, inputs)
     try:
+        outputs = fn(key, inputs)
         _check_traced(inputs, outputs)
         ids, values = _X._get_tensors_xla_device_data_node(outputs)
         if _X._get_seed_info_id() in ids:

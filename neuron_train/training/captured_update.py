@@ -10,11 +10,11 @@ was 15 ms of copies and 7-12 ms of that sync per step, about 40% of the host's w
 Here the graph takes the tensors and returns new ones; it changes no input (the EMA's averages too are
 new tensors). It is traced once on the XLA device and then launched as its compiled graph (cached_graph.py:
 dynamo's and aot_autograd's tracing of it, most of its first call on ViT-Tiny (25 s, now 5.5 s), is not
-needed for a function of tensors). The host then points each tensor at its new buffer (`tensor.data = new`: no copy, no IR), so the
-parameters, the optimizer's state and anything holding them (checkpoints, `StepPath.state()`) keep
-their identity. The arithmetic is torch's: its functional `adam` on copies made inside the graph, with
-the group's settings, the gradients clipped as `clip_grad_norm` does (tests/training/test_captured_update.py
-compares the weights with torch.optim.AdamW's).
+needed for a function of tensors). The host then points each tensor at its new buffer (`tensor.data =
+new`: no copy, no IR), so the parameters, the optimizer's state and anything holding them (checkpoints,
+`StepPath.state()`) keep their identity. The arithmetic is torch's: its functional `adam` on copies
+made inside the graph, with the group's settings, the gradients clipped as `clip_grad_norm` does
+(tests/training/test_captured_update.py compares the weights with torch.optim.AdamW's).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from torch.optim.adam import adam
 from neuron_train.training.optim import norm_and_clip_scale
 
 if TYPE_CHECKING:
+    from neuron_train.training.cached_graph import Fn  # CachedGraph's function and call
     from neuron_train.training.ema import ModelEma
 
-Fn = Callable[[Hashable, list[torch.Tensor]], list[torch.Tensor]]  # cached_graph.CachedGraph's function and call
 # The group's settings the graph bakes in (every one _new_state reads but the LR, a device tensor input).
 BAKED = ("betas", "eps", "weight_decay", "maximize", "capturable", "differentiable", "decoupled_weight_decay")
 
