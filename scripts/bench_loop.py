@@ -68,7 +68,13 @@ CANDIDATES: dict[str, dict] = {
 }
 LOOPS = ("baseline", *CANDIDATES)
 FIGURES = ("samples_per_sec", "wall_ms", "device_ms", "cpu_ms")
-SYNTHETIC_SIZE = 2048  # our loop's default --synthetic-size: the plain loop draws from the same set
+SYNTHETIC_SIZE = 2048  # our loop's default --synthetic-size
+
+
+def synthetic_size(batch: int, steps: int) -> int:
+    """The synthetic set both loops draw from in a run of `steps`: one epoch covers the run, so no
+    epoch-end evaluation (ours) falls among the timed steps."""
+    return max(SYNTHETIC_SIZE, batch * steps)
 OUTSIDE_STEPS = "10,40"  # --outside: whole runs of each length; the steady step is their difference
 
 
@@ -152,7 +158,7 @@ def plain_loop(args: argparse.Namespace, steps: int, before: Callable[[int], Non
     dev = torch_xla.device()
     model = create_model(args.model, num_classes=args.num_classes, img_size=args.img_size).to(dev).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
-    ds = SyntheticDataset(max(SYNTHETIC_SIZE, args.batch_size * steps), args.img_size, args.num_classes)
+    ds = SyntheticDataset(synthetic_size(args.batch_size, steps), args.img_size, args.num_classes)
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True, drop_last=True,
                                          num_workers=args.workers)
     logged: list[float] = []
@@ -219,7 +225,7 @@ def ours(args: argparse.Namespace, which: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = build_config(overrides={
             "model.name": args.model, "model.img_size": args.img_size, "model.num_classes": args.num_classes,
-            "data.dataset": "synthetic", "data.synthetic_size": args.batch_size * _total_steps(args),
+            "data.dataset": "synthetic", "data.synthetic_size": synthetic_size(args.batch_size, _total_steps(args)),
             "train.batch_size": args.batch_size, "train.max_steps": _total_steps(args),
             "train.warmup_measure_steps": args.warmup + args.device_steps, "train.eval_every": 10**9,
             "train.output_dir": out, "log.progress": False, "log.tensorboard": False,
@@ -257,7 +263,8 @@ def outside_command(which: str, steps: int, args: argparse.Namespace, out: str) 
     if which == "plain":
         return [sys.executable, __file__, "--_plain", str(steps), *shape]
     return [sys.executable, "-m", "neuron_train", "train", *shape, "--dataset", "synthetic",
-            "--max-steps", str(steps), "--output-dir", out]
+            "--synthetic-size", str(synthetic_size(args.batch_size, steps)), "--max-steps", str(steps),
+            "--output-dir", out]
 
 
 IN_RUN_FROM = 10  # --outside's in-run reading starts at this logged step: compiles end by step 2
@@ -469,7 +476,7 @@ def main() -> None:
                    "their time's difference over the steps between")
     p.add_argument("--outside-steps", type=_step_pair, default=OUTSIDE_STEPS, metavar="SHORT,LONG",
                    help="--outside: the two run lengths (default %(default)s; longer runs read through start-up "
-                   "noise, within the synthetic set's first epoch of 64 steps)")
+                   "noise; each run's synthetic set holds all its batches, one epoch)")
     p.add_argument("--_one", choices=LOOPS, help=argparse.SUPPRESS)
     p.add_argument("--_plain", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -76,3 +76,14 @@ def test_each_line_is_timed_when_the_plain_loop_prints_it(tmp_path):
     seen = bench_loop.watch_logs(proc, "plain", tmp_path)
     assert sorted(seen) == [10, 20] and proc.returncode == 0
     assert seen[20] - seen[10] >= GAP - 0.05
+
+
+def test_a_long_run_of_ours_draws_one_epoch_so_no_epoch_end_evaluation_is_timed():
+    # Our loop evaluates at each epoch's end; its default set (2,048 samples) is 64 steps of 32, so a
+    # 100-step run evaluated at step 64, inside the timed steps, while the plain loop never evaluates.
+    args = bench_loop.argparse.Namespace(model="vit_tiny_patch16_224", img_size=64, num_classes=1000,
+                                         batch_size=32, workers=0)
+    for steps, size in ((10, "2048"), (100, "3200")):
+        cmd = bench_loop.outside_command("ours", steps, args, "out")
+        assert cmd[cmd.index("--synthetic-size") + 1] == size
+    assert bench_loop.synthetic_size(32, 100) == 3200  # the plain loop's set, the same size
