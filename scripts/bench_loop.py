@@ -69,13 +69,13 @@ CANDIDATES: dict[str, dict] = {
 LOOPS = ("baseline", *CANDIDATES)
 FIGURES = ("samples_per_sec", "wall_ms", "device_ms", "cpu_ms")
 SYNTHETIC_SIZE = 2048  # our loop's default --synthetic-size
+OUTSIDE_STEPS = "10,40"  # --outside: whole runs of each length; the steady step is their difference
 
 
 def synthetic_size(batch: int, steps: int) -> int:
     """The synthetic set both loops draw from in a run of `steps`: one epoch covers the run, so no
     epoch-end evaluation (ours) falls among the timed steps."""
     return max(SYNTHETIC_SIZE, batch * steps)
-OUTSIDE_STEPS = "10,40"  # --outside: whole runs of each length; the steady step is their difference
 
 
 class Phases:
