@@ -50,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 # Our loop's step paths: name -> config overrides (+ "syncfree": torch_xla's AdamW swapped in).
@@ -109,6 +109,14 @@ class Phases:
         cpu_end = self.cpu_end if self.cpu_end is not None else time.process_time()
         return {"samples_per_sec": steps * batch / wall_s, "wall_ms": wall_s / steps * 1e3,
                 "device_ms": self.device_ms, "cpu_ms": (cpu_end - self.cpu0) / steps * 1e3}
+
+
+class Watch(Protocol):
+    """Something run alongside the measured steps of `ours` (bench_ops.py: the profiler's trace)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 _RUN_CACHED_GRAPH: list = []  # torch_xla's own, while _one_graph_at_a_time replaces it
@@ -214,9 +222,10 @@ def _swap_in_syncfree(trainer) -> None:
     trainer.optimizer = trainer.step_path.optimizer = syncfree.AdamW(groups, lr=trainer.cfg.optim.lr)
 
 
-def ours(args: argparse.Namespace, which: str) -> dict:
+def ours(args: argparse.Namespace, which: str, watch: Watch | None = None) -> dict:
     """Our loop (training.loop.Trainer) with its defaults (AdamW, clipping, LR schedule, logging
-    closures, graph recording) and the candidate's step path."""
+    closures, graph recording) and the candidate's step path; `watch` starts with the measured steps
+    and stops with them (bench_ops.py's profiler trace)."""
     from neuron_train.training.config_io import build_config
     from neuron_train.training.device import init_backend, resolve_precision
 
@@ -242,6 +251,8 @@ def ours(args: argparse.Namespace, which: str) -> dict:
 
         def step(batches):
             phases.before(trainer.pos.step)  # the loop's own clock starts at the measured steps
+            if watch is not None and trainer.pos.step == phases.first_measured:
+                watch.start()
             original(batches)
 
         trainer.train_step = step
@@ -249,6 +260,8 @@ def ours(args: argparse.Namespace, which: str) -> dict:
 
         def finish_after_stop(*args):
             phases.stop()  # the loop's clock has stopped on an idle device; teardown follows
+            if watch is not None:
+                watch.stop()
             return finish(*args)
 
         trainer._finish = finish_after_stop

@@ -28,6 +28,7 @@ TOP_LEVEL = {
     "test_first_run.py": "scripts/neuron_first_run.sh and scripts/first_run_checks.py",
     "test_slurm.py": "scripts/slurm_train.sbatch under a real Slurm",
     "test_bench_loop.py": "scripts/bench_loop.py: --outside's in-run reading",
+    "test_bench_ops.py": "scripts/bench_ops.py: reading the profiler's trace into ops",
     "test_ami.py": "the machine image (ami/), its provisioning script and the version pins",
 }
 

@@ -7,7 +7,8 @@ with stand-ins for neuron_parallel_compile and torch-neuronx's metadata), precom
 (test_precompile), slurm_train.sbatch (test_ami, test_slurm), inf1_bench.py (test_bench_inf1, with a
 stand-in torch.neuron), validate_plan.py (test_plan), bench_loop.py (test_config; its --outside in-run
 reading: test_bench_loop). The others measure for minutes to hours (benchmarks, mutation testing, the
-example report): here they are imported and asked for --help.
+example report): here they are imported and asked for --help (bench_ops.py's reading of the profiler's
+trace is tested in test_bench_ops).
 """
 
 from __future__ import annotations
