@@ -226,6 +226,9 @@ def main() -> None:
         log_dir = args.keep or Path(tmp)
         result = bench_loop.ours(args, args.loop, Trace(log_dir))
         table = op_table(read_events(trace_file(log_dir).read_bytes()))
+    if not table.kinds:
+        sys.exit("the trace holds no XLA CPU op: this reads the CPU XLA device's runtime only (run it with "
+                 "PJRT_DEVICE=CPU; on Neuron, neuron-profile shows the device's ops)")
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, fp32, {args.loop}, {args.steps} traced "
           f"steps: {result['wall_ms']:.1f} ms/step wall, device {result['device_ms']:.1f} (one at a time, untraced)")
     print(format_table(table, args.steps, args.top))
