@@ -155,6 +155,15 @@ def op_table(events: list[Event]) -> OpTable:
     return OpTable(kinds, counts, ops, executions_ms(events))
 
 
+def device_ops(trace: bytes) -> OpTable:
+    """The op table of an .xplane.pb's bytes; exits with one line when it holds no XLA CPU op."""
+    table = op_table(read_events(trace))
+    if not table.kinds:
+        sys.exit("the trace holds no XLA CPU op: this reads the CPU XLA device's runtime only (run it with "
+                 "PJRT_DEVICE=CPU; on Neuron, neuron-profile shows the device's ops)")
+    return table
+
+
 def format_table(table: OpTable, steps: int, top: int) -> str:
     per = 1e9 * steps  # ps -> ms per step
     lines = []
@@ -225,10 +234,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         log_dir = args.keep or Path(tmp)
         result = bench_loop.ours(args, args.loop, Trace(log_dir))
-        table = op_table(read_events(trace_file(log_dir).read_bytes()))
-    if not table.kinds:
-        sys.exit("the trace holds no XLA CPU op: this reads the CPU XLA device's runtime only (run it with "
-                 "PJRT_DEVICE=CPU; on Neuron, neuron-profile shows the device's ops)")
+        table = device_ops(trace_file(log_dir).read_bytes())
     print(f"{args.model} at {args.img_size} px, batch {args.batch_size}, fp32, {args.loop}, {args.steps} traced "
           f"steps: {result['wall_ms']:.1f} ms/step wall, device {result['device_ms']:.1f} (one at a time, untraced)")
     print(format_table(table, args.steps, args.top))

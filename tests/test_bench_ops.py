@@ -78,6 +78,14 @@ def test_the_ops_kinds_and_executions_of_a_hand_written_trace():
     assert "1.50   61.2%      1.0/step  dot" in text  # 3 ms over 2 steps, of 4.9 ms of ops
 
 
+def test_a_trace_without_xla_cpu_ops_is_refused_in_one_line():
+    dot_named = field(4, field(1, 1) + field(2, field(2, "dot.1")))  # an op's name, on the host's thread
+    host_only = field(1, field(3, line("python", 0, event(1, 0, MS))) + dot_named)
+    with pytest.raises(SystemExit, match="holds no XLA CPU op.*PJRT_DEVICE=CPU"):
+        bench_ops.device_ops(host_only)
+    assert bench_ops.device_ops(xspace()).kinds["dot"] == 3 * MS
+
+
 def test_op_kind_takes_hlo_instruction_names_only():
     assert bench_ops.op_kind("multiply_erf_fusion.clone") == "multiply_erf_fusion"
     assert bench_ops.op_kind("copy.84.clone") == "copy"
