@@ -469,12 +469,17 @@ def print_table(results: dict[str, list[dict]], repeats: int) -> None:
               f"{first['wall_ms'] / first['device_ms']:.2f}x the baseline (its wall / device)")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model and batch every loop trains (this script's and bench_ops.py's): ViT-Tiny/16 at 64 px."""
     p.add_argument("--model", default="vit_tiny_patch16_224")
     p.add_argument("--img-size", type=int, default=64)
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
     p.add_argument("--steps", type=int, default=40, help="measured steps (a multiple of 4: see bpe4)")
     # 11 + 8 = 4k + 3: MpDeviceLoader with 4 batches per execution cuts before batches 3, 7, 11, ...;
     # the clock's syncs after 19 and 19 + steps batches then fall on those cuts, adding no graph.

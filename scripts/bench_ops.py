@@ -216,10 +216,7 @@ def trace_file(log_dir: Path) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="vit_tiny_patch16_224")
-    p.add_argument("--img-size", type=int, default=64)
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=32)
+    bench_loop.add_model_args(p)
     p.add_argument("--loop", default="dynamo-full", choices=list(bench_loop.CANDIDATES), help="our step path")
     p.add_argument("--steps", type=int, default=6, help="traced steps (after --warmup and 2 one-at-a-time steps)")
     p.add_argument("--warmup", type=int, default=12, help="steps left out (compiles happen here)")
