@@ -119,7 +119,8 @@ def op_kind(name: str) -> str | None:
 
 
 def executions_ms(events: list[Event]) -> list[float]:
-    """Each graph execution's wall ms in start order: the client thread's inline part, then its wait."""
+    """Each graph execution's wall ms in start order: the client thread's inline part, then its wait (an
+    execution the client's thread finished inline has no wait)."""
     by_line: dict[str, list[Event]] = {}
     for e in events:
         if e.line.startswith(XLA_THREADS[1]) and e.name in (EXECUTION, INLINE):
@@ -127,13 +128,17 @@ def executions_ms(events: list[Event]) -> list[float]:
     spans: list[tuple[int, int]] = []
     for line_events in by_line.values():
         line_events.sort(key=lambda e: e.start_ps)
-        inline_start: int | None = None
+        inline: tuple[int, int] | None = None  # the last inline part not yet given its wait
         for e in line_events:
             if e.name == INLINE:
-                inline_start = e.start_ps
+                if inline is not None:
+                    spans.append(inline)  # the one before ran inline to its end
+                inline = (e.start_ps, e.start_ps + e.duration_ps)
             else:
-                spans.append((inline_start if inline_start is not None else e.start_ps, e.start_ps + e.duration_ps))
-                inline_start = None
+                spans.append((inline[0] if inline is not None else e.start_ps, e.start_ps + e.duration_ps))
+                inline = None
+        if inline is not None:
+            spans.append(inline)
     return [(end - start) / 1e9 for start, end in sorted(spans)]
 
 

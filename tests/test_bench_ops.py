@@ -58,7 +58,7 @@ def xspace() -> bytes:
     eigen = line("tf_XLAEigen/123", 1_000,  # events' times are offsets from the line's timestamp (ns)
                  event(1, 0, 2 * MS), event(3, 3 * MS, 3 * MS // 2), event(2, 3 * MS, 7 * MS // 5),
                  event(4, 5 * MS, MS), event(1, 7 * MS, MS), event(7, 9 * MS, MS // 2))
-    client = line("tf_XLAPjRtCpuClient/9", 0,  # one execution: its inline part, then its wait
+    client = line("tf_XLAPjRtCpuClient/9", 0,  # an execution's inline part and its wait, then a wait alone
                   event(5, 0, MS // 2), event(6, MS // 2, 10 * MS), event(6, 20 * MS, 9 * MS // 2))
     host = line("python", 0, event(1, 0, 50 * MS))  # not an XLA thread: not an op of the device
     plane = field(2, "/host:CPU") + b"".join(field(3, x) for x in (eigen, client, host)) + metadata
@@ -76,6 +76,15 @@ def test_the_ops_kinds_and_executions_of_a_hand_written_trace():
     text = bench_ops.format_table(table, steps=2, top=5)
     assert "graph executions per step (wall ms, median over 2 steps, in launch order): 7.5; sum 7.5" in text
     assert "1.50   61.2%      1.0/step  dot" in text  # 3 ms over 2 steps, of 4.9 ms of ops
+
+
+def test_an_execution_that_ran_inline_to_its_end_is_one_of_its_own():
+    names = field(4, field(1, 5) + field(2, field(2, "ThunkExecutor::Execute"))) + field(
+        4, field(1, 6) + field(2, field(2, "ThunkExecutor::Execute (wait for completion)")))
+    client = line("tf_XLAPjRtCpuClient/9", 0, event(5, 0, MS), event(5, 5 * MS, 2 * MS), event(6, 7 * MS, 3 * MS),
+                  event(5, 20 * MS, MS // 2))
+    events = bench_ops.read_events(field(1, field(3, client) + names))
+    assert bench_ops.executions_ms(events) == [pytest.approx(1.0), pytest.approx(5.0), pytest.approx(0.5)]
 
 
 def test_a_trace_without_xla_cpu_ops_is_refused_in_one_line():
