@@ -35,7 +35,8 @@ from typing import NamedTuple
 import bench_loop
 
 TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
-XLA_THREADS = ("tf_XLAEigen", "tf_XLAPjRtCpuClient")  # the runtime's compute threads (the line names)
+CLIENT_THREAD = "tf_XLAPjRtCpuClient"  # launches each graph's execution and runs its first ops itself
+XLA_THREADS = ("tf_XLAEigen", CLIENT_THREAD)  # the runtime's compute threads (the line names)
 EXECUTION = "ThunkExecutor::Execute (wait for completion)"  # a graph's execution, on the client's thread
 INLINE = "ThunkExecutor::Execute"  # the part of an execution the client's thread runs itself, first
 # An HLO instruction's name (`dot.1231`, `multiply_reduce_fusion.4.clone`, `reduce-window`); runtime
@@ -123,7 +124,7 @@ def executions_ms(events: list[Event]) -> list[float]:
     execution the client's thread finished inline has no wait)."""
     by_line: dict[str, list[Event]] = {}
     for e in events:
-        if e.line.startswith(XLA_THREADS[1]) and e.name in (EXECUTION, INLINE):
+        if e.line.startswith(CLIENT_THREAD) and e.name in (EXECUTION, INLINE):
             by_line.setdefault(e.line, []).append(e)
     spans: list[tuple[int, int]] = []
     for line_events in by_line.values():
