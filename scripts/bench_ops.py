@@ -8,8 +8,10 @@ XLA's CPU runtime marks every op it runs (a fused kernel, a dot, a copy) with a 
 prints, per step:
 - each graph's execution, in launch order (dynamo-full: forward, backward, update), wall ms;
 - the ops' time by kind (`dot`, `copy`, `reduce-window`, each kind of fusion by XLA's name for it,
-  e.g. `multiply_reduce_fusion`), summed over XLA's threads: a fusion XLA splits into two parallel
-  partitions counts both, so the kinds add up to more than the graphs' wall time on 2 cores;
+  e.g. `multiply_reduce_fusion`), each op from its start to its end (a dot runs asynchronously, as
+  tasks on Eigen's thread pool, until the runtime's `end: dot.N` mark), summed over XLA's threads: ops
+  overlap and a fusion XLA splits into two parallel partitions counts both, so the kinds add up to
+  more than the graphs' wall time on 2 cores;
 - the most expensive single ops.
 
     python scripts/bench_ops.py                       # ViT-Tiny/16 at 64 px, batch 32, fp32, dynamo-full
@@ -27,7 +29,7 @@ import re
 import statistics
 import sys
 import tempfile
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -39,6 +41,7 @@ CLIENT_THREAD = "tf_XLAPjRtCpuClient"  # launches each graph's execution and run
 XLA_THREADS = ("tf_XLAEigen", CLIENT_THREAD)  # the runtime's compute threads (the line names)
 EXECUTION = "ThunkExecutor::Execute (wait for completion)"  # a graph's execution, on the client's thread
 INLINE = "ThunkExecutor::Execute"  # the part of an execution the client's thread runs itself, first
+END = "end: "  # marks when an op the runtime ran asynchronously is done: `end: dot.1231`
 # An HLO instruction's name (`dot.1231`, `multiply_reduce_fusion.4.clone`, `reduce-window`); runtime
 # events have other names (`Transpose::Execute`, `D2H Dispatch`). `call.N` wraps a parallel fusion
 # whose own event is inside it, so it is left out (counted once, as the fusion).
@@ -150,14 +153,34 @@ class OpTable(NamedTuple):
     executions: list[float]  # ms each
 
 
+def op_spans(events: list[Event]) -> list[tuple[str, int]]:
+    """(name, ps) of each op on XLA's threads, in start order. An op the runtime runs asynchronously (a
+    dot, computed by tasks on Eigen's pool; a parallel fusion's partitions) is marked twice: its event
+    covers the launch only, and an `end: NAME` event on some thread marks when it is done. Such an op
+    counts from its start to that mark, the earliest unpaired start of its name first."""
+    ops = sorted((e for e in events if e.line.startswith(XLA_THREADS)), key=lambda e: e.start_ps)
+    spans: list[list] = []
+    open_: dict[str, deque[list]] = {}  # name -> its started ops whose end mark has not come yet
+    for e in ops:
+        if e.name.startswith(END):
+            waiting = open_.get(e.name.removeprefix(END))
+            if waiting:
+                span = waiting.popleft()
+                span[1] = max(span[1], e.start_ps - span[2])
+        elif op_kind(e.name) is not None:
+            span = [e.name, e.duration_ps, e.start_ps]
+            spans.append(span)
+            open_.setdefault(e.name, deque()).append(span)
+    return [(name, ps) for name, ps, _ in spans]
+
+
 def op_table(events: list[Event]) -> OpTable:
     kinds, counts, ops = Counter(), Counter(), Counter()
-    for e in events:
-        kind = op_kind(e.name) if e.line.startswith(XLA_THREADS) else None
-        if kind is not None:
-            kinds[kind] += e.duration_ps
-            counts[kind] += 1
-            ops[e.name.removesuffix(".clone")] += e.duration_ps
+    for name, ps in op_spans(events):
+        kind = op_kind(name)
+        kinds[kind] += ps
+        counts[kind] += 1
+        ops[name.removesuffix(".clone")] += ps
     return OpTable(kinds, counts, ops, executions_ms(events))
 
 
@@ -182,7 +205,7 @@ def format_table(table: OpTable, steps: int, top: int) -> str:
     elif ex:
         lines.append(f"graph executions: {len(ex)} in {steps} steps, {sum(ex) / steps:.1f} ms/step of wall")
     total = sum(table.kinds.values())
-    lines.append(f"ops by kind (ms/step summed over XLA's threads; all kinds {total / per:.1f}):")
+    lines.append(f"ops by kind (ms/step, start to end, summed over XLA's threads; all kinds {total / per:.1f}):")
     for kind, ps in table.kinds.most_common(top):
         count = table.kind_counts[kind] / steps
         lines.append(f"  {ps / per:8.2f}  {100 * ps / total:5.1f}%  {count:7.1f}/step  {kind}")

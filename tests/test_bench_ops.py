@@ -87,6 +87,17 @@ def test_an_execution_that_ran_inline_to_its_end_is_one_of_its_own():
     assert bench_ops.executions_ms(events) == [pytest.approx(1.0), pytest.approx(5.0), pytest.approx(0.5)]
 
 
+def test_an_asynchronous_op_counts_to_its_end_mark():
+    names = {1: "dot.1", 2: "end: dot.1", 3: "copy.2", 4: "end: call.3"}
+    metadata = b"".join(field(4, field(1, k) + field(2, field(2, v))) for k, v in names.items())
+    # two launches of dot.1 (1 ms each) done at 4 and 6 ms, marked on another thread; a copy with no mark
+    eigen = line("tf_XLAEigen/1", 0, event(1, 0, MS), event(1, 2 * MS, MS), event(3, 3 * MS, MS // 2))
+    client = line("tf_XLAPjRtCpuClient/2", 0, event(2, 4 * MS, 0), event(4, 5 * MS, 0), event(2, 6 * MS, 0))
+    events = bench_ops.read_events(field(1, field(3, eigen) + field(3, client) + metadata))
+    assert bench_ops.op_spans(events) == [("dot.1", 4 * MS), ("dot.1", 4 * MS), ("copy.2", MS // 2)]
+    assert dict(bench_ops.op_table(events).kinds) == {"dot": 8 * MS, "copy": MS // 2}
+
+
 def test_a_trace_without_xla_cpu_ops_is_refused_in_one_line():
     dot_named = field(4, field(1, 1) + field(2, field(2, "dot.1")))  # an op's name, on the host's thread
     host_only = field(1, field(3, line("python", 0, event(1, 0, MS))) + dot_named)
@@ -116,7 +127,10 @@ def test_a_trace_torch_xla_writes_is_read_into_its_dot(tmp_path):
         xp.stop_trace()
     """)
     subprocess.run([sys.executable, "-c", code], env=cpu_env(), check=True, timeout=300)
-    table = bench_ops.op_table(bench_ops.read_events(bench_ops.trace_file(tmp_path).read_bytes()))
+    events = bench_ops.read_events(bench_ops.trace_file(tmp_path).read_bytes())
+    table = bench_ops.op_table(events)
     assert table.kind_counts["dot"] == 1
     assert table.kinds["dot"] > 0
+    ends = [e for e in events if e.name.startswith("end: dot")]
+    assert len(ends) == 1  # the runtime marks the dot's end: the contract op_spans reads
     assert len(table.executions) == 1
