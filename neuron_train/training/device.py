@@ -20,7 +20,6 @@ from neuron_train.common.errors import RunError, UsageError
 from neuron_train.common.neuron_env import default_pjrt_device, extracting_graphs, neuron_device_present
 from neuron_train.common.values import shown
 from neuron_train.training.config import RunConfig
-from neuron_train.training.host_memory import keep_freed_memory
 
 T = TypeVar("T")
 
@@ -238,8 +237,6 @@ def init_backend() -> Backend:
     kind = xr.device_type()
     if kind is None:  # prepare_environment sets PJRT_DEVICE
         raise RuntimeError("PJRT_DEVICE is not set: call prepare_environment() before init_backend()")
-    if kind == "CPU":  # XLA's CPU buffers come from malloc: keep their pages mapped from step to step
-        keep_freed_memory()
     gloo_bridge = False
     host_group: dist.ProcessGroup | None = None
     if world > 1:
