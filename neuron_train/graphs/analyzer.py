@@ -217,7 +217,7 @@ class Analyzer:
         growth = self._growth(site, index, step, hlo)
         kind = "recompile" if growth else kind
         graph = Graph(hash=event.graph_hash, phase=phase, step=step, compile_time_s=seconds,
-                      kind=kind, cause=WARMUP, detail="",
+                      kind=kind, cause=WARMUP, detail="", after_steps=index - 1,
                       where=frames[0] if frames else "", trigger=_trigger(event), site=frames,
                       inputs=event.inputs, outputs=event.outputs,
                       library=library_frame(event.frames, self.is_internal, self.library_of))
@@ -306,7 +306,7 @@ class Analyzer:
                    "process set up the checker after its first graph, or failed while compiling)")
         graph = Graph(hash="", phase=w.phase, step=step, compile_time_s=seconds, kind=kind,
                       cause=WARMUP if kind == "warmup" else UNKNOWN, detail=why, where="", trigger="",
-                      site=[], inputs=-1, outputs=-1)
+                      site=[], inputs=-1, outputs=-1, after_steps=index - 1)
         site.graphs.append(key)
         self.graphs[key] = graph
         return graph

@@ -167,6 +167,7 @@ class Graph:
     executions: int = 0            # how often it ran (filled in by the summary)
     library: str = ""              # the library line that ran it, or made the shape (package-relative)
     fix: str = ""                  # what to change (library-aware); causes.own_fix(cause) when ""
+    after_steps: int = 0           # steps that had ended before its compile: a tour of one more reaches it
 
 
 @dataclass

@@ -101,9 +101,12 @@ class CoverageCheck:
         when = (f"{stop.seconds_into_compile or 0.0:.2f} s after its compile started, before it finished" if unfinished
                 else "right after its compile")
         hint = self.hint
-        if graph and graph.step and difference.startswith("no precompiled graph comes from"):  # the tour stopped before
-            hint = self._precompile_command(steps=graph.step + 1)
-            difference += f" (it compiled after step {graph.step}: a tour of {graph.step + 1} steps reaches it)"
+        if graph and graph.after_steps and difference.startswith("no precompiled graph comes from"):
+            # The tour stopped before it. Counted from the steps that had ended, not the step label: the
+            # stop is recorded while the program goes on, and the sync that compiled it may end its step.
+            steps = graph.after_steps + 1
+            hint = self._precompile_command(steps=steps)
+            difference += f" (it compiled after step {graph.after_steps}: a tour of {steps} steps reaches it)"
         return (f"--require-precompiled stopped {shlex.join(self.command)} at graph {stop.graph[:12]} from "
                 f"{short(stop.where or '?')} {when}" + (f": {difference}" if difference else "")
                 + f". Precompile it: {hint}")

@@ -234,7 +234,7 @@ def test_a_compile_with_no_log_record_says_why_it_has_no_hash(extra, why):
     assert summary.graphs[1:] == [
         Graph(phase="train", step=1, compile_time_s=0.25, kind="warmup", cause=WARMUP, **blind),
         Graph(phase="train", step=1, compile_time_s=0.125, kind="warmup", cause=WARMUP, **blind),
-        Graph(phase="eval", step=3, compile_time_s=2.0, kind="late", cause=UNKNOWN, **blind)]
+        Graph(phase="eval", step=3, compile_time_s=2.0, kind="late", cause=UNKNOWN, after_steps=2, **blind)]
 
 
 def test_without_logged_executions_a_second_unlogged_compile_is_a_recompilation():

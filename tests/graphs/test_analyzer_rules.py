@@ -83,6 +83,19 @@ def test_a_graph_compiled_after_the_last_step_end_is_judged_as_the_next_step(war
     assert analyzer.summary().steps == 2
 
 
+@pytest.mark.parametrize("ended", [False, True])
+def test_a_graph_counts_the_steps_that_ended_before_it_whether_or_not_its_own_step_ended(ended):
+    """--require-precompiled records a stop while the program goes on: the sync that compiled the
+    graph may or may not have ended its step by then (step label 3, or the last step's 2). Either
+    way two steps had ended before it, and a tour of 3 steps reaches it (script_check's hint)."""
+    analyzer = analyzer_of()
+    run_site(analyzer, "A", "A")
+    last = window(3, *ran("E", 20), phase="eval")
+    analyzer.observe(last if ended else replace(last, step=None, is_step=False))
+    assert (analyzer.graphs["E"].step, analyzer.graphs["E"].after_steps) == (3 if ended else 2, 2)
+    assert [analyzer.graphs[g].after_steps for g in ("A",)] == [0]
+
+
 def test_a_graph_compiled_before_the_watch_began_warms_its_own_site_when_run_again_elsewhere():
     """A watch started mid-run sees only executions of the step's graph G: the throughput clock
     running G again warms the training site (not whichever site ran first), so its next new graph
